@@ -1,0 +1,34 @@
+"""activememory: an active memory for chat bots.
+
+Before a bot replies, a bounded recall step searches what the bot knows about the user and
+hands the reply model one short, grounded note, or nothing. See README.md and SPEC §9.
+"""
+
+from .protocol.content import MAX_CONTENT_BYTES as MAX_CONTENT_BYTES
+from .protocol.content import Block as Block
+from .protocol.content import ImageBlock as ImageBlock
+from .protocol.content import InputTextBlock as InputTextBlock
+from .protocol.content import Message as Message
+from .protocol.content import OutputTextBlock as OutputTextBlock
+from .protocol.content import ReasoningBlock as ReasoningBlock
+from .protocol.content import TextBlock as TextBlock
+from .protocol.content import ThinkingBlock as ThinkingBlock
+from .protocol.content import ToolResultBlock as ToolResultBlock
+from .protocol.content import ToolUseBlock as ToolUseBlock
+from .protocol.errors import ActiveMemoryError as ActiveMemoryError
+from .protocol.errors import InvalidInputError as InvalidInputError
+from .protocol.errors import MemoryClosedError as MemoryClosedError
+from .protocol.errors import SessionNotFoundError as SessionNotFoundError
+from .protocol.errors import StorageError as StorageError
+from .protocol.session_key import SessionKey as SessionKey
+from .protocol.session_key import parse_session_key as parse_session_key
+from .protocol.transcript import Event as Event
+from .protocol.transcript import ImportEntry as ImportEntry
+from .protocol.transcript import IndexStats as IndexStats
+from .protocol.transcript import SessionInfo as SessionInfo
+
+from ._memory import Memory as Memory  # isort: skip
+from ._memory import Sessions as Sessions  # isort: skip
+from ._memory import open_memory as open_memory  # isort: skip
+
+__version__ = "0.1.0"

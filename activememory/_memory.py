@@ -1,0 +1,342 @@
+"""`open_memory()` and the facade objects users hold (SPEC §9)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any, NoReturn, TypeVar
+
+import msgspec
+
+from .actors.supervisor import AgentStore, Supervisor, open_supervisor
+from .protocol.content import Message
+from .protocol.errors import (
+    InvalidInputError,
+    MemoryClosedError,
+    SessionNotFoundError,
+    StorageError,
+)
+from .protocol.indexer import (
+    Appended,
+    AppendMessage,
+    Archived,
+    ArchiveSession,
+    Created,
+    CreateSession,
+    Deleted,
+    DeleteSession,
+    Imported,
+    ImportTranscript,
+    IndexerAck,
+    IndexerCommand,
+    RebuildIndex,
+    Rebuilt,
+    Rejected,
+    RewindSession,
+    Rewound,
+)
+from .protocol.session_key import SessionKey, parse_session_key
+from .protocol.transcript import Event, ImportEntry, IndexStats, SessionInfo
+from .storage.executor import EXECUTOR_KINDS, ExecutorKind
+
+A = TypeVar("A", bound=IndexerAck)
+
+
+class Sessions:
+    """Transcripts of every agent (SPEC §2): `mem.sessions`.
+
+    Writes go to the agent's indexer (the single writer) and return once committed; reads
+    run on the agent's reader connection and see every acknowledged write.
+    """
+
+    def __init__(self, supervisor: Supervisor, clock: Callable[[], float]) -> None:
+        self._supervisor = supervisor
+        self._clock = clock
+
+    async def _store(self, key: SessionKey) -> AgentStore:
+        return await self._supervisor.agent(key.store_agent)
+
+    async def _submit(self, key: SessionKey, command: IndexerCommand, expect: type[A]) -> A:
+        store = await self._store(key)
+        ack = await store.submit(command)
+        if isinstance(ack, expect):
+            return ack
+        assert isinstance(ack, Rejected), ack
+        _raise_rejected(ack)
+
+    async def create(
+        self,
+        session_key: str,
+        *,
+        persistent: bool = True,
+        interactive: bool = True,
+        sandboxed: bool = False,
+        spawned_by: str | None = None,
+    ) -> SessionInfo:
+        """Create a session with its metadata, or update the metadata of an existing one.
+
+        Optional: `append` creates a session with the defaults on first use.
+
+        Cancellation: if cancelled before the command is queued nothing changes; after
+        that the session may still be created.
+        """
+        key = parse_session_key(session_key)
+        if spawned_by is not None:
+            spawned_by = parse_session_key(spawned_by, field="spawned_by").raw
+        for name, flag in (
+            ("persistent", persistent),
+            ("interactive", interactive),
+            ("sandboxed", sandboxed),
+        ):
+            _check_bool(name, flag)
+        command = CreateSession(
+            key=key,
+            persistent=persistent,
+            interactive=interactive,
+            sandboxed=sandboxed,
+            spawned_by=spawned_by,
+            at=self._clock(),
+        )
+        await self._submit(key, command, Created)
+        return await self.info(session_key)
+
+    async def append(self, session_key: str, message: Message | Mapping[str, Any]) -> Event:
+        """Append `message` at the session's leaf and return the stored event.
+
+        Returns once the message is committed; a user or assistant message on a clean
+        session is in the full-text index in that same transaction.
+
+        Cancellation: if cancelled while waiting for room in the writer's inbox, nothing is
+        written; if cancelled after the message was queued, it may still be committed (the
+        event id is then lost to this caller; `history` shows it).
+        """
+        key = parse_session_key(session_key)
+        if not isinstance(message, Message):
+            message = _to_message(message)
+        command = AppendMessage(key=key, message=message, at=self._clock())
+        ack = await self._submit(key, command, Appended)
+        return ack.event
+
+    async def rewind(self, session_key: str, to_event_id: int) -> None:
+        """Move the session's leaf back to `to_event_id` (an earlier message, on any branch).
+
+        The next append branches from there. The session is dirty (hidden from search)
+        until its index is rebuilt.
+
+        Cancellation: as for `append`.
+        """
+        key = parse_session_key(session_key)
+        _check_positive_int("to_event_id", to_event_id)
+        command = RewindSession(key=key, to_event_id=to_event_id, at=self._clock())
+        await self._submit(key, command, Rewound)
+
+    async def delete(self, session_key: str) -> None:
+        """Delete the session, its events and its index rows in one transaction.
+
+        Raises `SessionNotFoundError` if there is no such session.
+
+        Cancellation: as for `append`.
+        """
+        key = parse_session_key(session_key)
+        await self._submit(key, DeleteSession(key=key), Deleted)
+
+    async def archive(self, session_key: str, *, archived: bool = True) -> None:
+        """Mark the session archived (or not, with `archived=False`).
+
+        Cancellation: as for `append`.
+        """
+        key = parse_session_key(session_key)
+        _check_bool("archived", archived)
+        await self._submit(
+            key, ArchiveSession(key=key, archived=archived, at=self._clock()), Archived
+        )
+
+    async def history(self, session_key: str, *, limit: int | None = None) -> list[Event]:
+        """The session's active branch, oldest first (only the last `limit` if given).
+
+        Raises `SessionNotFoundError` if there is no such session.
+
+        Cancellation: a read that has started finishes on its worker thread; nothing is
+        left behind.
+        """
+        key = parse_session_key(session_key)
+        if limit is not None and (
+            not isinstance(limit, int) or isinstance(limit, bool) or limit < 1
+        ):
+            raise InvalidInputError(f"limit: {limit!r} is not a positive integer")
+        store = await self._store(key)
+        events = await store.read_executor.run(lambda: store.reader.history(key.raw, limit))
+        if events is None:
+            raise SessionNotFoundError(f"session_key: no session {key.raw!r}")
+        return events
+
+    async def info(self, session_key: str) -> SessionInfo:
+        """The session's metadata and index state; `SessionNotFoundError` if missing.
+
+        Cancellation: as for `history`.
+        """
+        key = parse_session_key(session_key)
+        store = await self._store(key)
+        info = await store.read_executor.run(lambda: store.reader.session(key.raw))
+        if info is None:
+            raise SessionNotFoundError(f"session_key: no session {key.raw!r}")
+        return info
+
+    async def import_transcript(
+        self,
+        session_key: str,
+        entries: Iterable[ImportEntry],
+        *,
+        leaf_id: str | None = None,
+        persistent: bool = True,
+        interactive: bool = True,
+    ) -> int:
+        """Store a transcript written before indexing existed; return the event count.
+
+        The rows are stored unindexed and the session is dirty until its index is rebuilt
+        (SPEC §2.3). Entries are a tree: each names its parent by an id of an earlier entry;
+        the leaf is `leaf_id` or the last entry. The session must be new or empty.
+
+        Cancellation: as for `append`; an import is one transaction, all or nothing.
+        """
+        key = parse_session_key(session_key)
+        entries = tuple(entries)
+        for i, entry in enumerate(entries):
+            if not isinstance(entry, ImportEntry):
+                raise InvalidInputError(f"entries[{i}]: expected an ImportEntry")
+        command = ImportTranscript(
+            key=key,
+            entries=entries,
+            leaf_id=leaf_id,
+            persistent=persistent,
+            interactive=interactive,
+            at=self._clock(),
+        )
+        ack = await self._submit(key, command, Imported)
+        return ack.events
+
+    async def rebuild_index(self, session_key: str | None = None) -> Rebuilt:
+        """Rebuild the index of dirty sessions (one session, or all of every open agent).
+
+        Synchronous with respect to the caller: when it returns, those sessions are clean.
+
+        Cancellation: as for `append`.
+        """
+        if session_key is not None:
+            key = parse_session_key(session_key)
+            return await self._submit(key, RebuildIndex(key=key), Rebuilt)
+        sessions = index_rows = 0
+        for agent in self._supervisor.known_agents():
+            store = await self._supervisor.agent(agent)
+            ack = await store.submit(RebuildIndex())
+            if isinstance(ack, Rejected):
+                _raise_rejected(ack)
+            assert isinstance(ack, Rebuilt)
+            sessions += ack.sessions
+            index_rows += ack.index_rows
+        return Rebuilt(sessions=sessions, index_rows=index_rows)
+
+    async def stats(self, *, check_integrity: bool = True) -> list[IndexStats]:
+        """Index statistics of every agent database in the state directory.
+
+        Cancellation: as for `history`.
+        """
+        out = []
+        for agent in self._supervisor.known_agents():
+            store = await self._supervisor.agent(agent)
+            out.append(
+                await store.read_executor.run(
+                    lambda store=store: store.reader.stats(check_integrity=check_integrity)  # type: ignore[misc]
+                )
+            )
+        return out
+
+
+class Memory:
+    """An open active memory: what `open_memory()` yields.
+
+    `sessions` holds the transcripts and their index.
+    """
+
+    def __init__(
+        self,
+        supervisor: Supervisor,
+        *,
+        config: Mapping[str, Any] | None,
+        models: Mapping[str, Any] | None,
+        tools: Mapping[str, Any] | None,
+        clock: Callable[[], float],
+    ) -> None:
+        self._supervisor = supervisor
+        self.state_dir = supervisor.state_dir
+        self.executor: ExecutorKind = supervisor.executor_kind
+        self.config = config
+        self.models = dict(models or {})
+        self.tools = dict(tools or {})
+        self.sessions = Sessions(supervisor, clock)
+
+
+@contextlib.asynccontextmanager
+async def open_memory(
+    state_dir: str | os.PathLike[str],
+    *,
+    config: Mapping[str, Any] | None = None,
+    models: Mapping[str, Any] | None = None,
+    tools: Mapping[str, Any] | None = None,
+    executor: ExecutorKind = "thread",
+    clock: Callable[[], float] = time.time,
+) -> AsyncIterator[Memory]:
+    """Open the active memory kept in `state_dir` (created if missing) and start its actors.
+
+    `executor="thread"` runs SQLite on worker threads (production); `"inline"` runs it on the
+    event-loop thread, for deterministic virtual-time simulations. `clock` stamps stored
+    events (wall-clock seconds).
+
+    Raises `InvalidInputError` if `state_dir` is a file or `executor` is unknown, and
+    `StorageError` if the directory cannot be created or is open in another process.
+
+    Cancellation: on exit (normal, error or cancellation) the actors first commit and
+    acknowledge every command already queued, shielded from cancellation, then the
+    databases close.
+    """
+    if executor not in EXECUTOR_KINDS:
+        allowed = ", ".join(repr(k) for k in EXECUTOR_KINDS)
+        raise InvalidInputError(f"executor: {executor!r} is not one of {allowed}")
+    if not isinstance(state_dir, str | os.PathLike):
+        raise InvalidInputError(f"state_dir: expected a path, got {type(state_dir).__name__}")
+    async with open_supervisor(Path(state_dir), executor) as supervisor:
+        yield Memory(supervisor, config=config, models=models, tools=tools, clock=clock)
+
+
+def _raise_rejected(ack: Rejected) -> NoReturn:
+    match ack.reason:
+        case "not_found":
+            raise SessionNotFoundError(ack.message)
+        case "invalid":
+            raise InvalidInputError(ack.message)
+        case "closed":
+            raise MemoryClosedError(ack.message)
+        case "storage":
+            raise StorageError(ack.message)
+
+
+def _to_message(value: object) -> Message:
+    if isinstance(value, Mapping):
+        try:
+            return msgspec.convert(value, Message)
+        except msgspec.ValidationError as exc:
+            raise InvalidInputError(f"message: {exc}") from None
+    raise InvalidInputError(f"message: expected am.Message, got {type(value).__name__}")
+
+
+def _check_bool(name: str, value: object) -> None:
+    if not isinstance(value, bool):
+        raise InvalidInputError(f"{name}: expected true or false, got {value!r}")
+
+
+def _check_positive_int(name: str, value: object) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise InvalidInputError(f"{name}: {value!r} is not a positive integer")

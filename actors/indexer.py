@@ -1,0 +1,101 @@
+"""The indexer: the single writer of one agent database (SPEC §1.2, §2.3).
+
+Inbox: `Call`s carrying `IndexerCommand`s (protocol/indexer.py), bounded. Loop: wait for one
+call, drain whatever else is already waiting (up to `max_batch`), apply the whole batch in
+one transaction (group commit), then acknowledge each call. An ack is only ever sent after
+the commit that holds its command.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import partial
+
+import anyio
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from ..protocol.indexer import IndexerAck, IndexerCommand, Rejected
+from ..storage.executor import Executor
+from ..storage.transcripts import TranscriptWriter
+
+INBOX_SIZE = 1024
+MAX_BATCH = 512
+
+
+class Call:
+    """One command in flight and the slot its acknowledgement is delivered to."""
+
+    __slots__ = ("ack", "command", "done")
+
+    def __init__(self, command: IndexerCommand) -> None:
+        self.command = command
+        self.ack: IndexerAck | None = None
+        self.done = anyio.Event()
+
+    def resolve(self, ack: IndexerAck) -> None:
+        self.ack = ack
+        self.done.set()
+
+
+def open_inbox(
+    size: int = INBOX_SIZE,
+) -> tuple[MemoryObjectSendStream[Call], MemoryObjectReceiveStream[Call]]:
+    """A bounded inbox: senders wait when the writer falls behind (backpressure)."""
+    assert size != math.inf
+    return anyio.create_memory_object_stream[Call](size)
+
+
+class Indexer:
+    """Owns the write connection (through `writer`) and applies commands in batches."""
+
+    def __init__(
+        self,
+        writer: TranscriptWriter,
+        executor: Executor,
+        inbox: MemoryObjectReceiveStream[Call],
+        *,
+        max_batch: int = MAX_BATCH,
+    ) -> None:
+        self.writer = writer
+        self.executor = executor
+        self.inbox = inbox
+        self.max_batch = max_batch
+        self.batches = 0
+        self.commands = 0
+
+    async def run(self) -> None:
+        """Serve until every sender has closed the inbox; then return.
+
+        Cancellation: a batch already handed to the executor commits in full; calls that
+        were received but not applied are answered `Rejected(reason="closed")`.
+        """
+        batch: list[Call] = []
+        async with self.inbox:
+            try:
+                async for first in self.inbox:
+                    batch = [first]
+                    while len(batch) < self.max_batch:
+                        try:
+                            batch.append(self.inbox.receive_nowait())
+                        except (anyio.WouldBlock, anyio.EndOfStream):
+                            break
+                    commands = [call.command for call in batch]
+                    acks = await self.executor.run(partial(self.writer.apply, commands))
+                    for call, ack in zip(batch, acks, strict=True):
+                        call.resolve(ack)
+                    self.batches += 1
+                    self.commands += len(batch)
+                    batch = []
+            finally:
+                self._reject_unapplied(batch)
+
+    def _reject_unapplied(self, batch: list[Call]) -> None:
+        closed = Rejected(reason="closed", message="the memory was closed")
+        while True:
+            try:
+                batch.append(self.inbox.receive_nowait())
+            except (anyio.WouldBlock, anyio.EndOfStream):
+                break
+        for call in batch:
+            if call.ack is None:
+                call.resolve(closed)

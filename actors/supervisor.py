@@ -1,0 +1,168 @@
+"""The supervisor: the one place where actors are created and wired (SPEC §1.2).
+
+It owns the task group of every actor. Agent databases are opened lazily, the first time a
+session of that agent is used; each gets its writer lock, an indexer actor with its bounded
+inbox, and a reader connection. A crashed actor is never silently lost: its exception
+propagates out of `open_memory()`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import anyio
+from anyio.abc import TaskGroup
+from anyio.streams.memory import MemoryObjectSendStream
+
+from ..protocol.errors import MemoryClosedError
+from ..protocol.indexer import IndexerAck, IndexerCommand
+from ..storage.db import WriterLock, ensure_state_dir, open_connection
+from ..storage.executor import Executor, ExecutorKind, make_executor
+from ..storage.transcripts import TranscriptReader, TranscriptWriter, agent_db_path
+from .indexer import MAX_BATCH, Call, Indexer, open_inbox
+
+
+@dataclass
+class AgentStore:
+    """Everything open for one agent database."""
+
+    agent: str
+    path: Path
+    indexer: Indexer
+    inbox: MemoryObjectSendStream[Call]
+    reader: TranscriptReader
+    read_executor: Executor
+    lock: WriterLock
+    stopped: anyio.Event = field(default_factory=anyio.Event)
+
+    async def submit(self, command: IndexerCommand) -> IndexerAck:
+        """Queue `command` for the indexer and wait for its ack.
+
+        Cancellation: if cancelled while waiting for room in the inbox, nothing was queued;
+        if cancelled after, the command may still commit.
+        """
+        call = Call(command)
+        try:
+            await self.inbox.send(call)
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            raise MemoryClosedError("the memory is closed") from None
+        await call.done.wait()
+        assert call.ack is not None
+        return call.ack
+
+
+class Supervisor:
+    """Starts, wires and stops the actors of one `open_memory()`."""
+
+    def __init__(
+        self,
+        task_group: TaskGroup,
+        state_dir: Path,
+        executor: ExecutorKind,
+        *,
+        max_batch: int = MAX_BATCH,
+    ) -> None:
+        self._tg = task_group
+        self.state_dir = state_dir
+        self.executor_kind: ExecutorKind = executor
+        self.max_batch = max_batch
+        self._agents: dict[str, AgentStore] = {}
+        self._opening = anyio.Lock()
+        self._closed = False
+
+    async def agent(self, agent: str) -> AgentStore:
+        """The open store of `agent`, opening it on first use."""
+        store = self._agents.get(agent)
+        if store is not None:
+            return store
+        async with self._opening:
+            if self._closed:
+                raise MemoryClosedError("the memory is closed")
+            store = self._agents.get(agent)
+            if store is None:
+                store = await self._open_agent(agent)
+                self._agents[agent] = store
+        return store
+
+    def open_agents(self) -> list[AgentStore]:
+        return list(self._agents.values())
+
+    def known_agents(self) -> list[str]:
+        """Agents with a database in the state directory, open or not."""
+        root = self.state_dir / "agents"
+        on_disk = {p.parent.name for p in root.glob("*/memory.db")} if root.is_dir() else set()
+        return sorted(on_disk | set(self._agents))
+
+    async def _open_agent(self, agent: str) -> AgentStore:
+        path = agent_db_path(self.state_dir, agent)
+        write_executor = make_executor(self.executor_kind)
+        read_executor = make_executor(self.executor_kind)
+        lock = WriterLock(path)
+
+        def open_writer() -> TranscriptWriter:
+            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            lock.acquire()
+            try:
+                return TranscriptWriter(open_connection(path, writer=True))
+            except BaseException:
+                lock.release()
+                raise
+
+        writer = await write_executor.run(open_writer)
+        try:
+            reader_conn = await read_executor.run(lambda: open_connection(path, writer=False))
+        except BaseException:
+            writer.conn.close()
+            lock.release()
+            raise
+        send, receive = open_inbox()
+        store = AgentStore(
+            agent=agent,
+            path=path,
+            indexer=Indexer(writer, write_executor, receive, max_batch=self.max_batch),
+            inbox=send,
+            reader=TranscriptReader(reader_conn, agent),
+            read_executor=read_executor,
+            lock=lock,
+        )
+        self._tg.start_soon(self._run_indexer, store, name=f"indexer:{agent}")
+        return store
+
+    async def _run_indexer(self, store: AgentStore) -> None:
+        try:
+            await store.indexer.run()
+        finally:
+            store.stopped.set()
+
+    async def aclose(self) -> None:
+        """Stop every actor after it has drained its inbox; close the databases.
+
+        Cancellation: shielded by `open_memory()`, so queued commands are still committed.
+        """
+        async with self._opening:
+            self._closed = True
+        for store in self._agents.values():
+            await store.inbox.aclose()
+        for store in self._agents.values():
+            await store.stopped.wait()
+            await store.indexer.executor.run(store.indexer.writer.conn.close)
+            await store.read_executor.run(store.reader.conn.close)
+            store.lock.release()
+
+
+@contextlib.asynccontextmanager
+async def open_supervisor(
+    state_dir: Path, executor: ExecutorKind, *, max_batch: int = MAX_BATCH
+) -> AsyncIterator[Supervisor]:
+    """Run a supervisor for the duration of the block."""
+    ensure_state_dir(state_dir)
+    async with anyio.create_task_group() as tg:
+        supervisor = Supervisor(tg, state_dir, executor, max_batch=max_batch)
+        try:
+            yield supervisor
+        finally:
+            with anyio.CancelScope(shield=True):
+                await supervisor.aclose()

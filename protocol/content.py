@@ -1,0 +1,206 @@
+"""Messages and their content blocks (SPEC §2.2, §2.3, §9).
+
+Content is a string or a list of blocks. Only `user`/`assistant` text is ever indexed: the
+text of a string, or of text/input_text/output_text blocks. Everything else is stored as-is.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal, TypeAlias
+
+import msgspec
+
+from .errors import InvalidInputError
+
+# Largest encoded content of one message. Bigger payloads belong in files, not transcripts.
+MAX_CONTENT_BYTES = 1_048_576
+
+ROLES = ("user", "assistant", "tool")
+Role: TypeAlias = Literal["user", "assistant", "tool"]
+INDEXED_ROLES = frozenset(("user", "assistant"))
+
+
+class _Block(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
+    pass
+
+
+class TextBlock(_Block, tag="text", frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Plain text; indexed for user and assistant messages."""
+
+    text: str
+
+
+class InputTextBlock(
+    _Block, tag="input_text", frozen=True, kw_only=True, forbid_unknown_fields=True
+):
+    """Text in the Responses-API input shape; indexed like `text`."""
+
+    text: str
+
+
+class OutputTextBlock(
+    _Block, tag="output_text", frozen=True, kw_only=True, forbid_unknown_fields=True
+):
+    """Text in the Responses-API output shape; indexed like `text`."""
+
+    text: str
+
+
+class ThinkingBlock(_Block, tag="thinking", frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A model's thinking; stored, never indexed."""
+
+    thinking: str
+    signature: str | None = None
+
+
+class ReasoningBlock(
+    _Block, tag="reasoning", frozen=True, kw_only=True, forbid_unknown_fields=True
+):
+    """A model's reasoning summary; stored, never indexed."""
+
+    text: str = ""
+    summary: str | None = None
+
+
+class ImageBlock(_Block, tag="image", frozen=True, kw_only=True):
+    """An image (by source, url or inline data); stored, never indexed."""
+
+    source: Any = None
+    url: str | None = None
+    data: str | None = None
+    mime_type: str | None = None
+    description: str | None = None
+
+
+class ToolUseBlock(_Block, tag="tool_use", frozen=True, kw_only=True):
+    """A tool call made by the assistant; stored, never indexed."""
+
+    id: str
+    name: str
+    input: Any = None
+
+
+class ToolResultBlock(_Block, tag="tool_result", frozen=True, kw_only=True):
+    """A tool's result; stored, never indexed."""
+
+    tool_use_id: str
+    content: Any = None
+    is_error: bool = False
+
+
+Block: TypeAlias = (
+    TextBlock
+    | InputTextBlock
+    | OutputTextBlock
+    | ThinkingBlock
+    | ReasoningBlock
+    | ImageBlock
+    | ToolUseBlock
+    | ToolResultBlock
+)
+Content: TypeAlias = str | list[Block]
+
+BLOCK_TYPES = (
+    "text", "input_text", "output_text", "thinking", "reasoning", "image", "tool_use",
+    "tool_result",
+)  # fmt: skip
+_TEXT_BLOCKS = (TextBlock, InputTextBlock, OutputTextBlock)
+_MSGSPEC_PATH = re.compile(r" - at `\$(.*)`$")
+_encode = msgspec.json.Encoder().encode
+
+
+class Message(msgspec.Struct, frozen=True, kw_only=True):
+    """One transcript message: a role and its content.
+
+    `content` is a string or a list of blocks (mappings or block Structs; mappings are
+    validated and converted on construction). Construction raises `InvalidInputError` naming
+    the field for an unknown role, an unknown block type, a lone surrogate, or content larger
+    than `MAX_CONTENT_BYTES` encoded.
+    """
+
+    role: Role
+    content: Content
+    timestamp: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.role not in ROLES:
+            allowed = ", ".join(repr(r) for r in ROLES)
+            raise InvalidInputError(f"Message.role: {self.role!r} is not one of {allowed}")
+        content = self.content
+        if not isinstance(content, str):
+            content = _convert_blocks(content)
+            msgspec.structs.force_setattr(self, "content", content)
+        try:
+            size = len(_encode(content))
+        except UnicodeEncodeError:
+            _check_unicode("Message.content", content)  # finds and names the bad string
+            raise
+        if size > MAX_CONTENT_BYTES:
+            raise InvalidInputError(
+                f"Message.content: {size} bytes encoded is over the limit of "
+                f"{MAX_CONTENT_BYTES} bytes"
+            )
+
+    @property
+    def index_text(self) -> str | None:
+        """The text that goes into the full-text index, or None when nothing does."""
+        if self.role not in INDEXED_ROLES:
+            return None
+        if isinstance(self.content, str):
+            text = self.content
+        else:
+            text = "\n".join(b.text for b in self.content if isinstance(b, _TEXT_BLOCKS))
+        return text if text.strip() else None
+
+
+def _convert_blocks(content: object) -> list[Block]:
+    if not isinstance(content, list | tuple):
+        raise InvalidInputError(
+            f"Message.content: expected a string or a list of blocks, got {type(content).__name__}"
+        )
+    try:
+        return msgspec.convert(list(content), list[Block], from_attributes=True)
+    except msgspec.ValidationError as exc:
+        raise InvalidInputError(_block_error(content, str(exc))) from None
+
+
+def _block_error(content: list[Any] | tuple[Any, ...], error: str) -> str:
+    match = _MSGSPEC_PATH.search(error)
+    path = match.group(1) if match else ""
+    reason = error[: match.start()] if match else error
+    where = f"Message.content{path}"
+    if path.endswith(".type") and reason.startswith("Invalid value"):
+        allowed = ", ".join(BLOCK_TYPES)
+        value = reason.removeprefix("Invalid value ")
+        return f"{where}: {value} is not a known block type (allowed: {allowed})"
+    if "missing required field `type`" in reason:
+        return f"{where}: block has no `type` (allowed: {', '.join(BLOCK_TYPES)})"
+    return f"{where}: {reason}"
+
+
+def _check_unicode(where: str, value: object) -> None:
+    """Reject lone surrogates anywhere: they cannot be stored as UTF-8 and break FTS."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise InvalidInputError(
+                f"{where}: lone surrogate {value[exc.start]!r} at index {exc.start} "
+                "(text must be valid Unicode)"
+            ) from None
+    elif isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            _check_unicode(f"{where}[{i}]", item)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _check_unicode(f"{where}.{key}", key)
+            _check_unicode(f"{where}.{key}", item)
+    elif isinstance(value, msgspec.Struct):
+        for field in value.__struct_fields__:
+            _check_unicode(f"{where}.{field}", getattr(value, field))
+
+
+def check_text(where: str, value: str) -> None:
+    """Raise `InvalidInputError` naming `where` if `value` holds a lone surrogate."""
+    _check_unicode(where, value)

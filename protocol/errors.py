@@ -1,0 +1,29 @@
+"""The exceptions every layer raises; the public ones are re-exported by `activememory`."""
+
+from __future__ import annotations
+
+
+class ActiveMemoryError(Exception):
+    """Base class of every error activememory raises on purpose."""
+
+
+class InvalidInputError(ActiveMemoryError, ValueError):
+    """Bad input from the caller. The message names the field and what is allowed.
+
+    Nothing was written when this is raised.
+    """
+
+
+class SessionNotFoundError(ActiveMemoryError, LookupError):
+    """The session key names no stored session."""
+
+
+class StorageError(ActiveMemoryError):
+    """The state directory or a database could not be used (disk full, read-only, busy...).
+
+    The failed command left the database as it was before the command.
+    """
+
+
+class MemoryClosedError(ActiveMemoryError):
+    """The memory was closed (or its writer stopped) before the command was acknowledged."""

@@ -1,0 +1,148 @@
+"""The indexer dialog: commands to the single writer of an agent database, and its acks.
+
+Sent by the `Sessions` facade (and later the reconciler), received by
+`activememory.actors.indexer`. Every command is acknowledged exactly once, after the
+transaction holding it has committed (or with `Rejected` when it changed nothing).
+"""
+
+from __future__ import annotations
+
+from typing import Literal, TypeAlias
+
+import msgspec
+
+from .content import Message
+from .session_key import SessionKey
+from .transcript import Event, ImportEntry
+
+
+class _Command(msgspec.Struct, frozen=True, kw_only=True, tag_field="op"):
+    key: SessionKey
+
+
+class CreateSession(_Command, tag="create", frozen=True, kw_only=True):
+    """Facade → indexer: create a session with its metadata (no-op if it exists)."""
+
+    persistent: bool = True
+    interactive: bool = True
+    sandboxed: bool = False
+    spawned_by: str | None = None
+    at: float
+
+
+class AppendMessage(_Command, tag="append", frozen=True, kw_only=True):
+    """Facade → indexer: append a message at the session's leaf (creating the session)."""
+
+    message: Message
+    at: float
+
+
+class RewindSession(_Command, tag="rewind", frozen=True, kw_only=True):
+    """Facade → indexer: move the session's leaf back to an earlier event; marks it dirty."""
+
+    to_event_id: int
+    at: float
+
+
+class DeleteSession(_Command, tag="delete", frozen=True, kw_only=True):
+    """Facade → indexer: delete the session, its events and its index rows in one go."""
+
+
+class ArchiveSession(_Command, tag="archive", frozen=True, kw_only=True):
+    """Facade → indexer: set or clear the session's archived flag."""
+
+    archived: bool = True
+    at: float
+
+
+class ImportTranscript(_Command, tag="import", frozen=True, kw_only=True):
+    """Importer → indexer: store pre-existing rows unindexed; the session is marked dirty."""
+
+    entries: tuple[ImportEntry, ...]
+    leaf_id: str | None = None
+    persistent: bool = True
+    interactive: bool = True
+    at: float
+
+
+class RebuildIndex(msgspec.Struct, frozen=True, kw_only=True, tag_field="op", tag="rebuild"):
+    """Facade → indexer: rebuild the index rows of dirty sessions (all, or one)."""
+
+    key: SessionKey | None = None
+
+
+IndexerCommand: TypeAlias = (
+    CreateSession
+    | AppendMessage
+    | RewindSession
+    | DeleteSession
+    | ArchiveSession
+    | ImportTranscript
+    | RebuildIndex
+)
+
+
+class _Ack(msgspec.Struct, frozen=True, kw_only=True, tag_field="ack"):
+    pass
+
+
+class Created(_Ack, tag="created", frozen=True, kw_only=True):
+    """Indexer → facade: the session exists (`created` is False if it already did)."""
+
+    session_id: int
+    created: bool
+
+
+class Appended(_Ack, tag="appended", frozen=True, kw_only=True):
+    """Indexer → facade: the message is committed (and indexed unless the session is dirty)."""
+
+    event: Event
+    indexed: bool
+
+
+class Rewound(_Ack, tag="rewound", frozen=True, kw_only=True):
+    """Indexer → facade: the leaf moved; the session is dirty until rebuilt."""
+
+    leaf_event_id: int
+
+
+class Deleted(_Ack, tag="deleted", frozen=True, kw_only=True):
+    """Indexer → facade: the session and its index rows are gone."""
+
+    events: int
+    index_rows: int
+
+
+class Archived(_Ack, tag="archived", frozen=True, kw_only=True):
+    """Indexer → facade: the archived flag is set as asked."""
+
+    archived: bool
+
+
+class Imported(_Ack, tag="imported", frozen=True, kw_only=True):
+    """Indexer → importer: the rows are stored; the session is dirty until rebuilt."""
+
+    session_id: int
+    events: int
+
+
+class Rebuilt(_Ack, tag="rebuilt", frozen=True, kw_only=True):
+    """Indexer → facade: these sessions were rebuilt and are clean."""
+
+    sessions: int
+    index_rows: int
+
+
+RejectReason: TypeAlias = Literal["not_found", "invalid", "storage", "closed"]
+
+
+class Rejected(_Ack, tag="rejected", frozen=True, kw_only=True):
+    """Indexer → facade: the command changed nothing; `message` says why."""
+
+    reason: RejectReason
+    message: str
+
+
+IndexerAck: TypeAlias = (
+    Created | Appended | Rewound | Deleted | Archived | Imported | Rebuilt | Rejected
+)

@@ -1,0 +1,86 @@
+"""What the transcript store hands back: events on a session's tree and session metadata."""
+
+from __future__ import annotations
+
+from typing import Literal, TypeAlias
+
+import msgspec
+
+from .content import Message
+from .session_key import ChatType
+
+EventKind: TypeAlias = Literal["message", "rewind"]
+
+
+class Event(msgspec.Struct, frozen=True, kw_only=True):
+    """One stored event of a session's tree (SPEC §2.2).
+
+    `parent_id` is the event it follows (None for a root); `seq` counts the session's events
+    in write order. Rewind events are leaf controls: they are stored, but never part of the
+    active branch that `history` returns.
+    """
+
+    id: int
+    session_key: str
+    parent_id: int | None
+    seq: int
+    timestamp: float
+    kind: EventKind = "message"
+    message: Message | None = None
+
+    @property
+    def role(self) -> str | None:
+        """The message role, or None for a control event."""
+        return self.message.role if self.message else None
+
+
+class SessionInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """A session's metadata (SPEC §2.1) and its index state."""
+
+    key: str
+    session_id: int
+    agent: str | None
+    chat_type: ChatType
+    conversation_id: str | None
+    thread_id: str | None
+    persistent: bool
+    interactive: bool
+    archived: bool
+    sandboxed: bool
+    spawned_by: str | None
+    created_at: float
+    updated_at: float
+    leaf_event_id: int | None
+    revision: int
+    dirty: bool
+    indexed_seq: int
+
+    @property
+    def unknown(self) -> bool:
+        """Too little metadata to classify: never eligible for recall."""
+        return self.chat_type == "unknown" or self.agent is None
+
+
+class IndexStats(msgspec.Struct, frozen=True, kw_only=True):
+    """Counts describing one agent database and its full-text index."""
+
+    agent: str
+    sessions: int
+    events: int
+    active_messages: int
+    indexed_messages: int
+    dirty_sessions: int
+    db_bytes: int
+    fts_integrity_ok: bool
+
+
+ImportEntryId: TypeAlias = str
+
+
+class ImportEntry(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """One message of a transcript written before indexing existed (JSONL import)."""
+
+    id: ImportEntryId
+    parent_id: ImportEntryId | None
+    timestamp: float
+    message: Message

@@ -1,0 +1,210 @@
+"""Opening agent databases: apsw best practice, schema migrations, errors users can read."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import apsw
+import apsw.bestpractice
+
+from ..protocol.errors import InvalidInputError, StorageError
+
+# Each entry migrates from version i to i + 1; `PRAGMA user_version` holds the version.
+Migration = Callable[[apsw.Connection], None]
+
+BUSY_TIMEOUT_MS = 5000
+
+
+def _v1_transcripts(conn: apsw.Connection) -> None:
+    conn.execute(
+        """
+        CREATE TABLE sessions(
+            id INTEGER PRIMARY KEY,
+            key TEXT NOT NULL UNIQUE,
+            agent TEXT,
+            chat_type TEXT NOT NULL
+                CHECK (chat_type IN ('direct', 'group', 'channel', 'explicit', 'unknown')),
+            conversation_id TEXT,
+            thread_id TEXT,
+            persistent INTEGER NOT NULL DEFAULT 1,
+            interactive INTEGER NOT NULL DEFAULT 1,
+            archived INTEGER NOT NULL DEFAULT 0,
+            sandboxed INTEGER NOT NULL DEFAULT 0,
+            spawned_by TEXT,
+            created_at REAL NOT NULL,
+            updated_at REAL NOT NULL,
+            leaf_event_id INTEGER,
+            leaf_depth INTEGER NOT NULL DEFAULT 0,
+            next_seq INTEGER NOT NULL DEFAULT 1,
+            -- bumped by every change to the session: the reconciler's fence
+            revision INTEGER NOT NULL DEFAULT 0,
+            -- the index does not match the active branch; hidden from search until rebuilt
+            dirty INTEGER NOT NULL DEFAULT 0,
+            -- index watermark: the last seq whose effect the index reflects
+            indexed_seq INTEGER NOT NULL DEFAULT 0
+        ) STRICT;
+        CREATE INDEX sessions_spawned_by ON sessions(spawned_by) WHERE spawned_by IS NOT NULL;
+        CREATE INDEX sessions_dirty ON sessions(id) WHERE dirty;
+
+        CREATE TABLE events(
+            id INTEGER PRIMARY KEY,
+            session_id INTEGER NOT NULL REFERENCES sessions(id),
+            parent_id INTEGER REFERENCES events(id),
+            seq INTEGER NOT NULL,
+            depth INTEGER NOT NULL,
+            ts REAL NOT NULL,
+            kind TEXT NOT NULL CHECK (kind IN ('message', 'rewind')),
+            role TEXT CHECK (role IN ('user', 'assistant', 'tool')),
+            content BLOB,
+            -- the indexable text (user/assistant text blocks), NULL for everything else
+            text TEXT,
+            UNIQUE (session_id, seq)
+        ) STRICT;
+
+        -- the active branch projection: root (depth 1) to leaf, one row per message
+        CREATE TABLE active_branch(
+            session_id INTEGER NOT NULL,
+            depth INTEGER NOT NULL,
+            event_id INTEGER NOT NULL,
+            PRIMARY KEY (session_id, depth)
+        ) STRICT, WITHOUT ROWID;
+
+        -- rowid = events.id. Contentless: the text lives in events.text, and snippets are
+        -- cut from redacted text in Python, never by FTS5 from raw text.
+        CREATE VIRTUAL TABLE message_fts USING fts5(
+            text, content='', contentless_delete=1,
+            tokenize='unicode61 remove_diacritics 2'
+        );
+        """
+    )
+
+
+MIGRATIONS: tuple[Migration, ...] = (_v1_transcripts,)
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+def configure(conn: apsw.Connection) -> None:
+    """Apply apsw's best practices to one of our connections.
+
+    Applied per connection rather than through `apsw.bestpractice.apply()`, which would
+    change every apsw connection of the host process too.
+    """
+    apsw.bestpractice.connection_wal(conn)
+    apsw.bestpractice.connection_enable_foreign_keys(conn)
+    apsw.bestpractice.connection_dqs(conn)
+    apsw.bestpractice.connection_recursive_triggers(conn)
+    apsw.bestpractice.connection_optimize(conn)
+    conn.set_busy_timeout(BUSY_TIMEOUT_MS)
+    # FULL: an acknowledged message survives power loss, not only a process crash.
+    conn.pragma("synchronous", "FULL")
+
+
+def migrate(conn: apsw.Connection, migrations: tuple[Migration, ...] = MIGRATIONS) -> int:
+    """Bring the schema forward to the newest version; return that version."""
+    version = int(conn.pragma("user_version"))
+    if version > len(migrations):
+        raise StorageError(
+            f"{conn.filename}: schema version {version} is newer than this activememory "
+            f"understands ({len(migrations)}); upgrade activememory"
+        )
+    for target, step in enumerate(migrations[version:], start=version + 1):
+        with conn:
+            step(conn)
+            conn.pragma("user_version", target)
+    return len(migrations)
+
+
+def ensure_state_dir(state_dir: Path) -> Path:
+    """Create `state_dir` if missing; raise a clear error if it cannot be a state directory."""
+    if state_dir.exists() and not state_dir.is_dir():
+        raise InvalidInputError(f"state_dir: {str(state_dir)!r} exists and is not a directory")
+    try:
+        state_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise StorageError(
+            f"state_dir: cannot create {str(state_dir)!r} ({exc.strerror})"
+        ) from None
+    return state_dir
+
+
+class WriterLock:
+    """An exclusive lock on an agent database: one writer process per state directory.
+
+    The OS drops it when the process dies, so a crash never leaves a stale lock.
+    """
+
+    def __init__(self, db_path: Path) -> None:
+        self.path = db_path.with_name(db_path.name + ".lock")
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            raise StorageError(f"cannot open {str(self.path)!r} ({exc.strerror})") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise StorageError(
+                f"{str(self.path.parent)!r} is already open for writing by another "
+                "open_memory() (one writer per state directory)"
+            ) from None
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def open_connection(path: Path, *, writer: bool) -> apsw.Connection:
+    """Open and configure one agent database; the writer also creates and migrates it."""
+    try:
+        if writer:
+            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        flags = apsw.SQLITE_OPEN_READWRITE | (apsw.SQLITE_OPEN_CREATE if writer else 0)
+        conn = apsw.Connection(str(path), flags=flags)
+    except OSError as exc:
+        raise StorageError(f"cannot create {str(path.parent)!r} ({exc.strerror})") from None
+    except apsw.Error as exc:
+        raise StorageError(f"cannot open {str(path)!r} ({describe(exc)})") from None
+    try:
+        with translate_errors(path):
+            configure(conn)
+            if writer:
+                migrate(conn)
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def describe(exc: apsw.Error) -> str:
+    """A short, readable reason for a SQLite error."""
+    match exc:
+        case apsw.FullError():
+            return "disk full or database size limit reached"
+        case apsw.ReadOnlyError():
+            return "the database or its directory is read-only"
+        case apsw.BusyError() | apsw.LockedError():
+            return "the database is locked by another writer"
+        case apsw.CantOpenError():
+            return "cannot open the database file (missing directory or no permission)"
+        case apsw.CorruptError() | apsw.NotADBError():
+            return "the file is not a valid SQLite database or is corrupt"
+        case _:
+            return str(exc)
+
+
+@contextlib.contextmanager
+def translate_errors(path: Path) -> Iterator[None]:
+    """Re-raise SQLite errors as `StorageError` naming the database."""
+    try:
+        yield
+    except apsw.Error as exc:
+        raise StorageError(f"{str(path)!r}: {describe(exc)}") from exc

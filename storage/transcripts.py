@@ -1,0 +1,533 @@
+"""The transcript store of one agent database (SPEC §2): writes and reads.
+
+`TranscriptWriter` belongs to the indexer actor alone (the single writer); it turns a batch
+of indexer commands into one transaction. `TranscriptReader` serves history and stats on its
+own connection. Both are synchronous: their callers run them through an `Executor`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import apsw
+import msgspec
+
+from ..protocol.content import Content, Message
+from ..protocol.indexer import (
+    Appended,
+    AppendMessage,
+    Archived,
+    ArchiveSession,
+    Created,
+    CreateSession,
+    Deleted,
+    DeleteSession,
+    Imported,
+    ImportTranscript,
+    IndexerAck,
+    IndexerCommand,
+    RebuildIndex,
+    Rebuilt,
+    Rejected,
+    RewindSession,
+    Rewound,
+)
+from ..protocol.session_key import SessionKey
+from ..protocol.transcript import Event, IndexStats, SessionInfo
+from .db import describe
+
+_encode_content = msgspec.json.Encoder().encode
+_decode_content = msgspec.json.Decoder(Content).decode
+
+
+@dataclasses.dataclass
+class _SessionState:
+    """The writer's cached copy of a session row; flushed once per transaction."""
+
+    id: int
+    leaf_event_id: int | None
+    leaf_depth: int
+    next_seq: int
+    revision: int
+    dirty: bool
+    indexed_seq: int
+    updated_at: float
+
+
+class TranscriptWriter:
+    """Applies indexer commands to the database, a batch per transaction (group commit)."""
+
+    def __init__(self, conn: apsw.Connection) -> None:
+        self.conn = conn
+        self._sessions: dict[str, _SessionState] = {}
+        self._touched: dict[str, _SessionState] = {}
+        self._next_event_id = self._load_next_event_id()
+
+    def _load_next_event_id(self) -> int:
+        (max_id,) = self.conn.execute("SELECT coalesce(max(id), 0) FROM events").fetchone() or (0,)
+        return int(max_id) + 1
+
+    def apply(self, commands: Sequence[IndexerCommand]) -> list[IndexerAck]:
+        """Apply `commands` in one transaction and return one ack per command, in order.
+
+        If the transaction fails, it is rolled back whole and, unless the failure is a lock
+        held by another writer, each command is retried in its own transaction so that one
+        bad command (say, one that no longer fits on disk) cannot sink the others.
+        """
+        try:
+            with self.conn:
+                acks = [self._apply_one(cmd) for cmd in commands]
+                self._flush_sessions()
+            return acks
+        except apsw.Error as exc:
+            self._forget_cache()
+            if len(commands) == 1 or isinstance(exc, apsw.BusyError | apsw.LockedError):
+                return [Rejected(reason="storage", message=describe(exc)) for _ in commands]
+        return [ack for cmd in commands for ack in self.apply([cmd])]
+
+    def _forget_cache(self) -> None:
+        self._sessions.clear()
+        self._touched.clear()
+        self._next_event_id = self._load_next_event_id()
+
+    def _apply_one(self, cmd: IndexerCommand) -> IndexerAck:
+        match cmd:
+            case AppendMessage():
+                return self._append(cmd)
+            case CreateSession():
+                return self._create(cmd)
+            case RewindSession():
+                return self._rewind(cmd)
+            case DeleteSession():
+                return self._delete(cmd)
+            case ArchiveSession():
+                return self._archive(cmd)
+            case ImportTranscript():
+                return self._import(cmd)
+            case RebuildIndex():
+                return self._rebuild(cmd)
+
+    # -- sessions -------------------------------------------------------------------------
+
+    def _session(self, key: str) -> _SessionState | None:
+        state = self._sessions.get(key)
+        if state is None:
+            row = self.conn.execute(
+                "SELECT id, leaf_event_id, leaf_depth, next_seq, revision, dirty, indexed_seq,"
+                " updated_at FROM sessions WHERE key = ?",
+                (key,),
+            ).fetchone()
+            if row is None:
+                return None
+            state = _SessionState(*row)
+            state.dirty = bool(state.dirty)
+            self._sessions[key] = state
+        return state
+
+    def _insert_session(
+        self,
+        key: SessionKey,
+        at: float,
+        *,
+        persistent: bool = True,
+        interactive: bool = True,
+        sandboxed: bool = False,
+        spawned_by: str | None = None,
+    ) -> _SessionState:
+        self.conn.execute(
+            "INSERT INTO sessions(key, agent, chat_type, conversation_id, thread_id, persistent,"
+            " interactive, sandboxed, spawned_by, created_at, updated_at)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                key.raw, key.agent, key.chat_type, key.conversation_id, key.thread_id,
+                persistent, interactive, sandboxed, spawned_by, at, at,
+            ),
+        )  # fmt: skip
+        state = _SessionState(
+            id=self.conn.last_insert_rowid(),
+            leaf_event_id=None,
+            leaf_depth=0,
+            next_seq=1,
+            revision=0,
+            dirty=False,
+            indexed_seq=0,
+            updated_at=at,
+        )
+        self._sessions[key.raw] = state
+        return state
+
+    def _touch(self, key: str, state: _SessionState, at: float) -> None:
+        state.revision += 1
+        state.updated_at = max(state.updated_at, at)
+        self._touched[key] = state
+
+    def _flush_sessions(self) -> None:
+        if self._touched:
+            self.conn.executemany(
+                "UPDATE sessions SET leaf_event_id = ?, leaf_depth = ?, next_seq = ?,"
+                " revision = ?, dirty = ?, indexed_seq = ?, updated_at = ? WHERE id = ?",
+                [
+                    (
+                        s.leaf_event_id, s.leaf_depth, s.next_seq, s.revision, s.dirty,
+                        s.indexed_seq, s.updated_at, s.id,
+                    )
+                    for s in self._touched.values()
+                ],
+            )  # fmt: skip
+            self._touched.clear()
+
+    # -- commands -------------------------------------------------------------------------
+
+    def _append(self, cmd: AppendMessage) -> IndexerAck:
+        key = cmd.key.raw
+        state = self._session(key) or self._insert_session(cmd.key, cmd.at)
+        message = cmd.message
+        if message.timestamp is None:
+            message = msgspec.structs.replace(message, timestamp=cmd.at)
+        event_id = self._next_event_id
+        depth = state.leaf_depth + 1
+        seq = state.next_seq
+        timestamp = message.timestamp
+        assert timestamp is not None
+        text = message.index_text
+        self.conn.execute(
+            "INSERT INTO events(id, session_id, parent_id, seq, depth, ts, kind, role, content,"
+            " text) VALUES (?, ?, ?, ?, ?, ?, 'message', ?, ?, ?)",
+            (
+                event_id, state.id, state.leaf_event_id, seq, depth, timestamp, message.role,
+                _encode_content(message.content), text,
+            ),
+        )  # fmt: skip
+        self.conn.execute(
+            "INSERT INTO active_branch(session_id, depth, event_id) VALUES (?, ?, ?)",
+            (state.id, depth, event_id),
+        )
+        # Same transaction as the event: a committed message is never missing from the
+        # index. A dirty session is rebuilt whole later, so nothing is indexed now.
+        indexed = False
+        if not state.dirty:
+            if text is not None:
+                self.conn.execute(
+                    "INSERT INTO message_fts(rowid, text) VALUES (?, ?)", (event_id, text)
+                )
+                indexed = True
+            state.indexed_seq = seq
+        self._next_event_id += 1
+        parent_id = state.leaf_event_id
+        state.leaf_event_id, state.leaf_depth, state.next_seq = event_id, depth, seq + 1
+        self._touch(key, state, cmd.at)
+        event = Event(
+            id=event_id,
+            session_key=key,
+            parent_id=parent_id,
+            seq=seq,
+            timestamp=timestamp,
+            message=message,
+        )
+        return Appended(event=event, indexed=indexed)
+
+    def _create(self, cmd: CreateSession) -> IndexerAck:
+        state = self._session(cmd.key.raw)
+        if state is None:
+            state = self._insert_session(
+                cmd.key,
+                cmd.at,
+                persistent=cmd.persistent,
+                interactive=cmd.interactive,
+                sandboxed=cmd.sandboxed,
+                spawned_by=cmd.spawned_by,
+            )
+            return Created(session_id=state.id, created=True)
+        self.conn.execute(
+            "UPDATE sessions SET persistent = ?, interactive = ?, sandboxed = ?, spawned_by = ?"
+            " WHERE id = ?",
+            (cmd.persistent, cmd.interactive, cmd.sandboxed, cmd.spawned_by, state.id),
+        )
+        self._touch(cmd.key.raw, state, cmd.at)
+        return Created(session_id=state.id, created=False)
+
+    def _rewind(self, cmd: RewindSession) -> IndexerAck:
+        key = cmd.key.raw
+        state = self._session(key)
+        if state is None:
+            return Rejected(reason="not_found", message=f"session_key: no session {key!r}")
+        row = self.conn.execute(
+            "SELECT depth, kind FROM events WHERE id = ? AND session_id = ?",
+            (cmd.to_event_id, state.id),
+        ).fetchone()
+        if row is None or row[1] != "message":
+            return Rejected(
+                reason="not_found",
+                message=f"to_event_id: {cmd.to_event_id} is not a message of session {key!r}",
+            )
+        if cmd.to_event_id == state.leaf_event_id:
+            return Rewound(leaf_event_id=cmd.to_event_id)
+        target_depth = int(row[0])
+        # Walk up from the target until we meet the current active branch; everything
+        # below the meeting point is replaced by the walked path (a rewind or branch switch).
+        path: list[tuple[int, int]] = []
+        event_id: int | None = cmd.to_event_id
+        depth = target_depth
+        while event_id is not None:
+            on_branch = self.conn.execute(
+                "SELECT 1 FROM active_branch WHERE session_id = ? AND depth = ? AND event_id = ?",
+                (state.id, depth, event_id),
+            ).fetchone()
+            if on_branch:
+                break
+            path.append((depth, event_id))
+            parent = self.conn.execute(
+                "SELECT parent_id FROM events WHERE id = ?", (event_id,)
+            ).fetchone()
+            event_id = parent[0] if parent else None
+            depth -= 1
+        self.conn.execute(
+            "DELETE FROM active_branch WHERE session_id = ? AND depth > ?", (state.id, depth)
+        )
+        self.conn.executemany(
+            "INSERT INTO active_branch(session_id, depth, event_id) VALUES (?, ?, ?)",
+            [(state.id, d, e) for d, e in path],
+        )
+        self.conn.execute(
+            "INSERT INTO events(id, session_id, parent_id, seq, depth, ts, kind, content)"
+            " VALUES (?, ?, ?, ?, ?, ?, 'rewind', ?)",
+            (
+                self._next_event_id, state.id, state.leaf_event_id, state.next_seq,
+                target_depth, cmd.at, _encode_content(str(cmd.to_event_id)),
+            ),
+        )  # fmt: skip
+        self._next_event_id += 1
+        state.next_seq += 1
+        state.leaf_event_id, state.leaf_depth = cmd.to_event_id, target_depth
+        state.dirty = True
+        self._touch(key, state, cmd.at)
+        return Rewound(leaf_event_id=cmd.to_event_id)
+
+    def _delete(self, cmd: DeleteSession) -> IndexerAck:
+        key = cmd.key.raw
+        state = self._session(key)
+        if state is None:
+            return Rejected(reason="not_found", message=f"session_key: no session {key!r}")
+        self.conn.execute(
+            "DELETE FROM message_fts WHERE rowid IN (SELECT id FROM events WHERE session_id = ?)",
+            (state.id,),
+        )
+        index_rows = self.conn.changes()
+        self.conn.execute("DELETE FROM active_branch WHERE session_id = ?", (state.id,))
+        self.conn.execute("DELETE FROM events WHERE session_id = ?", (state.id,))
+        events = self.conn.changes()
+        self.conn.execute("DELETE FROM sessions WHERE id = ?", (state.id,))
+        del self._sessions[key]
+        self._touched.pop(key, None)
+        return Deleted(events=events, index_rows=index_rows)
+
+    def _archive(self, cmd: ArchiveSession) -> IndexerAck:
+        key = cmd.key.raw
+        state = self._session(key)
+        if state is None:
+            return Rejected(reason="not_found", message=f"session_key: no session {key!r}")
+        self.conn.execute("UPDATE sessions SET archived = ? WHERE id = ?", (cmd.archived, state.id))
+        self._touch(key, state, cmd.at)
+        return Archived(archived=cmd.archived)
+
+    def _import(self, cmd: ImportTranscript) -> IndexerAck:
+        key = cmd.key.raw
+        state = self._session(key)
+        if state is not None and state.leaf_event_id is not None:
+            return Rejected(
+                reason="invalid",
+                message=f"session_key: {key!r} already has messages; import into a new session",
+            )
+        if state is None:
+            state = self._insert_session(
+                cmd.key, cmd.at, persistent=cmd.persistent, interactive=cmd.interactive
+            )
+        ids: dict[str, tuple[int, int]] = {}  # import id -> (event id, depth)
+        rows = []
+        for i, entry in enumerate(cmd.entries):
+            if entry.id in ids:
+                return Rejected(
+                    reason="invalid", message=f"entries[{i}].id: {entry.id!r} is repeated"
+                )
+            parent: tuple[int, int] | None = None
+            if entry.parent_id is not None:
+                parent = ids.get(entry.parent_id)
+                if parent is None:
+                    return Rejected(
+                        reason="invalid",
+                        message=f"entries[{i}].parent_id: {entry.parent_id!r} names no "
+                        "earlier entry",
+                    )
+            event_id = self._next_event_id + i
+            depth = parent[1] + 1 if parent else 1
+            ids[entry.id] = (event_id, depth)
+            message = entry.message
+            rows.append(
+                (
+                    event_id, state.id, parent[0] if parent else None, state.next_seq + i,
+                    depth, entry.timestamp, message.role, _encode_content(message.content),
+                    message.index_text,
+                )
+            )  # fmt: skip
+        leaf_import_id = cmd.leaf_id or (cmd.entries[-1].id if cmd.entries else None)
+        if leaf_import_id is not None and leaf_import_id not in ids:
+            return Rejected(reason="invalid", message=f"leaf_id: {leaf_import_id!r} names no entry")
+        self.conn.executemany(
+            "INSERT INTO events(id, session_id, parent_id, seq, depth, ts, kind, role, content,"
+            " text) VALUES (?, ?, ?, ?, ?, ?, 'message', ?, ?, ?)",
+            rows,
+        )
+        self._next_event_id += len(rows)
+        state.next_seq += len(rows)
+        if leaf_import_id is not None:
+            parents = {row[0]: row[2] for row in rows}
+            leaf_id, leaf_depth = ids[leaf_import_id]
+            branch: list[tuple[int, int, int]] = []
+            node: int | None = leaf_id
+            depth = leaf_depth
+            while node is not None:
+                branch.append((state.id, depth, node))
+                node, depth = parents[node], depth - 1
+            self.conn.executemany(
+                "INSERT INTO active_branch(session_id, depth, event_id) VALUES (?, ?, ?)", branch
+            )
+            state.leaf_event_id, state.leaf_depth = leaf_id, leaf_depth
+        # Pre-existing rows are reconciled, not indexed inline (SPEC §2.3).
+        state.dirty = True
+        self._touch(key, state, cmd.at)
+        return Imported(session_id=state.id, events=len(rows))
+
+    def _rebuild(self, cmd: RebuildIndex) -> IndexerAck:
+        if cmd.key is not None:
+            state = self._session(cmd.key.raw)
+            if state is None:
+                return Rejected(
+                    reason="not_found", message=f"session_key: no session {cmd.key.raw!r}"
+                )
+            keys = [cmd.key.raw] if state.dirty else []
+        else:
+            self._flush_sessions()
+            keys = [k for (k,) in self.conn.execute("SELECT key FROM sessions WHERE dirty")]
+        index_rows = 0
+        for key in keys:
+            index_rows += self.rebuild_session(key)
+        return Rebuilt(sessions=len(keys), index_rows=index_rows)
+
+    def rebuild_session(self, key: str) -> int:
+        """Replace a session's index rows with its active branch; mark it clean."""
+        state = self._session(key)
+        assert state is not None
+        self.conn.execute(
+            "DELETE FROM message_fts WHERE rowid IN (SELECT id FROM events WHERE session_id = ?)",
+            (state.id,),
+        )
+        self.conn.execute(
+            "INSERT INTO message_fts(rowid, text) SELECT e.id, e.text FROM active_branch a"
+            " JOIN events e ON e.id = a.event_id"
+            " WHERE a.session_id = ? AND e.text IS NOT NULL",
+            (state.id,),
+        )
+        rows = self.conn.changes()
+        state.dirty = False
+        state.indexed_seq = state.next_seq - 1
+        self._touched[key] = state
+        return rows
+
+
+_SESSION_COLUMNS = (
+    "key, id, agent, chat_type, conversation_id, thread_id, persistent, interactive, archived,"
+    " sandboxed, spawned_by, created_at, updated_at, leaf_event_id, revision, dirty, indexed_seq"
+)
+
+
+class TranscriptReader:
+    """Reads one agent database on its own connection (WAL: never blocks the writer)."""
+
+    def __init__(self, conn: apsw.Connection, agent: str) -> None:
+        self.conn = conn
+        self.agent = agent
+
+    def session(self, key: str) -> SessionInfo | None:
+        row = self.conn.execute(
+            f"SELECT {_SESSION_COLUMNS} FROM sessions WHERE key = ?", (key,)
+        ).fetchone()
+        return _session_info(row) if row else None
+
+    def sessions(self) -> list[SessionInfo]:
+        rows = self.conn.execute(f"SELECT {_SESSION_COLUMNS} FROM sessions ORDER BY id")
+        return [_session_info(row) for row in rows]
+
+    def history(self, key: str, limit: int | None = None) -> list[Event] | None:
+        """The active branch, root first (the last `limit` messages); None if no session."""
+        with self.conn:  # one read transaction: a consistent snapshot
+            found = self.conn.execute("SELECT id FROM sessions WHERE key = ?", (key,)).fetchone()
+            if found is None:
+                return None
+            rows = self.conn.execute(
+                "SELECT e.id, e.parent_id, e.seq, e.ts, e.role, e.content FROM active_branch a"
+                " JOIN events e ON e.id = a.event_id WHERE a.session_id = ?"
+                " ORDER BY a.depth DESC LIMIT ?",
+                (found[0], -1 if limit is None else limit),
+            ).fetchall()
+        return [
+            Event(
+                id=event_id,
+                session_key=key,
+                parent_id=parent_id,
+                seq=seq,
+                timestamp=ts,
+                message=Message(role=role, content=_decode_content(content), timestamp=ts),
+            )
+            for event_id, parent_id, seq, ts, role, content in reversed(rows)
+        ]
+
+    def stats(self, *, check_integrity: bool = True) -> IndexStats:
+        def one(sql: str) -> int:
+            row = self.conn.execute(sql).fetchone()
+            return int(row[0]) if row else 0
+
+        with self.conn:
+            sessions = one("SELECT count(*) FROM sessions")
+            events = one("SELECT count(*) FROM events")
+            active = one(
+                "SELECT count(*) FROM active_branch a JOIN events e ON e.id = a.event_id"
+                " WHERE e.text IS NOT NULL"
+            )
+            indexed = one("SELECT count(*) FROM message_fts")
+            dirty = one("SELECT count(*) FROM sessions WHERE dirty")
+        pages = one("PRAGMA page_count") * one("PRAGMA page_size")
+        return IndexStats(
+            agent=self.agent,
+            sessions=sessions,
+            events=events,
+            active_messages=active,
+            indexed_messages=indexed,
+            dirty_sessions=dirty,
+            db_bytes=pages,
+            fts_integrity_ok=fts_integrity_ok(self.conn) if check_integrity else True,
+        )
+
+
+def fts_integrity_ok(conn: apsw.Connection) -> bool:
+    """FTS5's own `integrity-check` of the message index."""
+    try:
+        conn.execute("INSERT INTO message_fts(message_fts) VALUES ('integrity-check')")
+    except apsw.CorruptError:
+        return False
+    return True
+
+
+def _session_info(row: Iterable[object]) -> SessionInfo:
+    names = [n.strip() for n in _SESSION_COLUMNS.split(",")]
+    values = dict(zip(names, row, strict=True))
+    values["session_id"] = values.pop("id")
+    for flag in ("persistent", "interactive", "archived", "sandboxed", "dirty"):
+        values[flag] = bool(values[flag])
+    return msgspec.convert(values, SessionInfo)
+
+
+def agent_db_path(state_dir: Path, agent: str) -> Path:
+    """`state_dir/agents/<agent>/memory.db` (SPEC §1.4)."""
+    return state_dir / "agents" / agent / "memory.db"

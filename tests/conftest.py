@@ -1,0 +1,26 @@
+"""Shared fixtures: every async test runs on trio and asyncio; storage tests on both executors."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+import activememory as am
+
+
+@pytest.fixture(params=["trio", "asyncio"])
+def anyio_backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture(params=["thread", "inline"])
+def executor(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+async def mem(tmp_path: Path, executor: str) -> AsyncIterator[am.Memory]:
+    async with am.open_memory(tmp_path / "state", executor=executor) as memory:  # type: ignore[arg-type]
+        yield memory
