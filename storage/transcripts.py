@@ -93,6 +93,8 @@ class TranscriptWriter:
         self._next_event_id = self._load_next_event_id()
 
     def _apply_one(self, cmd: IndexerCommand) -> IndexerAck:
+        # Every handler decides to reject *before* it writes anything: a batch shares one
+        # transaction, so a half-applied rejected command would be committed with the rest.
         match cmd:
             case AppendMessage():
                 return self._append(cmd)
@@ -340,50 +342,46 @@ class TranscriptWriter:
                 reason="invalid",
                 message=f"session_key: {key!r} already has messages; import into a new session",
             )
+        depths: dict[str, int] = {}
+        for i, entry in enumerate(cmd.entries):
+            if entry.id in depths:
+                return Rejected(
+                    reason="invalid", message=f"entries[{i}].id: {entry.id!r} is repeated"
+                )
+            if entry.parent_id is not None and entry.parent_id not in depths:
+                return Rejected(
+                    reason="invalid",
+                    message=f"entries[{i}].parent_id: {entry.parent_id!r} names no earlier entry",
+                )
+            depths[entry.id] = depths[entry.parent_id] + 1 if entry.parent_id else 1
+        leaf_import_id = cmd.leaf_id or (cmd.entries[-1].id if cmd.entries else None)
+        if leaf_import_id is not None and leaf_import_id not in depths:
+            return Rejected(reason="invalid", message=f"leaf_id: {leaf_import_id!r} names no entry")
+
         if state is None:
             state = self._insert_session(
                 cmd.key, cmd.at, persistent=cmd.persistent, interactive=cmd.interactive
             )
-        ids: dict[str, tuple[int, int]] = {}  # import id -> (event id, depth)
-        rows = []
-        for i, entry in enumerate(cmd.entries):
-            if entry.id in ids:
-                return Rejected(
-                    reason="invalid", message=f"entries[{i}].id: {entry.id!r} is repeated"
-                )
-            parent: tuple[int, int] | None = None
-            if entry.parent_id is not None:
-                parent = ids.get(entry.parent_id)
-                if parent is None:
-                    return Rejected(
-                        reason="invalid",
-                        message=f"entries[{i}].parent_id: {entry.parent_id!r} names no "
-                        "earlier entry",
-                    )
-            event_id = self._next_event_id + i
-            depth = parent[1] + 1 if parent else 1
-            ids[entry.id] = (event_id, depth)
-            message = entry.message
-            rows.append(
-                (
-                    event_id, state.id, parent[0] if parent else None, state.next_seq + i,
-                    depth, entry.timestamp, message.role, _encode_content(message.content),
-                    message.index_text,
-                )
-            )  # fmt: skip
-        leaf_import_id = cmd.leaf_id or (cmd.entries[-1].id if cmd.entries else None)
-        if leaf_import_id is not None and leaf_import_id not in ids:
-            return Rejected(reason="invalid", message=f"leaf_id: {leaf_import_id!r} names no entry")
+        event_ids = {entry.id: self._next_event_id + i for i, entry in enumerate(cmd.entries)}
+        parents = {
+            event_ids[e.id]: event_ids[e.parent_id] if e.parent_id else None for e in cmd.entries
+        }
         self.conn.executemany(
             "INSERT INTO events(id, session_id, parent_id, seq, depth, ts, kind, role, content,"
             " text) VALUES (?, ?, ?, ?, ?, ?, 'message', ?, ?, ?)",
-            rows,
-        )
-        self._next_event_id += len(rows)
-        state.next_seq += len(rows)
+            [
+                (
+                    event_ids[e.id], state.id, parents[event_ids[e.id]], state.next_seq + i,
+                    depths[e.id], e.timestamp, e.message.role, _encode_content(e.message.content),
+                    e.message.index_text,
+                )
+                for i, e in enumerate(cmd.entries)
+            ],
+        )  # fmt: skip
+        self._next_event_id += len(cmd.entries)
+        state.next_seq += len(cmd.entries)
         if leaf_import_id is not None:
-            parents = {row[0]: row[2] for row in rows}
-            leaf_id, leaf_depth = ids[leaf_import_id]
+            leaf_id, leaf_depth = event_ids[leaf_import_id], depths[leaf_import_id]
             branch: list[tuple[int, int, int]] = []
             node: int | None = leaf_id
             depth = leaf_depth
@@ -397,7 +395,7 @@ class TranscriptWriter:
         # Pre-existing rows are reconciled, not indexed inline (SPEC §2.3).
         state.dirty = True
         self._touch(key, state, cmd.at)
-        return Imported(session_id=state.id, events=len(rows))
+        return Imported(session_id=state.id, events=len(cmd.entries))
 
     def _rebuild(self, cmd: RebuildIndex) -> IndexerAck:
         if cmd.key is not None:

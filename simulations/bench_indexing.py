@@ -1,0 +1,428 @@
+"""Indexing throughput: the library's append path against the raw apsw floor (SPEC §7).
+
+One run, one set of generated chat messages, three ways of storing and indexing them:
+
+1. raw floor: plain apsw, the library's schema and connection settings, every row in ONE
+   transaction (`executemany`) — the fastest this machine can store and index these rows;
+2. library, group commit: `open_memory()`, concurrent appenders each awaiting their own
+   acknowledgement, the indexer batching whatever is queued into one transaction;
+3. library, one transaction per message: the same with `max_batch=1`, i.e. no group commit.
+
+It prints ratios to the floor, since absolute rates on a shared machine are noise. After each
+run the index is checked against the number of messages, so a broken path cannot look fast.
+
+    python -m activememory.simulations.bench_indexing [--json] [--appenders N] ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import platform
+import random
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import apsw
+import msgspec
+import trio
+
+import activememory as am
+from activememory._memory import Memory
+from activememory.actors.supervisor import open_supervisor
+from activememory.protocol.content import Role
+from activememory.protocol.session_key import parse_session_key
+from activememory.storage.db import configure, migrate
+from activememory.storage.transcripts import TranscriptReader
+
+AGENT = "bench"
+VOCABULARY_SIZE = 20_000
+ZIPF_EXPONENT = 1.1
+WORDS_PER_MESSAGE = (10, 60)
+TURNS: tuple[Role, Role] = ("user", "assistant")
+TARGET_RATIO = 0.5  # group commit should reach at least half of the raw floor
+
+_ONSETS = (
+    "b", "c", "d", "f", "g", "h", "j", "k", "l", "m", "n", "p", "r", "s", "t", "v", "w", "y",
+    "z", "br", "ch", "cl", "cr", "dr", "fl", "gr", "pl", "pr", "sh", "sl", "st", "th", "tr",
+)  # fmt: skip
+_VOWELS = ("a", "e", "i", "o", "u", "a", "e", "i", "o", "ai", "ea", "ee", "ie", "oa", "oo", "ou")
+_CODAS = ("", "", "", "n", "r", "s", "t", "l", "m", "nd", "st", "ng", "ck", "rt")
+
+
+class BenchmarkError(Exception):
+    """A run stored or indexed something other than what was appended."""
+
+
+# -- the rows ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """The generated conversations: one list of messages per appender (session)."""
+
+    conversations: list[list[am.Message]]
+
+    @property
+    def messages(self) -> int:
+        return sum(len(c) for c in self.conversations)
+
+    @property
+    def words(self) -> int:
+        return sum(len(str(m.content).split()) for c in self.conversations for m in c)
+
+    @property
+    def text_bytes(self) -> int:
+        return sum(len(str(m.content).encode()) for c in self.conversations for m in c)
+
+
+def make_vocabulary(rng: random.Random, size: int) -> list[str]:
+    """`size` distinct pronounceable words, shortest first (frequent words are short)."""
+    words: dict[str, None] = {}
+    while len(words) < size:
+        syllables = rng.choices((1, 2, 3, 4), weights=(3, 5, 3, 1))[0]
+        word = "".join(
+            rng.choice(_ONSETS) + rng.choice(_VOWELS) + rng.choice(_CODAS) for _ in range(syllables)
+        )
+        words[word] = None
+    return sorted(words, key=len)  # stable: generation order within a length
+
+
+def make_corpus(*, appenders: int, messages_per_appender: int, seed: int) -> Corpus:
+    """Seeded synthetic chats: Zipf-distributed words, roles alternating user/assistant."""
+    rng = random.Random(seed)
+    vocabulary = make_vocabulary(rng, VOCABULARY_SIZE)
+    cum_weights = list(
+        itertools.accumulate(1.0 / rank**ZIPF_EXPONENT for rank in range(1, VOCABULARY_SIZE + 1))
+    )
+    low, high = WORDS_PER_MESSAGE
+    conversations = []
+    for _ in range(appenders):
+        messages = []
+        for i in range(messages_per_appender):
+            words = rng.choices(vocabulary, cum_weights=cum_weights, k=rng.randint(low, high))
+            text = " ".join(words).capitalize() + rng.choice(".?!.")
+            messages.append(am.Message(role=TURNS[i % 2], content=text))
+        conversations.append(messages)
+    return Corpus(conversations)
+
+
+def session_key(n: int) -> str:
+    return f"agent:{AGENT}:direct:u{n}"
+
+
+def interleaved(corpus: Corpus) -> list[tuple[int, int, am.Message]]:
+    """(session, position, message) in round-robin order, as concurrent appenders arrive."""
+    longest = max(len(c) for c in corpus.conversations)
+    return [
+        (s, i, conversation[i])
+        for i in range(longest)
+        for s, conversation in enumerate(corpus.conversations)
+        if i < len(conversation)
+    ]
+
+
+# -- the runs ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """One way of storing the corpus: its wall time and, for the library, its batching."""
+
+    seconds: float
+    messages: int
+    batches: int | None = None
+    commands: int | None = None
+
+    @property
+    def rate(self) -> float:
+        return self.messages / self.seconds
+
+    @property
+    def mean_batch(self) -> float | None:
+        if not self.batches or self.commands is None:
+            return None
+        return self.commands / self.batches
+
+
+def check_stats(
+    what: str, stats: Sequence[am.IndexStats], corpus: Corpus, *, branch: bool = True
+) -> None:
+    """Raise `BenchmarkError` unless every message is stored, indexed (and on its branch)."""
+    expected = {
+        "sessions": len(corpus.conversations),
+        "events": corpus.messages,
+        "indexed_messages": corpus.messages,
+        "dirty_sessions": 0,
+    }
+    if branch:
+        expected["active_messages"] = corpus.messages
+    got = {name: sum(getattr(s, name) for s in stats) for name in expected}
+    if got != expected or not all(s.fts_integrity_ok for s in stats):
+        raise BenchmarkError(
+            f"{what}: expected {expected} and a passing FTS integrity-check, got {got} "
+            f"(integrity ok: {[s.fts_integrity_ok for s in stats]})"
+        )
+
+
+def run_raw(path: Path, corpus: Corpus) -> RunResult:
+    """The floor: the library's rows, inserted by plain apsw in one transaction."""
+    conn = apsw.Connection(str(path))
+    try:
+        configure(conn)
+        migrate(conn)
+        keys = [parse_session_key(session_key(n)) for n in range(len(corpus.conversations))]
+        encode = msgspec.json.Encoder().encode
+        rows = interleaved(corpus)
+        start = time.perf_counter()
+        at = time.time()
+        leaf: list[int | None] = [None] * len(keys)
+        events = []
+        index = []
+        for event_id, (s, i, message) in enumerate(rows, start=1):
+            text = message.index_text
+            events.append(
+                (
+                    event_id, s + 1, leaf[s], i + 1, i + 1, at, message.role,
+                    encode(message.content), text,
+                )
+            )  # fmt: skip
+            index.append((event_id, text))
+            leaf[s] = event_id
+        with conn:
+            conn.executemany(
+                "INSERT INTO sessions(id, key, agent, chat_type, conversation_id, thread_id,"
+                " created_at, updated_at, leaf_event_id, leaf_depth, next_seq, revision,"
+                " indexed_seq) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [
+                    (
+                        s + 1, k.raw, k.agent, k.chat_type, k.conversation_id, k.thread_id,
+                        at, at, leaf[s], len(c), len(c) + 1, len(c), len(c),
+                    )
+                    for s, (k, c) in enumerate(zip(keys, corpus.conversations, strict=True))
+                ],
+            )  # fmt: skip
+            conn.executemany(
+                "INSERT INTO events(id, session_id, parent_id, seq, depth, ts, kind, role,"
+                " content, text) VALUES (?, ?, ?, ?, ?, ?, 'message', ?, ?, ?)",
+                events,
+            )
+            conn.executemany("INSERT INTO message_fts(rowid, text) VALUES (?, ?)", index)
+        seconds = time.perf_counter() - start
+        # The floor writes no active_branch rows (the library does: one more insert each).
+        check_stats("raw floor", [TranscriptReader(conn, AGENT).stats()], corpus, branch=False)
+    finally:
+        conn.close()
+    return RunResult(seconds=seconds, messages=corpus.messages)
+
+
+async def append_all(mem: Memory, corpus: Corpus) -> RunResult:
+    """One appender task per conversation, each awaiting its own acks; timed to the last."""
+    await mem._supervisor.agent(AGENT)  # open and migrate the database before the clock
+
+    async def appender(key: str, messages: list[am.Message]) -> None:
+        for message in messages:
+            await mem.sessions.append(key, message)
+
+    start = time.perf_counter()
+    async with trio.open_nursery() as nursery:
+        for n, conversation in enumerate(corpus.conversations):
+            nursery.start_soon(appender, session_key(n), conversation)
+    seconds = time.perf_counter() - start
+    (store,) = mem._supervisor.open_agents()
+    return RunResult(
+        seconds=seconds,
+        messages=corpus.messages,
+        batches=store.indexer.batches,
+        commands=store.indexer.commands,
+    )
+
+
+async def run_group_commit(state_dir: Path, corpus: Corpus) -> RunResult:
+    """The library as users open it: group commit on."""
+    async with am.open_memory(state_dir, executor="thread") as mem:
+        result = await append_all(mem, corpus)
+        check_stats("group commit", await mem.sessions.stats(), corpus)
+    return result
+
+
+async def run_per_message(state_dir: Path, corpus: Corpus) -> RunResult:
+    """The library with group commit off: one transaction (and one fsync) per message."""
+    async with open_supervisor(state_dir, "thread", max_batch=1) as supervisor:
+        mem = Memory(supervisor, config=None, models=None, tools=None, clock=time.time)
+        result = await append_all(mem, corpus)
+        check_stats("one transaction per message", await mem.sessions.stats(), corpus)
+    return result
+
+
+# -- the report -------------------------------------------------------------------------
+
+
+def environment(run_dir: Path) -> dict[str, Any]:
+    return {
+        "python": platform.python_version(),
+        "implementation": platform.python_implementation(),
+        "sqlite": apsw.sqlite_lib_version(),
+        "apsw": apsw.apsw_version(),
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+        "state_dir": str(run_dir),
+    }
+
+
+def report(
+    args: argparse.Namespace,
+    corpus: Corpus,
+    raw: RunResult,
+    group: RunResult,
+    single: RunResult,
+    env: dict[str, Any],
+) -> dict[str, Any]:
+    def run(result: RunResult) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "seconds": round(result.seconds, 4),
+            "messages_per_s": round(result.rate, 1),
+            "ratio_to_raw": round(result.rate / raw.rate, 4),
+        }
+        if result.batches is not None:
+            out["batches"] = result.batches
+            mean = result.mean_batch
+            out["mean_batch_size"] = None if mean is None else round(mean, 2)
+        return out
+
+    group_out = run(group)
+    group_out["target_ratio"] = TARGET_RATIO
+    group_out["pass"] = group.rate / raw.rate >= TARGET_RATIO
+    return {
+        "benchmark": "indexing",
+        "rows": {
+            "messages": corpus.messages,
+            "appenders": args.appenders,
+            "messages_per_appender": args.messages_per_appender,
+            "seed": args.seed,
+            "vocabulary": VOCABULARY_SIZE,
+            "zipf_exponent": ZIPF_EXPONENT,
+            "words_per_message": list(WORDS_PER_MESSAGE),
+            "words": corpus.words,
+            "text_bytes": corpus.text_bytes,
+        },
+        "raw_floor": {
+            "seconds": round(raw.seconds, 4),
+            "messages_per_s": round(raw.rate, 1),
+        },
+        "group_commit": group_out,
+        "per_message_commit": run(single),
+        "environment": env,
+    }
+
+
+def format_table(result: dict[str, Any]) -> str:
+    rows, raw = result["rows"], result["raw_floor"]
+    group, single, env = result["group_commit"], result["per_message_commit"], result["environment"]
+    verdict = "PASS" if group["pass"] else "MISS"
+    low, high = rows["words_per_message"]
+    lines = [
+        "Indexing throughput (events + FTS5 index, acknowledged writes)",
+        f"  rows: {rows['messages']:,} messages = {rows['appenders']} appenders x "
+        f"{rows['messages_per_appender']}; {rows['words']:,} words, {rows['text_bytes']:,} bytes",
+        f"        Zipf({rows['zipf_exponent']}) over {rows['vocabulary']:,} words, "
+        f"{low}-{high} words/message, seed {rows['seed']}",
+        "",
+        f"  {'path':<36} {'msg/s':>10} {'seconds':>9} {'vs raw':>8} {'mean batch':>11}",
+        f"  {'raw floor (apsw, one transaction)':<36} {raw['messages_per_s']:>10,.0f}"
+        f" {raw['seconds']:>9.3f} {'1.00':>8} {'-':>11}",
+    ]
+    for label, run in (
+        ("library, group commit", group),
+        ("library, one transaction/message", single),
+    ):
+        lines.append(
+            f"  {label:<36} {run['messages_per_s']:>10,.0f} {run['seconds']:>9.3f}"
+            f" {run['ratio_to_raw']:>8.2f} {run['mean_batch_size'] or 0:>11.1f}"
+        )
+    lines += [
+        "",
+        f"  group commit / raw = {group['ratio_to_raw']:.2f} (target >= {TARGET_RATIO:.2f}): "
+        f"{verdict}",
+        f"  group commit / per-message commit = "
+        f"{group['messages_per_s'] / single['messages_per_s']:.1f}x; "
+        f"{group['batches']:,} batches vs {single['batches']:,}",
+        "",
+        f"  environment: Python {env['python']} ({env['implementation']}), "
+        f"SQLite {env['sqlite']}, apsw {env['apsw']}, {env['cpus']} CPUs",
+        f"               {env['platform']}",
+        f"               state dir {env['state_dir']}",
+    ]
+    return "\n".join(lines)
+
+
+# -- the command ------------------------------------------------------------------------
+
+
+def _positive_int(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value!r}") from None
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value!r}")
+    return number
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="bench_indexing",
+        description="Indexing throughput of the library against raw apsw inserts (SPEC §7).",
+    )
+    parser.add_argument("--messages-per-appender", type=_positive_int, default=300)
+    parser.add_argument("--appenders", type=_positive_int, default=64)
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument(
+        "--state-dir",
+        type=Path,
+        help="where the databases go (a fresh bench-indexing-* directory inside it, kept); "
+        "default: a temporary directory, removed afterwards",
+    )
+    return parser.parse_args(argv)
+
+
+def run_all(args: argparse.Namespace, run_dir: Path) -> dict[str, Any]:
+    corpus = make_corpus(
+        appenders=args.appenders,
+        messages_per_appender=args.messages_per_appender,
+        seed=args.seed,
+    )
+    raw = run_raw(run_dir / "raw.db", corpus)
+    group = trio.run(run_group_commit, run_dir / "group-commit", corpus)
+    single = trio.run(run_per_message, run_dir / "per-message-commit", corpus)
+    return report(args, corpus, raw, group, single, environment(run_dir))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark; print a table (or `--json`); 1 if a run lost or misindexed rows."""
+    args = parse_args(argv)
+    try:
+        if args.state_dir is None:
+            with tempfile.TemporaryDirectory(prefix="bench-indexing-") as tmp:
+                result = run_all(args, Path(tmp))
+        else:
+            args.state_dir.mkdir(parents=True, exist_ok=True)
+            run_dir = Path(tempfile.mkdtemp(prefix="bench-indexing-", dir=args.state_dir))
+            result = run_all(args, run_dir)
+    except (BenchmarkError, am.ActiveMemoryError) as exc:
+        print(f"bench_indexing: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(result) if args.json else format_table(result))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

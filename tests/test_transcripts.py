@@ -1,0 +1,217 @@
+"""The transcript store: events, the active branch, and an index that never lags.
+
+Every test runs on trio and asyncio, with the thread and the inline executor.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import activememory as am
+from index_probe import agent_db, indexed_tokens, match, tokenize
+
+pytestmark = pytest.mark.anyio
+
+KEY = "agent:main:direct:alice"
+
+
+def user(text: str) -> am.Message:
+    return am.Message(role="user", content=text)
+
+
+def assistant(text: str) -> am.Message:
+    return am.Message(role="assistant", content=text)
+
+
+async def test_history_is_the_active_branch_in_order(mem: am.Memory) -> None:
+    e1 = await mem.sessions.append(KEY, user("one"))
+    e2 = await mem.sessions.append(KEY, assistant("two"))
+    e3 = await mem.sessions.append(KEY, user("three"))
+    assert (e1.parent_id, e2.parent_id, e3.parent_id) == (None, e1.id, e2.id)
+    assert [e.seq for e in (e1, e2, e3)] == [1, 2, 3]
+    history = await mem.sessions.history(KEY)
+    assert [e.id for e in history] == [e1.id, e2.id, e3.id]
+    assert [e.message.content for e in history if e.message] == ["one", "two", "three"]
+    assert history[0] == e1
+    assert [e.id for e in await mem.sessions.history(KEY, limit=2)] == [e2.id, e3.id]
+
+
+async def test_an_acknowledged_message_is_already_indexed(mem: am.Memory) -> None:
+    event = await mem.sessions.append(KEY, user("the quick brown fox"))
+    # A separate connection, opened after the ack: the commit held the index row too.
+    assert match(agent_db(mem.state_dir), "fox") == [event.id]
+    info = await mem.sessions.info(KEY)
+    assert (info.dirty, info.indexed_seq, info.leaf_event_id) == (False, 1, event.id)
+
+
+async def test_diacritics_are_folded(mem: am.Memory) -> None:
+    event = await mem.sessions.append(KEY, user("Kaffee im Café in İstanbul, naïve Übung"))
+    db = agent_db(mem.state_dir)
+    for query in ("cafe", "CAFÉ", "istanbul", "İSTANBUL", "naive", "ubung"):
+        assert match(db, query) == [event.id], query
+
+
+async def test_only_user_and_assistant_text_reaches_the_index(mem: am.Memory) -> None:
+    shown = await mem.sessions.append(
+        KEY,
+        am.Message(
+            role="assistant",
+            content=[
+                {"type": "thinking", "thinking": "zebrathought"},
+                {"type": "reasoning", "text": "zebrareason"},
+                {"type": "tool_use", "id": "t1", "name": "lookup", "input": {"q": "zebracall"}},
+                {"type": "image", "url": "u", "description": "zebrapicture"},
+                {"type": "text", "text": "visible answer"},
+            ],
+        ),
+    )
+    tool = await mem.sessions.append(
+        KEY, am.Message(role="tool", content=[{"type": "tool_result", "tool_use_id": "t1", "content": "zebraresult"}])
+    )
+    image_only = await mem.sessions.append(KEY, am.Message(role="user", content=[{"type": "image", "url": "u"}]))
+    tokens = indexed_tokens(agent_db(mem.state_dir))
+    assert tokens == {shown.id: ["visible", "answer"]}
+    # ... and all of it is stored.
+    history = await mem.sessions.history(KEY)
+    assert [e.id for e in history] == [shown.id, tool.id, image_only.id]
+    assert history[1].message is not None and history[1].role == "tool"
+
+
+async def test_rewind_branches_and_marks_the_session_dirty(mem: am.Memory) -> None:
+    e1 = await mem.sessions.append(KEY, user("first question"))
+    await mem.sessions.append(KEY, assistant("old answer"))
+    await mem.sessions.rewind(KEY, e1.id)
+    info = await mem.sessions.info(KEY)
+    assert info.dirty and info.leaf_event_id == e1.id
+    e3 = await mem.sessions.append(KEY, assistant("new answer"))
+    assert e3.parent_id == e1.id
+    assert [e.id for e in await mem.sessions.history(KEY)] == [e1.id, e3.id]
+    # Dirty: the new message waits for the rebuild, the old one is still in the index.
+    db = agent_db(mem.state_dir)
+    assert match(db, "new") == []
+    rebuilt = await mem.sessions.rebuild_index()
+    assert (rebuilt.sessions, rebuilt.index_rows) == (1, 2)
+    assert indexed_tokens(db) == {e1.id: tokenize("first question"), e3.id: tokenize("new answer")}
+    assert not (await mem.sessions.info(KEY)).dirty
+
+
+async def test_rewind_can_switch_to_another_branch(mem: am.Memory) -> None:
+    root = await mem.sessions.append(KEY, user("root"))
+    a1 = await mem.sessions.append(KEY, assistant("branch a one"))
+    a2 = await mem.sessions.append(KEY, user("branch a two"))
+    await mem.sessions.rewind(KEY, root.id)
+    b1 = await mem.sessions.append(KEY, assistant("branch b one"))
+    await mem.sessions.rewind(KEY, a2.id)  # back onto branch a, deep in it
+    assert [e.id for e in await mem.sessions.history(KEY)] == [root.id, a1.id, a2.id]
+    await mem.sessions.rewind(KEY, b1.id)
+    assert [e.id for e in await mem.sessions.history(KEY)] == [root.id, b1.id]
+    await mem.sessions.rebuild_index(KEY)
+    assert set(indexed_tokens(agent_db(mem.state_dir))) == {root.id, b1.id}
+
+
+async def test_rewind_to_a_foreign_or_missing_event_is_refused(mem: am.Memory) -> None:
+    mine = await mem.sessions.append(KEY, user("mine"))
+    other = await mem.sessions.append("agent:main:direct:bob", user("theirs"))
+    with pytest.raises(am.SessionNotFoundError, match=rf"^to_event_id: {other.id} is not a message of session"):
+        await mem.sessions.rewind(KEY, other.id)
+    with pytest.raises(am.SessionNotFoundError, match="^session_key: no session 'agent:main:direct:nobody'$"):
+        await mem.sessions.rewind("agent:main:direct:nobody", mine.id)
+    with pytest.raises(am.InvalidInputError, match="^to_event_id: 0 is not a positive integer$"):
+        await mem.sessions.rewind(KEY, 0)
+    assert not (await mem.sessions.info(KEY)).dirty
+
+
+async def test_delete_removes_events_and_index_rows_together(mem: am.Memory) -> None:
+    keep = await mem.sessions.append("agent:main:direct:bob", user("keep this"))
+    await mem.sessions.append(KEY, user("drop this"))
+    await mem.sessions.append(KEY, assistant("drop that"))
+    await mem.sessions.delete(KEY)
+    assert set(indexed_tokens(agent_db(mem.state_dir))) == {keep.id}
+    with pytest.raises(am.SessionNotFoundError):
+        await mem.sessions.history(KEY)
+    with pytest.raises(am.SessionNotFoundError):
+        await mem.sessions.delete(KEY)
+
+
+async def test_archive_and_metadata(mem: am.Memory) -> None:
+    info = await mem.sessions.create(
+        "agent:main:explicit:portal-1", interactive=False, sandboxed=True, spawned_by="agent:main:main"
+    )
+    assert (info.chat_type, info.conversation_id, info.interactive, info.sandboxed, info.spawned_by) == (
+        "explicit",
+        "portal-1",
+        False,
+        True,
+        "agent:main:main",
+    )
+    await mem.sessions.archive("agent:main:explicit:portal-1")
+    assert (await mem.sessions.info("agent:main:explicit:portal-1")).archived
+    await mem.sessions.archive("agent:main:explicit:portal-1", archived=False)
+    assert not (await mem.sessions.info("agent:main:explicit:portal-1")).archived
+
+
+async def test_each_agent_has_its_own_database(mem: am.Memory) -> None:
+    ops = await mem.sessions.append("agent:ops:group:g1:thread:9", user("deploy friday"))
+    legacy = await mem.sessions.append("old-session-7", user("legacy words"))
+    assert match(agent_db(mem.state_dir, "ops"), "deploy") == [ops.id]
+    assert match(agent_db(mem.state_dir, "main"), "legacy") == [legacy.id]
+    info = await mem.sessions.info("agent:ops:group:g1:thread:9")
+    assert (info.agent, info.chat_type, info.conversation_id, info.thread_id) == ("ops", "group", "g1", "9")
+    assert (await mem.sessions.info("old-session-7")).unknown
+
+
+async def test_import_is_stored_unindexed_until_rebuilt(mem: am.Memory) -> None:
+    entries = [
+        am.ImportEntry(id="a", parent_id=None, timestamp=1.0, message=user("imported hello")),
+        am.ImportEntry(id="b", parent_id="a", timestamp=2.0, message=assistant("discarded branch")),
+        am.ImportEntry(id="c", parent_id="a", timestamp=3.0, message=assistant("kept branch")),
+    ]
+    assert await mem.sessions.import_transcript(KEY, entries) == 3
+    info = await mem.sessions.info(KEY)
+    assert info.dirty
+    history = await mem.sessions.history(KEY)
+    assert [e.message.content for e in history if e.message] == ["imported hello", "kept branch"]
+    assert [e.timestamp for e in history] == [1.0, 3.0]
+    db = agent_db(mem.state_dir)
+    assert indexed_tokens(db) == {}
+    await mem.sessions.rebuild_index()
+    assert sorted(indexed_tokens(db).values()) == [tokenize("imported hello"), tokenize("kept branch")]
+
+
+async def test_import_rejects_bad_trees_and_writes_nothing(mem: am.Memory) -> None:
+    orphan = [am.ImportEntry(id="a", parent_id="zz", timestamp=1.0, message=user("x"))]
+    with pytest.raises(am.InvalidInputError, match="^entries\\[0\\].parent_id: 'zz' names no earlier entry$"):
+        await mem.sessions.import_transcript(KEY, orphan)
+    repeated = [am.ImportEntry(id="a", parent_id=None, timestamp=1.0, message=user("x"))] * 2
+    with pytest.raises(am.InvalidInputError, match="^entries\\[1\\].id: 'a' is repeated$"):
+        await mem.sessions.import_transcript(KEY, repeated)
+    with pytest.raises(am.SessionNotFoundError):
+        await mem.sessions.info(KEY)
+    await mem.sessions.append(KEY, user("live"))
+    with pytest.raises(am.InvalidInputError, match="already has messages"):
+        await mem.sessions.import_transcript(KEY, [am.ImportEntry(id="a", parent_id=None, timestamp=1.0, message=user("x"))])
+
+
+async def test_everything_survives_reopening(tmp_path: Path, executor: str) -> None:
+    state = tmp_path / "state"
+    async with am.open_memory(state, executor=executor) as mem:  # type: ignore[arg-type]
+        e1 = await mem.sessions.append(KEY, user("persisted words"))
+        await mem.sessions.create("agent:main:direct:carol", sandboxed=True)
+    async with am.open_memory(state, executor=executor) as mem:  # type: ignore[arg-type]
+        e2 = await mem.sessions.append(KEY, assistant("more words"))
+        assert e2.parent_id == e1.id and e2.id > e1.id
+        assert (await mem.sessions.info("agent:main:direct:carol")).sandboxed
+        stats = await mem.sessions.stats()
+    assert [(s.agent, s.sessions, s.active_messages, s.indexed_messages, s.fts_integrity_ok) for s in stats] == [
+        ("main", 2, 2, 2, True)
+    ]
+
+
+async def test_one_writer_per_state_directory(tmp_path: Path, executor: str) -> None:
+    async with am.open_memory(tmp_path, executor=executor) as first:  # type: ignore[arg-type]
+        await first.sessions.append(KEY, user("hi"))
+        async with am.open_memory(tmp_path, executor=executor) as second:  # type: ignore[arg-type]
+            with pytest.raises(am.StorageError, match="already open for writing by another open_memory"):
+                await second.sessions.append(KEY, user("again"))
