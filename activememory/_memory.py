@@ -9,10 +9,8 @@ from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
-import msgspec
-
 from .actors.supervisor import AgentStore, Supervisor, open_supervisor
-from .protocol.content import Message
+from .protocol.content import Message, message_from_mapping
 from .protocol.errors import (
     InvalidInputError,
     MemoryClosedError,
@@ -325,10 +323,7 @@ def _raise_rejected(ack: Rejected) -> NoReturn:
 
 def _to_message(value: object) -> Message:
     if isinstance(value, Mapping):
-        try:
-            return msgspec.convert(value, Message)
-        except msgspec.ValidationError as exc:
-            raise InvalidInputError(f"message: {exc}") from None
+        return message_from_mapping(value)
     raise InvalidInputError(f"message: expected am.Message, got {type(value).__name__}")
 
 

@@ -17,7 +17,7 @@ import anyio
 from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectSendStream
 
-from ..protocol.errors import MemoryClosedError
+from ..protocol.errors import MemoryClosedError, StorageError
 from ..protocol.indexer import IndexerAck, IndexerCommand
 from ..storage.db import WriterLock, ensure_state_dir, open_connection
 from ..storage.executor import Executor, ExecutorKind, make_executor
@@ -103,7 +103,10 @@ class Supervisor:
         lock = WriterLock(path)
 
         def open_writer() -> TranscriptWriter:
-            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            except OSError as exc:
+                raise StorageError(f"cannot create {str(path.parent)!r} ({exc.strerror})") from None
             lock.acquire()
             try:
                 return TranscriptWriter(open_connection(path, writer=True))
@@ -159,10 +162,17 @@ async def open_supervisor(
 ) -> AsyncIterator[Supervisor]:
     """Run a supervisor for the duration of the block."""
     ensure_state_dir(state_dir)
-    async with anyio.create_task_group() as tg:
-        supervisor = Supervisor(tg, state_dir, executor, max_batch=max_batch)
-        try:
-            yield supervisor
-        finally:
-            with anyio.CancelScope(shield=True):
-                await supervisor.aclose()
+    try:
+        async with anyio.create_task_group() as tg:
+            supervisor = Supervisor(tg, state_dir, executor, max_batch=max_batch)
+            try:
+                yield supervisor
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await supervisor.aclose()
+    except BaseExceptionGroup as group:
+        # The host's own exception comes back wrapped by the task group; hand it back as
+        # raised so `except am.StorageError:` around the block keeps working.
+        if len(group.exceptions) == 1:
+            raise group.exceptions[0] from None
+        raise

@@ -7,6 +7,7 @@ text of a string, or of text/input_text/output_text blocks. Everything else is s
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Any, Literal, TypeAlias
 
 import msgspec
@@ -204,3 +205,31 @@ def _check_unicode(where: str, value: object) -> None:
 def check_text(where: str, value: str) -> None:
     """Raise `InvalidInputError` naming `where` if `value` holds a lone surrogate."""
     _check_unicode(where, value)
+
+
+_MESSAGE_FIELDS = ("role", "content", "timestamp")
+
+
+def message_from_mapping(value: Mapping[str, Any], where: str = "message") -> Message:
+    """Build a `Message` from a mapping (JSON, a host's dict), with errors naming `where`."""
+    unknown = sorted(set(value) - set(_MESSAGE_FIELDS))
+    if unknown:
+        raise InvalidInputError(
+            f"{where}: unknown field {unknown[0]!r} (allowed: {', '.join(_MESSAGE_FIELDS)})"
+        )
+    for name in ("role", "content"):
+        if name not in value:
+            raise InvalidInputError(f"{where}: missing field {name!r}")
+    timestamp = value.get("timestamp")
+    if timestamp is not None and (
+        not isinstance(timestamp, int | float) or isinstance(timestamp, bool)
+    ):
+        raise InvalidInputError(f"{where}.timestamp: expected a number, got {timestamp!r}")
+    try:
+        return Message(
+            role=value["role"],
+            content=value["content"],
+            timestamp=None if timestamp is None else float(timestamp),
+        )
+    except InvalidInputError as exc:
+        raise InvalidInputError(f"{where}: {exc}") from None

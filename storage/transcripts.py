@@ -7,8 +7,9 @@ own connection. Both are synchronous: their callers run them through an `Executo
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 import apsw
@@ -56,6 +57,24 @@ class _SessionState:
     updated_at: float
 
 
+@contextlib.contextmanager
+def write_transaction(conn: apsw.Connection) -> Iterator[None]:
+    """BEGIN IMMEDIATE ... COMMIT, rolling back on error.
+
+    Not `with conn:`: SQLite rolls back by itself on SQLITE_FULL and friends, and the
+    savepoint release apsw would then attempt replaces the real error with "no transaction".
+    IMMEDIATE takes the write lock up front, so a busy database fails before any work.
+    """
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+
+
 class TranscriptWriter:
     """Applies indexer commands to the database, a batch per transaction (group commit)."""
 
@@ -77,7 +96,7 @@ class TranscriptWriter:
         bad command (say, one that no longer fits on disk) cannot sink the others.
         """
         try:
-            with self.conn:
+            with write_transaction(self.conn):
                 acks = [self._apply_one(cmd) for cmd in commands]
                 self._flush_sessions()
             return acks

@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import activememory as am
+
 from index_probe import agent_db, indexed_tokens, tokenize
 
 KEYS = ["agent:main:direct:a", "agent:main:group:g", "agent:ops:main", "legacy-key"]
@@ -98,7 +99,9 @@ async def run_ops(state: Path, operations: list[tuple[object, ...]]) -> None:
         def expected(agent: str, *, clean_only: bool) -> dict[int, list[str]]:
             out: dict[int, list[str]] = {}
             for key, session in model.items():
-                if am.parse_session_key(key).store_agent == agent and not (clean_only and session.dirty):
+                if am.parse_session_key(key).store_agent == agent and not (
+                    clean_only and session.dirty
+                ):
                     out.update(session.expected_index())
             return out
 

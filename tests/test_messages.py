@@ -32,7 +32,9 @@ def test_only_text_blocks_are_indexed() -> None:
 
 
 def test_tool_messages_and_blank_text_are_not_indexed() -> None:
-    tool = am.Message(role="tool", content=[{"type": "tool_result", "tool_use_id": "t1", "content": "42"}])
+    tool = am.Message(
+        role="tool", content=[{"type": "tool_result", "tool_use_id": "t1", "content": "42"}]
+    )
     assert tool.index_text is None
     assert am.Message(role="user", content="   ").index_text is None
     assert am.Message(role="user", content=[{"type": "image", "url": "u"}]).index_text is None
@@ -47,7 +49,10 @@ def test_block_structs_and_mappings_are_equivalent() -> None:
 def test_messages_round_trip_through_json() -> None:
     message = am.Message(
         role="assistant",
-        content=[{"type": "text", "text": "ok"}, {"type": "tool_use", "id": "1", "name": "n", "input": {"a": [1]}}],
+        content=[
+            {"type": "text", "text": "ok"},
+            {"type": "tool_use", "id": "1", "name": "n", "input": {"a": [1]}},
+        ],
         timestamp=12.5,
     )
     assert msgspec.json.decode(msgspec.json.encode(message), type=am.Message) == message
@@ -56,9 +61,15 @@ def test_messages_round_trip_through_json() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "error"),
     [
-        ({"role": "bot", "content": "x"}, "Message.role: 'bot' is not one of 'user', 'assistant', 'tool'"),
         (
-            {"role": "user", "content": [{"type": "text", "text": "ok"}, {"type": "video", "url": "v"}]},
+            {"role": "bot", "content": "x"},
+            "Message.role: 'bot' is not one of 'user', 'assistant', 'tool'",
+        ),
+        (
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": "ok"}, {"type": "video", "url": "v"}],
+            },
             "Message.content[1].type: 'video' is not a known block type (allowed: text, input_text, "
             "output_text, thinking, reasoning, image, tool_use, tool_result)",
         ),
@@ -67,18 +78,27 @@ def test_messages_round_trip_through_json() -> None:
             "Message.content[0]: block has no `type` (allowed: text, input_text, output_text, "
             "thinking, reasoning, image, tool_use, tool_result)",
         ),
-        ({"role": "user", "content": [{"type": "text", "text": 5}]}, "Message.content[0].text: Expected `str`, got `int`"),
+        (
+            {"role": "user", "content": [{"type": "text", "text": 5}]},
+            "Message.content[0].text: Expected `str`, got `int`",
+        ),
         (
             {"role": "user", "content": [{"type": "text", "text": "x", "color": "red"}]},
             "Message.content[0]: Object contains unknown field `color`",
         ),
-        ({"role": "user", "content": 5}, "Message.content: expected a string or a list of blocks, got int"),
+        (
+            {"role": "user", "content": 5},
+            "Message.content: expected a string or a list of blocks, got int",
+        ),
         (
             {"role": "user", "content": "ok \ud83d then"},
             "Message.content: lone surrogate '\\ud83d' at index 3 (text must be valid Unicode)",
         ),
         (
-            {"role": "user", "content": [{"type": "text", "text": "fine"}, {"type": "text", "text": "\udc00"}]},
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": "fine"}, {"type": "text", "text": "\udc00"}],
+            },
             "Message.content[1].text: lone surrogate '\\udc00' at index 0 (text must be valid Unicode)",
         ),
         (

@@ -54,8 +54,14 @@ def test_keys_without_an_agent_are_stored_with_the_default_agent() -> None:
         ("", "session_key: '' is empty"),
         ("   ", "session_key: '   ' is empty"),
         (" agent:main:main", "session_key: ' agent:main:main' has leading or trailing whitespace"),
-        ("agent:main:main\n", "session_key: 'agent:main:main\\n' has leading or trailing whitespace"),
-        ("agent:ma\x00in:main", "session_key: 'agent:ma\\x00in:main' contains the control character '\\x00'"),
+        (
+            "agent:main:main\n",
+            "session_key: 'agent:main:main\\n' has leading or trailing whitespace",
+        ),
+        (
+            "agent:ma\x00in:main",
+            "session_key: 'agent:ma\\x00in:main' contains the control character '\\x00'",
+        ),
         ("agent:", "session_key: 'agent:' has no agent id after 'agent:'"),
         ("agent::main", "session_key: 'agent::main' has no agent id after 'agent:'"),
         (
@@ -66,13 +72,22 @@ def test_keys_without_an_agent_are_stored_with_the_default_agent() -> None:
             "agent:Main:main",
             "session_key: 'agent:Main:main' has agent id 'Main'; agent ids match [a-z0-9][a-z0-9_-]{0,63}",
         ),
-        ("agent:main:group:", "session_key: 'agent:main:group:' has no conversation id after ':group'"),
-        ("agent:main:direct", "session_key: 'agent:main:direct' has no conversation id after ':direct'"),
+        (
+            "agent:main:group:",
+            "session_key: 'agent:main:group:' has no conversation id after ':group'",
+        ),
+        (
+            "agent:main:direct",
+            "session_key: 'agent:main:direct' has no conversation id after ':direct'",
+        ),
         (
             "agent:main:group:g1:thread:",
             "session_key: 'agent:main:group:g1:thread:' has an empty thread id after ':thread:'",
         ),
-        ("agent:main:dm:\ud800", "session_key: 'agent:main:dm:\\ud800' contains a lone surrogate at index 14"),
+        (
+            "agent:main:dm:\ud800",
+            "session_key: 'agent:main:dm:\\ud800' contains a lone surrogate at index 14",
+        ),
         ("x" * 513, "session_key: '" + "x" * 77 + "...' is 513 characters long (at most 512)"),
     ],
 )

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 import activememory as am
+
 from index_probe import agent_db, indexed_tokens, match, tokenize
 
 pytestmark = pytest.mark.anyio
@@ -68,9 +69,15 @@ async def test_only_user_and_assistant_text_reaches_the_index(mem: am.Memory) ->
         ),
     )
     tool = await mem.sessions.append(
-        KEY, am.Message(role="tool", content=[{"type": "tool_result", "tool_use_id": "t1", "content": "zebraresult"}])
+        KEY,
+        am.Message(
+            role="tool",
+            content=[{"type": "tool_result", "tool_use_id": "t1", "content": "zebraresult"}],
+        ),
     )
-    image_only = await mem.sessions.append(KEY, am.Message(role="user", content=[{"type": "image", "url": "u"}]))
+    image_only = await mem.sessions.append(
+        KEY, am.Message(role="user", content=[{"type": "image", "url": "u"}])
+    )
     tokens = indexed_tokens(agent_db(mem.state_dir))
     assert tokens == {shown.id: ["visible", "answer"]}
     # ... and all of it is stored.
@@ -114,9 +121,13 @@ async def test_rewind_can_switch_to_another_branch(mem: am.Memory) -> None:
 async def test_rewind_to_a_foreign_or_missing_event_is_refused(mem: am.Memory) -> None:
     mine = await mem.sessions.append(KEY, user("mine"))
     other = await mem.sessions.append("agent:main:direct:bob", user("theirs"))
-    with pytest.raises(am.SessionNotFoundError, match=rf"^to_event_id: {other.id} is not a message of session"):
+    with pytest.raises(
+        am.SessionNotFoundError, match=rf"^to_event_id: {other.id} is not a message of session"
+    ):
         await mem.sessions.rewind(KEY, other.id)
-    with pytest.raises(am.SessionNotFoundError, match="^session_key: no session 'agent:main:direct:nobody'$"):
+    with pytest.raises(
+        am.SessionNotFoundError, match="^session_key: no session 'agent:main:direct:nobody'$"
+    ):
         await mem.sessions.rewind("agent:main:direct:nobody", mine.id)
     with pytest.raises(am.InvalidInputError, match="^to_event_id: 0 is not a positive integer$"):
         await mem.sessions.rewind(KEY, 0)
@@ -137,9 +148,18 @@ async def test_delete_removes_events_and_index_rows_together(mem: am.Memory) -> 
 
 async def test_archive_and_metadata(mem: am.Memory) -> None:
     info = await mem.sessions.create(
-        "agent:main:explicit:portal-1", interactive=False, sandboxed=True, spawned_by="agent:main:main"
+        "agent:main:explicit:portal-1",
+        interactive=False,
+        sandboxed=True,
+        spawned_by="agent:main:main",
     )
-    assert (info.chat_type, info.conversation_id, info.interactive, info.sandboxed, info.spawned_by) == (
+    assert (
+        info.chat_type,
+        info.conversation_id,
+        info.interactive,
+        info.sandboxed,
+        info.spawned_by,
+    ) == (
         "explicit",
         "portal-1",
         False,
@@ -158,7 +178,12 @@ async def test_each_agent_has_its_own_database(mem: am.Memory) -> None:
     assert match(agent_db(mem.state_dir, "ops"), "deploy") == [ops.id]
     assert match(agent_db(mem.state_dir, "main"), "legacy") == [legacy.id]
     info = await mem.sessions.info("agent:ops:group:g1:thread:9")
-    assert (info.agent, info.chat_type, info.conversation_id, info.thread_id) == ("ops", "group", "g1", "9")
+    assert (info.agent, info.chat_type, info.conversation_id, info.thread_id) == (
+        "ops",
+        "group",
+        "g1",
+        "9",
+    )
     assert (await mem.sessions.info("old-session-7")).unknown
 
 
@@ -177,12 +202,17 @@ async def test_import_is_stored_unindexed_until_rebuilt(mem: am.Memory) -> None:
     db = agent_db(mem.state_dir)
     assert indexed_tokens(db) == {}
     await mem.sessions.rebuild_index()
-    assert sorted(indexed_tokens(db).values()) == [tokenize("imported hello"), tokenize("kept branch")]
+    assert sorted(indexed_tokens(db).values()) == [
+        tokenize("imported hello"),
+        tokenize("kept branch"),
+    ]
 
 
 async def test_import_rejects_bad_trees_and_writes_nothing(mem: am.Memory) -> None:
     orphan = [am.ImportEntry(id="a", parent_id="zz", timestamp=1.0, message=user("x"))]
-    with pytest.raises(am.InvalidInputError, match="^entries\\[0\\].parent_id: 'zz' names no earlier entry$"):
+    with pytest.raises(
+        am.InvalidInputError, match="^entries\\[0\\].parent_id: 'zz' names no earlier entry$"
+    ):
         await mem.sessions.import_transcript(KEY, orphan)
     repeated = [am.ImportEntry(id="a", parent_id=None, timestamp=1.0, message=user("x"))] * 2
     with pytest.raises(am.InvalidInputError, match="^entries\\[1\\].id: 'a' is repeated$"):
@@ -191,7 +221,9 @@ async def test_import_rejects_bad_trees_and_writes_nothing(mem: am.Memory) -> No
         await mem.sessions.info(KEY)
     await mem.sessions.append(KEY, user("live"))
     with pytest.raises(am.InvalidInputError, match="already has messages"):
-        await mem.sessions.import_transcript(KEY, [am.ImportEntry(id="a", parent_id=None, timestamp=1.0, message=user("x"))])
+        await mem.sessions.import_transcript(
+            KEY, [am.ImportEntry(id="a", parent_id=None, timestamp=1.0, message=user("x"))]
+        )
 
 
 async def test_everything_survives_reopening(tmp_path: Path, executor: str) -> None:
@@ -204,14 +236,17 @@ async def test_everything_survives_reopening(tmp_path: Path, executor: str) -> N
         assert e2.parent_id == e1.id and e2.id > e1.id
         assert (await mem.sessions.info("agent:main:direct:carol")).sandboxed
         stats = await mem.sessions.stats()
-    assert [(s.agent, s.sessions, s.active_messages, s.indexed_messages, s.fts_integrity_ok) for s in stats] == [
-        ("main", 2, 2, 2, True)
-    ]
+    assert [
+        (s.agent, s.sessions, s.active_messages, s.indexed_messages, s.fts_integrity_ok)
+        for s in stats
+    ] == [("main", 2, 2, 2, True)]
 
 
 async def test_one_writer_per_state_directory(tmp_path: Path, executor: str) -> None:
     async with am.open_memory(tmp_path, executor=executor) as first:  # type: ignore[arg-type]
         await first.sessions.append(KEY, user("hi"))
         async with am.open_memory(tmp_path, executor=executor) as second:  # type: ignore[arg-type]
-            with pytest.raises(am.StorageError, match="already open for writing by another open_memory"):
+            with pytest.raises(
+                am.StorageError, match="already open for writing by another open_memory"
+            ):
                 await second.sessions.append(KEY, user("again"))
