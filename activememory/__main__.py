@@ -1,0 +1,5 @@
+"""`python -m activememory`."""
+
+from ._cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,89 @@
+"""The command line: the README's demo, JSONL import with line-numbered errors, --json output."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from activememory._cli import main
+
+
+def test_demo_imports_the_sample_and_reports_a_clean_index(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    assert main(["demo", "--state-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "imported 7 events into agent:main:direct:alice (direct; stored unindexed, dirty=True)"
+        in out
+    )
+    assert "rebuilt the index of 2 dirty sessions: 7 user/assistant messages indexed" in out
+    assert "An abandoned first draft" not in out  # off the active branch
+    assert main(["stats", "--state-dir", str(tmp_path), "--json"]) == 0
+    stats = json.loads(capsys.readouterr().out)
+    assert [
+        (
+            s["agent"],
+            s["sessions"],
+            s["indexed_messages"],
+            s["dirty_sessions"],
+            s["fts_integrity_ok"],
+        )
+        for s in stats
+    ] == [("main", 2, 8, 0, True)]
+
+
+def test_import_then_history(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    transcript = tmp_path / "t.jsonl"
+    transcript.write_text(
+        '{"type": "message", "id": "1", "timestamp": 5, "message": {"role": "user", "content": "hello there"}}\n'
+        '{"type": "message", "id": "2", "timestamp": "2026-01-01T00:00:00", "message": {"role": "assistant", "content": "hi"}}\n'
+    )
+    state = str(tmp_path / "state")
+    assert (
+        main(
+            [
+                "import",
+                str(transcript),
+                "--state-dir",
+                state,
+                "--session-key",
+                "agent:main:direct:z",
+                "--json",
+            ]
+        )
+        == 0
+    )
+    assert json.loads(capsys.readouterr().out) == [
+        {"path": str(transcript), "session_key": "agent:main:direct:z", "events": 2}
+    ]
+    assert main(["history", "agent:main:direct:z", "--state-dir", state, "--json"]) == 0
+    events = json.loads(capsys.readouterr().out)
+    assert [(e["message"]["role"], e["message"]["content"], e["timestamp"]) for e in events] == [
+        ("user", "hello there", 5.0),
+        ("assistant", "hi", 1767225600.0),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("line", "error"),
+    [
+        ('{"type": "message", "id": "1", "timestamp": 1, "message": {"role": "bot", "content": "x"}}',
+         "t.jsonl:2: message: Message.role: 'bot' is not one of 'user', 'assistant', 'tool'"),
+        ('{"type": "message", "id": "1", "timestamp": "yesterday", "message": {"role": "user", "content": "x"}}',
+         "t.jsonl:2: timestamp 'yesterday' is neither epoch seconds nor ISO 8601"),
+        ('{"type": "message", "id": "1", "ts": 1, "message": {"role": "user", "content": "x"}}',
+         "t.jsonl:2: Object contains unknown field `ts`"),
+        ('{"type": "note"}', "t.jsonl:2: Invalid value 'note' - at `$.type`"),
+        ("{not json", "t.jsonl:2: JSON is malformed: object keys must be strings (byte 1)"),
+    ],
+)  # fmt: skip
+def test_import_errors_name_file_and_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, line: str, error: str
+) -> None:
+    transcript = tmp_path / "t.jsonl"
+    transcript.write_text('{"type": "session", "key": "agent:main:main"}\n' + line + "\n")
+    assert main(["import", str(transcript), "--state-dir", str(tmp_path / "s")]) == 2
+    assert capsys.readouterr().err == f"activememory: error: {tmp_path}/{error}\n"
