@@ -166,7 +166,7 @@ class Sessions:
         ):
             raise InvalidInputError(f"limit: {limit!r} is not a positive integer")
         store = await self._store(key)
-        events = await store.read_executor.run(lambda: store.reader.history(key.raw, limit))
+        events = await store.read(lambda reader: reader.history(key.raw, limit))
         if events is None:
             raise SessionNotFoundError(f"session_key: no session {key.raw!r}")
         return events
@@ -178,7 +178,7 @@ class Sessions:
         """
         key = parse_session_key(session_key)
         store = await self._store(key)
-        info = await store.read_executor.run(lambda: store.reader.session(key.raw))
+        info = await store.read(lambda reader: reader.session(key.raw))
         if info is None:
             raise SessionNotFoundError(f"session_key: no session {key.raw!r}")
         return info
@@ -246,9 +246,7 @@ class Sessions:
         for agent in self._supervisor.known_agents():
             store = await self._supervisor.agent(agent)
             out.append(
-                await store.read_executor.run(
-                    lambda store=store: store.reader.stats(check_integrity=check_integrity)  # type: ignore[misc]
-                )
+                await store.read(lambda reader: reader.stats(check_integrity=check_integrity))
             )
         return out
 

@@ -9,9 +9,10 @@ propagates out of `open_memory()`.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import anyio
 from anyio.abc import TaskGroup
@@ -19,10 +20,12 @@ from anyio.streams.memory import MemoryObjectSendStream
 
 from ..protocol.errors import MemoryClosedError, StorageError
 from ..protocol.indexer import IndexerAck, IndexerCommand
-from ..storage.db import WriterLock, ensure_state_dir, open_connection
+from ..storage.db import WriterLock, ensure_state_dir, open_connection, translate_errors
 from ..storage.executor import Executor, ExecutorKind, make_executor
 from ..storage.transcripts import TranscriptReader, TranscriptWriter, agent_db_path
 from .indexer import MAX_BATCH, Call, Indexer, open_inbox
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -52,6 +55,18 @@ class AgentStore:
         await call.done.wait()
         assert call.ack is not None
         return call.ack
+
+    async def read(self, fn: Callable[[TranscriptReader], T]) -> T:
+        """Run `fn` on the reader connection; SQLite errors become `StorageError`.
+
+        Cancellation: a read that has started finishes on its worker; nothing is left behind.
+        """
+
+        def run() -> T:
+            with translate_errors(self.path):
+                return fn(self.reader)
+
+        return await self.read_executor.run(run)
 
 
 class Supervisor:

@@ -528,12 +528,12 @@ class TranscriptReader:
 
 
 def fts_integrity_ok(conn: apsw.Connection) -> bool:
-    """FTS5's own `integrity-check` of the message index."""
-    try:
-        conn.execute("INSERT INTO message_fts(message_fts) VALUES ('integrity-check')")
-    except apsw.CorruptError:
-        return False
-    return True
+    """FTS5's own integrity check of the message index.
+
+    Through `PRAGMA integrity_check(message_fts)` (SQLite ≥ 3.44), which only reads: the
+    `INSERT ... ('integrity-check')` form would take the write lock and stall the indexer.
+    """
+    return conn.execute("PRAGMA integrity_check(message_fts)").fetchall() == [("ok",)]
 
 
 def _session_info(row: Iterable[object]) -> SessionInfo:

@@ -32,10 +32,11 @@ APPENDERS = 16
 OPS_SESSIONS = ("agent:ops:main", "agent:ops:direct:oncall")
 
 WORDS = (
-    "alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike "
-    "november oscar papa quebec romeo sierra tango uniform victor whiskey xray yankee zulu "
-    "café naïve über straße 東京 emoji🙂"
-).split()
+    "alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet",
+    "kilo", "lima", "mike", "november", "oscar", "papa", "quebec", "romeo", "sierra", "tango",
+    "uniform", "victor", "whiskey", "xray", "yankee", "zulu", "café", "naïve", "über", "straße",
+    "東京", "emoji🙂",
+)  # fmt: skip
 
 
 def sessions_of(n: int) -> list[str]:

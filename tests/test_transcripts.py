@@ -11,7 +11,7 @@ import pytest
 
 import activememory as am
 
-from index_probe import agent_db, indexed_tokens, match, tokenize
+from index_probe import agent_db, connect, indexed_tokens, match, tokenize
 
 pytestmark = pytest.mark.anyio
 
@@ -250,3 +250,16 @@ async def test_one_writer_per_state_directory(tmp_path: Path, executor: str) -> 
                 am.StorageError, match="already open for writing by another open_memory"
             ):
                 await second.sessions.append(KEY, user("again"))
+
+
+async def test_stats_notice_a_corrupted_index(mem: am.Memory) -> None:
+    for i in range(30):
+        await mem.sessions.append(KEY, user(f"message number {i} about topic{i}"))
+    assert (await mem.sessions.stats())[0].fts_integrity_ok
+    conn = connect(agent_db(mem.state_dir))
+    with conn:  # drop some index segments behind the library's back
+        conn.execute(
+            "DELETE FROM message_fts_data WHERE id = (SELECT max(id) FROM message_fts_data)"
+        )
+    conn.close()
+    assert not (await mem.sessions.stats())[0].fts_integrity_ok
