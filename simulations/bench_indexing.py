@@ -8,6 +8,9 @@ One run, one set of generated chat messages, three ways of storing and indexing 
    acknowledgement, the indexer batching whatever is queued into one transaction;
 3. library, one transaction per message: the same with `max_batch=1`, i.e. no group commit.
 
+plus a diagnostic: raw apsw committing at the batch size group commit reached, which splits
+the gap to the floor into what transaction granularity costs SQLite and what the library adds.
+
 It prints ratios to the floor, since absolute rates on a shared machine are noise. After each
 run the index is checked against the number of messages, so a broken path cannot look fast.
 
@@ -72,14 +75,17 @@ class Corpus:
 
     @property
     def messages(self) -> int:
+        """How many messages, over all conversations."""
         return sum(len(c) for c in self.conversations)
 
     @property
     def words(self) -> int:
+        """How many words, over all messages."""
         return sum(len(str(m.content).split()) for c in self.conversations for m in c)
 
     @property
     def text_bytes(self) -> int:
+        """UTF-8 size of all message texts."""
         return sum(len(str(m.content).encode()) for c in self.conversations for m in c)
 
 
@@ -115,6 +121,7 @@ def make_corpus(*, appenders: int, messages_per_appender: int, seed: int) -> Cor
 
 
 def session_key(n: int) -> str:
+    """The session of appender `n`: a direct chat, all in the one benchmark agent."""
     return f"agent:{AGENT}:direct:u{n}"
 
 
@@ -143,10 +150,12 @@ class RunResult:
 
     @property
     def rate(self) -> float:
+        """Messages per second."""
         return self.messages / self.seconds
 
     @property
     def mean_batch(self) -> float | None:
+        """Messages per transaction, when known."""
         if not self.batches or self.commands is None:
             return None
         return self.commands / self.batches
@@ -238,7 +247,11 @@ def run_raw(path: Path, corpus: Corpus, *, batch: int | None = None) -> RunResul
 
 
 async def append_all(mem: Memory, corpus: Corpus) -> RunResult:
-    """One appender task per conversation, each awaiting its own acks; timed to the last."""
+    """One appender task per conversation, each awaiting its own acks; timed to the last.
+
+    Cancellation: as for `Sessions.append`; appends already queued still commit when the
+    memory closes.
+    """
     await mem._supervisor.agent(AGENT)  # open and migrate the database before the clock
 
     async def appender(key: str, messages: list[am.Message]) -> None:
@@ -279,7 +292,8 @@ async def run_per_message(state_dir: Path, corpus: Corpus) -> RunResult:
 # -- the report -------------------------------------------------------------------------
 
 
-def environment(run_dir: Path) -> dict[str, Any]:
+def environment(run_dir: Path, *, kept: bool) -> dict[str, Any]:
+    """What the figures depend on besides the code: interpreter, SQLite, CPUs, disk."""
     return {
         "python": platform.python_version(),
         "implementation": platform.python_implementation(),
@@ -288,6 +302,7 @@ def environment(run_dir: Path) -> dict[str, Any]:
         "cpus": os.cpu_count(),
         "platform": platform.platform(),
         "state_dir": str(run_dir),
+        "state_dir_kept": kept,
     }
 
 
@@ -304,6 +319,7 @@ class Results:
 def report(
     args: argparse.Namespace, corpus: Corpus, results: Results, env: dict[str, Any]
 ) -> dict[str, Any]:
+    """The one JSON object `--json` prints; the table is drawn from it too."""
     raw = results.raw
 
     def run(result: RunResult) -> dict[str, Any]:
@@ -342,6 +358,7 @@ def report(
 
 
 def format_table(result: dict[str, Any]) -> str:
+    """The report for a person."""
     rows, raw, env = result["rows"], result["raw_floor"], result["environment"]
     group, single = result["group_commit"], result["per_message_commit"]
     same = result["raw_same_batches"]
@@ -378,7 +395,8 @@ def format_table(result: dict[str, Any]) -> str:
         f"  environment: Python {env['python']} ({env['implementation']}), "
         f"SQLite {env['sqlite']}, apsw {env['apsw']}, {env['cpus']} CPUs",
         f"               {env['platform']}",
-        f"               state dir {env['state_dir']}",
+        f"               state dir {env['state_dir']}"
+        + ("" if env["state_dir_kept"] else " (temporary, removed)"),
     ]
     return "\n".join(lines)
 
@@ -397,6 +415,7 @@ def _positive_int(value: str) -> int:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The command line (`sys.argv[1:]` when `argv` is None)."""
     parser = argparse.ArgumentParser(
         prog="bench_indexing",
         description="Indexing throughput of the library against raw apsw inserts (SPEC §7).",
@@ -414,7 +433,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def run_all(args: argparse.Namespace, run_dir: Path) -> dict[str, Any]:
+def run_all(args: argparse.Namespace, run_dir: Path, *, kept: bool) -> dict[str, Any]:
+    """Generate the rows, run every path on them in `run_dir`, and return the report."""
     corpus = make_corpus(
         appenders=args.appenders,
         messages_per_appender=args.messages_per_appender,
@@ -426,20 +446,30 @@ def run_all(args: argparse.Namespace, run_dir: Path) -> dict[str, Any]:
     raw_batched = run_raw(run_dir / f"raw-batch-{batch}.db", corpus, batch=batch)
     single = trio.run(run_per_message, run_dir / "per-message-commit", corpus)
     results = Results(raw=raw, group=group, raw_batched=raw_batched, single=single)
-    return report(args, corpus, results, environment(run_dir))
+    return report(args, corpus, results, environment(run_dir, kept=kept))
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the benchmark; print a table (or `--json`); 1 if a run lost or misindexed rows."""
+    """Run the benchmark and print a table (or `--json`).
+
+    Returns 0, or 1 if a run lost or misindexed rows, or 2 if `--state-dir` is unusable.
+    """
     args = parse_args(argv)
     try:
         if args.state_dir is None:
             with tempfile.TemporaryDirectory(prefix="bench-indexing-") as tmp:
-                result = run_all(args, Path(tmp))
+                result = run_all(args, Path(tmp), kept=False)
         else:
-            args.state_dir.mkdir(parents=True, exist_ok=True)
-            run_dir = Path(tempfile.mkdtemp(prefix="bench-indexing-", dir=args.state_dir))
-            result = run_all(args, run_dir)
+            try:
+                args.state_dir.mkdir(parents=True, exist_ok=True)
+                run_dir = Path(tempfile.mkdtemp(prefix="bench-indexing-", dir=args.state_dir))
+            except OSError as exc:
+                print(
+                    f"bench_indexing: --state-dir {str(args.state_dir)!r}: {exc.strerror}",
+                    file=sys.stderr,
+                )
+                return 2
+            result = run_all(args, run_dir, kept=True)
     except (BenchmarkError, am.ActiveMemoryError) as exc:
         print(f"bench_indexing: {exc}", file=sys.stderr)
         return 1
