@@ -38,6 +38,7 @@ from .protocol.indexer import (
 )
 from .protocol.session_key import SessionKey, parse_session_key
 from .protocol.transcript import Event, ImportEntry, IndexStats, SessionInfo
+from .storage.db import DURABILITY_LEVELS, Durability
 from .storage.executor import EXECUTOR_KINDS, ExecutorKind
 
 A = TypeVar("A", bound=IndexerAck)
@@ -283,13 +284,16 @@ async def open_memory(
     models: Mapping[str, Any] | None = None,
     tools: Mapping[str, Any] | None = None,
     executor: ExecutorKind = "thread",
+    durability: Durability = "crash",
     clock: Callable[[], float] = time.time,
 ) -> AsyncIterator[Memory]:
     """Open the active memory kept in `state_dir` (created if missing) and start its actors.
 
     `executor="thread"` runs SQLite on worker threads (production); `"inline"` runs it on the
-    event-loop thread, for deterministic virtual-time simulations. `clock` stamps stored
-    events (wall-clock seconds).
+    event-loop thread, for deterministic virtual-time simulations. `durability="crash"`
+    (default): an acknowledged write survives the process being killed at any moment;
+    `"power"`: it also survives power loss or an OS crash, at the price of an fsync per
+    commit. `clock` stamps stored events (wall-clock seconds).
 
     Raises `InvalidInputError` if `state_dir` is a file or `executor` is unknown, and
     `StorageError` if the directory cannot be created or is open in another process.
@@ -301,9 +305,12 @@ async def open_memory(
     if executor not in EXECUTOR_KINDS:
         allowed = ", ".join(repr(k) for k in EXECUTOR_KINDS)
         raise InvalidInputError(f"executor: {executor!r} is not one of {allowed}")
+    if durability not in DURABILITY_LEVELS:
+        allowed = ", ".join(repr(k) for k in DURABILITY_LEVELS)
+        raise InvalidInputError(f"durability: {durability!r} is not one of {allowed}")
     if not isinstance(state_dir, str | os.PathLike):
         raise InvalidInputError(f"state_dir: expected a path, got {type(state_dir).__name__}")
-    async with open_supervisor(Path(state_dir), executor) as supervisor:
+    async with open_supervisor(Path(state_dir), executor, durability=durability) as supervisor:
         yield Memory(supervisor, config=config, models=models, tools=tools, clock=clock)
 
 

@@ -23,18 +23,17 @@ MAX_BATCH = 512
 
 
 class Call:
-    """One command in flight and the slot its acknowledgement is delivered to."""
+    """One command in flight and the slot its acknowledgement is delivered to.
 
-    __slots__ = ("ack", "command", "done")
+    No event per call: callers wait on the indexer's per-batch `committed` event and check
+    their slot, which keeps a 64-way batch to one event instead of 64.
+    """
+
+    __slots__ = ("ack", "command")
 
     def __init__(self, command: IndexerCommand) -> None:
         self.command = command
         self.ack: IndexerAck | None = None
-        self.done = anyio.Event()
-
-    def resolve(self, ack: IndexerAck) -> None:
-        self.ack = ack
-        self.done.set()
 
 
 def open_inbox(
@@ -62,6 +61,22 @@ class Indexer:
         self.max_batch = max_batch
         self.batches = 0
         self.commands = 0
+        self._committed = anyio.Event()
+
+    async def wait_for(self, call: Call) -> IndexerAck:
+        """Wait until `call` is acknowledged (it must already be in the inbox).
+
+        Cancellation: stops waiting; the command may still be committed.
+        """
+        while call.ack is None:
+            await self._committed.wait()
+        return call.ack
+
+    def _acknowledge(self, batch: list[Call], acks: list[IndexerAck]) -> None:
+        for call, ack in zip(batch, acks, strict=True):
+            call.ack = ack
+        committed, self._committed = self._committed, anyio.Event()
+        committed.set()
 
     async def run(self) -> None:
         """Serve until every sender has closed the inbox; then return.
@@ -81,8 +96,7 @@ class Indexer:
                             break
                     commands = [call.command for call in batch]
                     acks = await self.executor.run(partial(self.writer.apply, commands))
-                    for call, ack in zip(batch, acks, strict=True):
-                        call.resolve(ack)
+                    self._acknowledge(batch, acks)
                     self.batches += 1
                     self.commands += len(batch)
                     batch = []
@@ -96,6 +110,5 @@ class Indexer:
                 batch.append(self.inbox.receive_nowait())
             except (anyio.WouldBlock, anyio.EndOfStream):
                 break
-        for call in batch:
-            if call.ack is None:
-                call.resolve(closed)
+        unapplied = [call for call in batch if call.ack is None]
+        self._acknowledge(unapplied, [closed] * len(unapplied))

@@ -20,7 +20,13 @@ from anyio.streams.memory import MemoryObjectSendStream
 
 from ..protocol.errors import MemoryClosedError, StorageError
 from ..protocol.indexer import IndexerAck, IndexerCommand
-from ..storage.db import WriterLock, ensure_state_dir, open_connection, translate_errors
+from ..storage.db import (
+    Durability,
+    WriterLock,
+    ensure_state_dir,
+    open_connection,
+    translate_errors,
+)
 from ..storage.executor import Executor, ExecutorKind, make_executor
 from ..storage.transcripts import TranscriptReader, TranscriptWriter, agent_db_path
 from .indexer import MAX_BATCH, Call, Indexer, open_inbox
@@ -49,12 +55,13 @@ class AgentStore:
         """
         call = Call(command)
         try:
-            await self.inbox.send(call)
+            try:
+                self.inbox.send_nowait(call)  # the common case: no checkpoint before queuing
+            except anyio.WouldBlock:
+                await self.inbox.send(call)
         except (anyio.ClosedResourceError, anyio.BrokenResourceError):
             raise MemoryClosedError("the memory is closed") from None
-        await call.done.wait()
-        assert call.ack is not None
-        return call.ack
+        return await self.indexer.wait_for(call)
 
     async def read(self, fn: Callable[[TranscriptReader], T]) -> T:
         """Run `fn` on the reader connection; SQLite errors become `StorageError`.
@@ -78,9 +85,11 @@ class Supervisor:
         state_dir: Path,
         executor: ExecutorKind,
         *,
+        durability: Durability = "crash",
         max_batch: int = MAX_BATCH,
     ) -> None:
         self._tg = task_group
+        self.durability: Durability = durability
         self.state_dir = state_dir
         self.executor_kind: ExecutorKind = executor
         self.max_batch = max_batch
@@ -124,7 +133,9 @@ class Supervisor:
                 raise StorageError(f"cannot create {str(path.parent)!r} ({exc.strerror})") from None
             lock.acquire()
             try:
-                return TranscriptWriter(open_connection(path, writer=True))
+                return TranscriptWriter(
+                    open_connection(path, writer=True, durability=self.durability)
+                )
             except BaseException:
                 lock.release()
                 raise
@@ -173,13 +184,19 @@ class Supervisor:
 
 @contextlib.asynccontextmanager
 async def open_supervisor(
-    state_dir: Path, executor: ExecutorKind, *, max_batch: int = MAX_BATCH
+    state_dir: Path,
+    executor: ExecutorKind,
+    *,
+    durability: Durability = "crash",
+    max_batch: int = MAX_BATCH,
 ) -> AsyncIterator[Supervisor]:
     """Run a supervisor for the duration of the block."""
     ensure_state_dir(state_dir)
     try:
         async with anyio.create_task_group() as tg:
-            supervisor = Supervisor(tg, state_dir, executor, max_batch=max_batch)
+            supervisor = Supervisor(
+                tg, state_dir, executor, durability=durability, max_batch=max_batch
+            )
             try:
                 yield supervisor
             finally:

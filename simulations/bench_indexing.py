@@ -42,7 +42,7 @@ from activememory._memory import Memory
 from activememory.actors.supervisor import open_supervisor
 from activememory.protocol.content import Role
 from activememory.protocol.session_key import parse_session_key
-from activememory.storage.db import configure, migrate
+from activememory.storage.db import DURABILITY_LEVELS, Durability, configure, migrate
 from activememory.storage.transcripts import TranscriptReader
 
 AGENT = "bench"
@@ -181,7 +181,9 @@ def check_stats(
         )
 
 
-def run_raw(path: Path, corpus: Corpus, *, batch: int | None = None) -> RunResult:
+def run_raw(
+    path: Path, corpus: Corpus, durability: Durability, *, batch: int | None = None
+) -> RunResult:
     """The floor: the library's rows, inserted by plain apsw in one transaction.
 
     With `batch`, the same rows are committed `batch` messages at a time instead, to show
@@ -189,7 +191,7 @@ def run_raw(path: Path, corpus: Corpus, *, batch: int | None = None) -> RunResul
     """
     conn = apsw.Connection(str(path))
     try:
-        configure(conn)
+        configure(conn, durability)
         migrate(conn)
         keys = [parse_session_key(session_key(n)) for n in range(len(corpus.conversations))]
         encode = msgspec.json.Encoder().encode
@@ -272,17 +274,19 @@ async def append_all(mem: Memory, corpus: Corpus) -> RunResult:
     )
 
 
-async def run_group_commit(state_dir: Path, corpus: Corpus) -> RunResult:
+async def run_group_commit(state_dir: Path, corpus: Corpus, durability: Durability) -> RunResult:
     """The library as users open it: group commit on."""
-    async with am.open_memory(state_dir, executor="thread") as mem:
+    async with am.open_memory(state_dir, executor="thread", durability=durability) as mem:
         result = await append_all(mem, corpus)
         check_stats("group commit", await mem.sessions.stats(), corpus)
     return result
 
 
-async def run_per_message(state_dir: Path, corpus: Corpus) -> RunResult:
-    """The library with group commit off: one transaction (and one fsync) per message."""
-    async with open_supervisor(state_dir, "thread", max_batch=1) as supervisor:
+async def run_per_message(state_dir: Path, corpus: Corpus, durability: Durability) -> RunResult:
+    """The library with group commit off: one transaction per message."""
+    async with open_supervisor(
+        state_dir, "thread", durability=durability, max_batch=1
+    ) as supervisor:
         mem = Memory(supervisor, config=None, models=None, tools=None, clock=time.time)
         result = await append_all(mem, corpus)
         check_stats("one transaction per message", await mem.sessions.stats(), corpus)
@@ -338,6 +342,7 @@ def report(
     group["ratio_to_raw_same_batches"] = round(results.group.rate / results.raw_batched.rate, 4)
     return {
         "benchmark": "indexing",
+        "durability": args.durability,
         "rows": {
             "messages": corpus.messages,
             "appenders": args.appenders,
@@ -372,6 +377,7 @@ def format_table(result: dict[str, Any]) -> str:
 
     lines = [
         "Indexing throughput (events + FTS5 index; library writes acknowledged after commit)",
+        f"  durability: {result['durability']} (same settings for every path)",
         f"  rows: {rows['messages']:,} messages = {rows['appenders']} appenders x "
         f"{rows['messages_per_appender']}; {rows['words']:,} words, {rows['text_bytes']:,} bytes",
         f"        Zipf({rows['zipf_exponent']}) over {rows['vocabulary']:,} words, "
@@ -425,6 +431,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument(
+        "--durability",
+        choices=DURABILITY_LEVELS,
+        default="crash",
+        help="as open_memory(durability=...): 'crash' (default) or 'power' (fsync per commit)",
+    )
+    parser.add_argument(
         "--state-dir",
         type=Path,
         help="where the databases go (a fresh bench-indexing-* directory inside it, kept); "
@@ -440,11 +452,12 @@ def run_all(args: argparse.Namespace, run_dir: Path, *, kept: bool) -> dict[str,
         messages_per_appender=args.messages_per_appender,
         seed=args.seed,
     )
-    raw = run_raw(run_dir / "raw.db", corpus)
-    group = trio.run(run_group_commit, run_dir / "group-commit", corpus)
+    durability = args.durability
+    raw = run_raw(run_dir / "raw.db", corpus, durability)
+    group = trio.run(run_group_commit, run_dir / "group-commit", corpus, durability)
     batch = max(1, round(group.mean_batch or 1))
-    raw_batched = run_raw(run_dir / f"raw-batch-{batch}.db", corpus, batch=batch)
-    single = trio.run(run_per_message, run_dir / "per-message-commit", corpus)
+    raw_batched = run_raw(run_dir / f"raw-batch-{batch}.db", corpus, durability, batch=batch)
+    single = trio.run(run_per_message, run_dir / "per-message-commit", corpus, durability)
     results = Results(raw=raw, group=group, raw_batched=raw_batched, single=single)
     return report(args, corpus, results, environment(run_dir, kept=kept))
 

@@ -7,6 +7,7 @@ import fcntl
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Literal, TypeAlias
 
 import apsw
 import apsw.bestpractice
@@ -87,7 +88,15 @@ MIGRATIONS: tuple[Migration, ...] = (_v1_transcripts,)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
-def configure(conn: apsw.Connection) -> None:
+Durability: TypeAlias = Literal["crash", "power"]
+DURABILITY_LEVELS: tuple[Durability, ...] = ("crash", "power")
+# "crash": an acknowledged write survives the process dying at any moment (kill -9): WAL
+# with synchronous=NORMAL, no fsync per commit. "power": it also survives power loss or an
+# OS crash: synchronous=FULL, an fsync per commit.
+_SYNCHRONOUS: dict[Durability, str] = {"crash": "NORMAL", "power": "FULL"}
+
+
+def configure(conn: apsw.Connection, durability: Durability = "crash") -> None:
     """Apply apsw's best practices to one of our connections.
 
     Applied per connection rather than through `apsw.bestpractice.apply()`, which would
@@ -99,8 +108,7 @@ def configure(conn: apsw.Connection) -> None:
     apsw.bestpractice.connection_recursive_triggers(conn)
     apsw.bestpractice.connection_optimize(conn)
     conn.set_busy_timeout(BUSY_TIMEOUT_MS)
-    # FULL: an acknowledged message survives power loss, not only a process crash.
-    conn.pragma("synchronous", "FULL")
+    conn.pragma("synchronous", _SYNCHRONOUS[durability])
 
 
 def migrate(conn: apsw.Connection, migrations: tuple[Migration, ...] = MIGRATIONS) -> int:
@@ -162,7 +170,9 @@ class WriterLock:
             self._fd = None
 
 
-def open_connection(path: Path, *, writer: bool) -> apsw.Connection:
+def open_connection(
+    path: Path, *, writer: bool, durability: Durability = "crash"
+) -> apsw.Connection:
     """Open and configure one agent database; the writer also creates and migrates it."""
     try:
         if writer:
@@ -175,7 +185,7 @@ def open_connection(path: Path, *, writer: bool) -> apsw.Connection:
         raise StorageError(f"cannot open {str(path)!r} ({describe(exc)})") from None
     try:
         with translate_errors(path):
-            configure(conn)
+            configure(conn, durability)
             if writer:
                 migrate(conn)
     except BaseException:

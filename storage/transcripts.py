@@ -8,6 +8,7 @@ own connection. Both are synchronous: their callers run them through an `Executo
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -82,6 +83,10 @@ class TranscriptWriter:
         self.conn = conn
         self._sessions: dict[str, _SessionState] = {}
         self._touched: dict[str, _SessionState] = {}
+        # Rows queued by appends, written by `_flush_rows` with one executemany per table.
+        self._event_rows: list[tuple[object, ...]] = []
+        self._branch_rows: list[tuple[int, int, int]] = []
+        self._index_rows: list[tuple[int, str]] = []
         self._next_event_id = self._load_next_event_id()
 
     def _load_next_event_id(self) -> int:
@@ -98,6 +103,7 @@ class TranscriptWriter:
         try:
             with write_transaction(self.conn):
                 acks = [self._apply_one(cmd) for cmd in commands]
+                self._flush_rows()
                 self._flush_sessions()
             return acks
         except apsw.Error as exc:
@@ -109,14 +115,18 @@ class TranscriptWriter:
     def _forget_cache(self) -> None:
         self._sessions.clear()
         self._touched.clear()
+        self._event_rows.clear()
+        self._branch_rows.clear()
+        self._index_rows.clear()
         self._next_event_id = self._load_next_event_id()
 
     def _apply_one(self, cmd: IndexerCommand) -> IndexerAck:
         # Every handler decides to reject *before* it writes anything: a batch shares one
         # transaction, so a half-applied rejected command would be committed with the rest.
+        if isinstance(cmd, AppendMessage):
+            return self._append(cmd)
+        self._flush_rows()  # the other handlers read the tables appends write
         match cmd:
-            case AppendMessage():
-                return self._append(cmd)
             case CreateSession():
                 return self._create(cmd)
             case RewindSession():
@@ -129,6 +139,25 @@ class TranscriptWriter:
                 return self._import(cmd)
             case RebuildIndex():
                 return self._rebuild(cmd)
+
+    def _flush_rows(self) -> None:
+        """Write the rows appends have queued, a statement per table for the whole batch."""
+        if self._event_rows:
+            self.conn.executemany(
+                "INSERT INTO events(id, session_id, parent_id, seq, depth, ts, kind, role,"
+                " content, text) VALUES (?, ?, ?, ?, ?, ?, 'message', ?, ?, ?)",
+                self._event_rows,
+            )
+            self.conn.executemany(
+                "INSERT INTO active_branch(session_id, depth, event_id) VALUES (?, ?, ?)",
+                self._branch_rows,
+            )
+            self.conn.executemany(
+                "INSERT INTO message_fts(rowid, text) VALUES (?, ?)", self._index_rows
+            )
+            self._event_rows.clear()
+            self._branch_rows.clear()
+            self._index_rows.clear()
 
     # -- sessions -------------------------------------------------------------------------
 
@@ -206,33 +235,27 @@ class TranscriptWriter:
         state = self._session(key) or self._insert_session(cmd.key, cmd.at)
         message = cmd.message
         if message.timestamp is None:
-            message = msgspec.structs.replace(message, timestamp=cmd.at)
+            # A stamped copy; `structs.replace` would validate the content all over again.
+            message = copy.copy(message)
+            msgspec.structs.force_setattr(message, "timestamp", cmd.at)
+        timestamp = cmd.at if cmd.message.timestamp is None else cmd.message.timestamp
         event_id = self._next_event_id
         depth = state.leaf_depth + 1
         seq = state.next_seq
-        timestamp = message.timestamp
-        assert timestamp is not None
         text = message.index_text
-        self.conn.execute(
-            "INSERT INTO events(id, session_id, parent_id, seq, depth, ts, kind, role, content,"
-            " text) VALUES (?, ?, ?, ?, ?, ?, 'message', ?, ?, ?)",
+        self._event_rows.append(
             (
                 event_id, state.id, state.leaf_event_id, seq, depth, timestamp, message.role,
                 _encode_content(message.content), text,
-            ),
+            )
         )  # fmt: skip
-        self.conn.execute(
-            "INSERT INTO active_branch(session_id, depth, event_id) VALUES (?, ?, ?)",
-            (state.id, depth, event_id),
-        )
+        self._branch_rows.append((state.id, depth, event_id))
         # Same transaction as the event: a committed message is never missing from the
         # index. A dirty session is rebuilt whole later, so nothing is indexed now.
         indexed = False
         if not state.dirty:
             if text is not None:
-                self.conn.execute(
-                    "INSERT INTO message_fts(rowid, text) VALUES (?, ?)", (event_id, text)
-                )
+                self._index_rows.append((event_id, text))
                 indexed = True
             state.indexed_seq = seq
         self._next_event_id += 1

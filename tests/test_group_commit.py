@@ -1,0 +1,63 @@
+"""Group commit: concurrent appends share transactions, and each caller gets its own ack."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import anyio
+import anyio.lowlevel
+import pytest
+
+import activememory as am
+
+from index_probe import agent_db, indexed_tokens
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_concurrent_appenders_share_transactions(mem: am.Memory) -> None:
+    acked: dict[str, list[int]] = {}
+
+    async def appender(n: int) -> None:
+        key = f"agent:main:direct:u{n}"
+        for i in range(5):
+            event = await mem.sessions.append(
+                key, am.Message(role="user", content=f"user {n} line {i}")
+            )
+            acked.setdefault(key, []).append(event.id)
+
+    indexer = (await mem._supervisor.agent("main")).indexer
+    batches, commands = indexer.batches, indexer.commands
+    async with anyio.create_task_group() as tg:
+        for n in range(64):
+            tg.start_soon(appender, n)
+    assert indexer.commands - commands == 320
+    assert indexer.batches - batches < 320 // 4  # most commits carried many appends
+    for key, ids in acked.items():
+        assert [e.id for e in await mem.sessions.history(key)] == ids
+    assert len(indexed_tokens(agent_db(mem.state_dir))) == 320
+
+
+async def test_closing_commits_what_was_queued(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    outcomes: list[am.Event | am.MemoryClosedError] = []
+
+    async def append(mem: am.Memory, n: int) -> None:
+        try:
+            message = am.Message(role="user", content=f"m{n}")
+            outcomes.append(await mem.sessions.append(f"agent:main:direct:c{n}", message))
+        except am.MemoryClosedError as exc:
+            outcomes.append(exc)
+
+    async with anyio.create_task_group() as tg, am.open_memory(state) as mem:
+        await mem.sessions.create("agent:main:main")  # the agent database is open
+        for n in range(40):
+            tg.start_soon(append, mem, n)
+        await anyio.lowlevel.checkpoint()  # some appends are queued, some not yet sent, as we close
+    acked = [o for o in outcomes if isinstance(o, am.Event)]
+    assert len(outcomes) == 40 and acked
+    async with am.open_memory(state) as mem:
+        stats = await mem.sessions.stats()
+        for event in acked:
+            assert [e.id for e in await mem.sessions.history(event.session_key)] == [event.id]
+    assert stats[0].indexed_messages == len(acked)
