@@ -81,8 +81,8 @@ class Indexer:
     async def run(self) -> None:
         """Serve until every sender has closed the inbox; then return.
 
-        Cancellation: a batch already handed to the executor commits in full; calls that
-        were received but not applied are answered `Rejected(reason="closed")`.
+        Cancellation: a batch already handed to the executor commits in full and is
+        acknowledged; calls still queued are answered `Rejected(reason="closed")` (not written).
         """
         batch: list[Call] = []
         async with self.inbox:
@@ -95,7 +95,10 @@ class Indexer:
                         except (anyio.WouldBlock, anyio.EndOfStream):
                             break
                     commands = [call.command for call in batch]
-                    acks = await self.executor.run(partial(self.writer.apply, commands))
+                    # Shielded: once a batch is handed over it commits, and its callers must
+                    # hear so; an ack of "closed" always means "not written".
+                    with anyio.CancelScope(shield=True):
+                        acks = await self.executor.run(partial(self.writer.apply, commands))
                     self._acknowledge(batch, acks)
                     self.batches += 1
                     self.commands += len(batch)
@@ -104,7 +107,9 @@ class Indexer:
                 self._reject_unapplied(batch)
 
     def _reject_unapplied(self, batch: list[Call]) -> None:
-        closed = Rejected(reason="closed", message="the memory was closed")
+        closed = Rejected(
+            reason="closed", message="the memory was closed before this command was applied"
+        )
         while True:
             try:
                 batch.append(self.inbox.receive_nowait())

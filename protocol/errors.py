@@ -26,4 +26,7 @@ class StorageError(ActiveMemoryError):
 
 
 class MemoryClosedError(ActiveMemoryError):
-    """The memory was closed (or its writer stopped) before the command was acknowledged."""
+    """The memory was closed (or its writer stopped) before the command was applied.
+
+    The command was not written.
+    """

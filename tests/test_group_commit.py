@@ -61,3 +61,34 @@ async def test_closing_commits_what_was_queued(tmp_path: Path) -> None:
         for event in acked:
             assert [e.id for e in await mem.sessions.history(event.session_key)] == [event.id]
     assert stats[0].indexed_messages == len(acked)
+
+
+async def test_closed_means_not_written_even_when_the_host_is_cancelled(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    acked: dict[str, list[int]] = {}
+    refused: list[str] = []
+
+    async def appender(mem: am.Memory, n: int) -> None:
+        key = f"agent:main:direct:k{n}"
+        acked[key] = []
+        for i in range(1000):  # until the memory closes under us
+            try:
+                event = await mem.sessions.append(key, am.Message(role="user", content=f"m{i}"))
+            except am.MemoryClosedError:
+                refused.append(key)
+                return
+            acked[key].append(event.id)
+
+    async with anyio.create_task_group() as callers:  # outside the scope the host cancels
+        with anyio.CancelScope() as host:
+            async with am.open_memory(state) as mem:
+                await mem.sessions.create("agent:main:main")
+                for n in range(50):
+                    callers.start_soon(appender, mem, n)
+                await anyio.sleep(0.05)
+                host.cancel()  # the host gives up while appends are queued and committing
+                await anyio.sleep_forever()
+    assert sorted(refused) == sorted(acked) and sum(map(len, acked.values())) > 50
+    async with am.open_memory(state) as mem:
+        for key, ids in acked.items():  # acked: present; refused: absent
+            assert [e.id for e in await mem.sessions.history(key)] == ids
