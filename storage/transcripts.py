@@ -559,9 +559,11 @@ def fts_integrity_ok(conn: apsw.Connection) -> bool:
     return conn.execute("PRAGMA integrity_check(message_fts)").fetchall() == [("ok",)]
 
 
+_SESSION_FIELDS = [name.strip() for name in _SESSION_COLUMNS.split(",")]
+
+
 def _session_info(row: Iterable[object]) -> SessionInfo:
-    names = [n.strip() for n in _SESSION_COLUMNS.split(",")]
-    values = dict(zip(names, row, strict=True))
+    values = dict(zip(_SESSION_FIELDS, row, strict=True))
     values["session_id"] = values.pop("id")
     for flag in ("persistent", "interactive", "archived", "sandboxed", "dirty"):
         values[flag] = bool(values[flag])
