@@ -7,8 +7,9 @@ import datetime as dt
 import importlib.resources
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 import msgspec
 import trio
@@ -20,6 +21,7 @@ from .protocol.errors import ActiveMemoryError
 from .protocol.transcript import Event, IndexStats
 
 SAMPLES = ("sample-alice.jsonl", "sample-team.jsonl")
+T = TypeVar("T")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -70,10 +72,6 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _print_json(value: object) -> None:
-    print(msgspec.json.format(msgspec.json.encode(value)).decode())
-
-
 async def _import_files(
     mem: Memory, paths: Sequence[Path], session_key: str | None, *, rebuild: bool
 ) -> list[dict[str, object]]:
@@ -93,48 +91,47 @@ async def _import_files(
     return done
 
 
-def _import(args: argparse.Namespace) -> int:
-    async def run() -> list[dict[str, object]]:
-        async with open_memory(args.state_dir) as mem:
-            return await _import_files(
-                mem, args.paths, args.session_key, rebuild=not args.no_rebuild
-            )
+def _run_and_show(
+    args: argparse.Namespace,
+    fetch: Callable[[Memory], Awaitable[T]],
+    show: Callable[[T], None],
+) -> int:
+    """Open the state dir, fetch a result, print it for a person or (`--json`) a program."""
 
-    done = trio.run(run)
+    async def run() -> T:
+        async with open_memory(args.state_dir) as mem:
+            return await fetch(mem)
+
+    result = trio.run(run)
     if args.json:
-        _print_json(done)
+        print(msgspec.json.format(msgspec.json.encode(result)).decode())
     else:
+        show(result)
+    return 0
+
+
+def _import(args: argparse.Namespace) -> int:
+    def show(done: list[dict[str, object]]) -> None:
         for item in done:
             print(
                 f"imported {item['events']} events from {item['path']} into {item['session_key']}"
             )
-    return 0
+
+    return _run_and_show(
+        args,
+        lambda mem: _import_files(mem, args.paths, args.session_key, rebuild=not args.no_rebuild),
+        show,
+    )
 
 
 def _history(args: argparse.Namespace) -> int:
-    async def run() -> list[Event]:
-        async with open_memory(args.state_dir) as mem:
-            return await mem.sessions.history(args.session_key, limit=args.limit)
-
-    events = trio.run(run)
-    if args.json:
-        _print_json(events)
-    else:
-        _print_history(events)
-    return 0
+    return _run_and_show(
+        args, lambda mem: mem.sessions.history(args.session_key, limit=args.limit), _print_history
+    )
 
 
 def _stats(args: argparse.Namespace) -> int:
-    async def run() -> list[IndexStats]:
-        async with open_memory(args.state_dir) as mem:
-            return await mem.sessions.stats()
-
-    stats = trio.run(run)
-    if args.json:
-        _print_json(stats)
-    else:
-        _print_stats(stats)
-    return 0
+    return _run_and_show(args, lambda mem: mem.sessions.stats(), _print_stats)
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -153,6 +150,7 @@ def _demo(args: argparse.Namespace) -> int:
 async def _run_demo(state_dir: Path) -> int:
     print(f"activememory demo: state in {state_dir}\n")
     samples = importlib.resources.files("activememory") / "data"
+    keys = []
     async with open_memory(state_dir) as mem:
         for name in SAMPLES:
             with importlib.resources.as_file(samples / name) as path:
@@ -160,6 +158,7 @@ async def _run_demo(state_dir: Path) -> int:
             count = await mem.sessions.import_transcript(
                 transcript.session_key, transcript.entries, leaf_id=transcript.leaf_id
             )
+            keys.append(transcript.session_key)
             info = await mem.sessions.info(transcript.session_key)
             print(
                 f"imported {count} events into {transcript.session_key} "
@@ -170,7 +169,7 @@ async def _run_demo(state_dir: Path) -> int:
             f"rebuilt the index of {rebuilt.sessions} dirty sessions: "
             f"{rebuilt.index_rows} user/assistant messages indexed\n"
         )
-        key = "agent:main:direct:alice"
+        key = keys[0]
         event = await mem.sessions.append(
             key,
             Message(
@@ -182,8 +181,7 @@ async def _run_demo(state_dir: Path) -> int:
             f"appended event {event.id} live: committed and indexed in one transaction "
             f"(index watermark seq {info.indexed_seq}, dirty={info.dirty})\n"
         )
-        for name in SAMPLES:
-            key = "agent:main:direct:alice" if "alice" in name else "agent:main:group:travel-club"
+        for key in keys:
             print(f"history of {key} (active branch):")
             _print_history(await mem.sessions.history(key))
             print()

@@ -59,12 +59,7 @@ class Sessions:
         return await self._supervisor.agent(key.store_agent)
 
     async def _submit(self, key: SessionKey, command: IndexerCommand, expect: type[A]) -> A:
-        store = await self._store(key)
-        ack = await store.submit(command)
-        if isinstance(ack, expect):
-            return ack
-        assert isinstance(ack, Rejected), ack
-        _raise_rejected(ack)
+        return await _submit_to(await self._store(key), command, expect)
 
     async def create(
         self,
@@ -229,11 +224,7 @@ class Sessions:
             return await self._submit(key, RebuildIndex(key=key), Rebuilt)
         sessions = index_rows = 0
         for agent in self._supervisor.known_agents():
-            store = await self._supervisor.agent(agent)
-            ack = await store.submit(RebuildIndex())
-            if isinstance(ack, Rejected):
-                _raise_rejected(ack)
-            assert isinstance(ack, Rebuilt)
+            ack = await _submit_to(await self._supervisor.agent(agent), RebuildIndex(), Rebuilt)
             sessions += ack.sessions
             index_rows += ack.index_rows
         return Rebuilt(sessions=sessions, index_rows=index_rows)
@@ -312,6 +303,14 @@ async def open_memory(
         raise InvalidInputError(f"state_dir: expected a path, got {type(state_dir).__name__}")
     async with open_supervisor(Path(state_dir), executor, durability=durability) as supervisor:
         yield Memory(supervisor, config=config, models=models, tools=tools, clock=clock)
+
+
+async def _submit_to(store: AgentStore, command: IndexerCommand, expect: type[A]) -> A:
+    ack = await store.submit(command)
+    if isinstance(ack, expect):
+        return ack
+    assert isinstance(ack, Rejected), ack
+    _raise_rejected(ack)
 
 
 def _raise_rejected(ack: Rejected) -> NoReturn:

@@ -173,14 +173,13 @@ class WriterLock:
 def open_connection(
     path: Path, *, writer: bool, durability: Durability = "crash"
 ) -> apsw.Connection:
-    """Open and configure one agent database; the writer also creates and migrates it."""
+    """Open and configure one agent database; the writer also creates and migrates it.
+
+    The directory must exist (the supervisor creates it before taking the writer lock).
+    """
     try:
-        if writer:
-            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         flags = apsw.SQLITE_OPEN_READWRITE | (apsw.SQLITE_OPEN_CREATE if writer else 0)
         conn = apsw.Connection(str(path), flags=flags)
-    except OSError as exc:
-        raise StorageError(f"cannot create {str(path.parent)!r} ({exc.strerror})") from None
     except apsw.Error as exc:
         raise StorageError(f"cannot open {str(path)!r} ({describe(exc)})") from None
     try:

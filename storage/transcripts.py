@@ -40,6 +40,11 @@ from ..protocol.session_key import SessionKey
 from ..protocol.transcript import Event, IndexStats, SessionInfo
 from .db import describe
 
+_INSERT_MESSAGE = (
+    "INSERT INTO events(id, session_id, parent_id, seq, depth, ts, kind, role, content, text)"
+    " VALUES (?, ?, ?, ?, ?, ?, 'message', ?, ?, ?)"
+)
+_INSERT_BRANCH = "INSERT INTO active_branch(session_id, depth, event_id) VALUES (?, ?, ?)"
 _encode_content = msgspec.json.Encoder().encode
 _decode_content = msgspec.json.Decoder(Content).decode
 
@@ -143,15 +148,8 @@ class TranscriptWriter:
     def _flush_rows(self) -> None:
         """Write the rows appends have queued, a statement per table for the whole batch."""
         if self._event_rows:
-            self.conn.executemany(
-                "INSERT INTO events(id, session_id, parent_id, seq, depth, ts, kind, role,"
-                " content, text) VALUES (?, ?, ?, ?, ?, ?, 'message', ?, ?, ?)",
-                self._event_rows,
-            )
-            self.conn.executemany(
-                "INSERT INTO active_branch(session_id, depth, event_id) VALUES (?, ?, ?)",
-                self._branch_rows,
-            )
+            self.conn.executemany(_INSERT_MESSAGE, self._event_rows)
+            self.conn.executemany(_INSERT_BRANCH, self._branch_rows)
             self.conn.executemany(
                 "INSERT INTO message_fts(rowid, text) VALUES (?, ?)", self._index_rows
             )
@@ -330,10 +328,7 @@ class TranscriptWriter:
         self.conn.execute(
             "DELETE FROM active_branch WHERE session_id = ? AND depth > ?", (state.id, depth)
         )
-        self.conn.executemany(
-            "INSERT INTO active_branch(session_id, depth, event_id) VALUES (?, ?, ?)",
-            [(state.id, d, e) for d, e in path],
-        )
+        self.conn.executemany(_INSERT_BRANCH, [(state.id, d, e) for d, e in path])
         self.conn.execute(
             "INSERT INTO events(id, session_id, parent_id, seq, depth, ts, kind, content)"
             " VALUES (?, ?, ?, ?, ?, ?, 'rewind', ?)",
@@ -409,8 +404,7 @@ class TranscriptWriter:
             event_ids[e.id]: event_ids[e.parent_id] if e.parent_id else None for e in cmd.entries
         }
         self.conn.executemany(
-            "INSERT INTO events(id, session_id, parent_id, seq, depth, ts, kind, role, content,"
-            " text) VALUES (?, ?, ?, ?, ?, ?, 'message', ?, ?, ?)",
+            _INSERT_MESSAGE,
             [
                 (
                     event_ids[e.id], state.id, parents[event_ids[e.id]], state.next_seq + i,
@@ -430,9 +424,7 @@ class TranscriptWriter:
             while node is not None:
                 branch.append((state.id, depth, node))
                 node, depth = parents[node], depth - 1
-            self.conn.executemany(
-                "INSERT INTO active_branch(session_id, depth, event_id) VALUES (?, ?, ?)", branch
-            )
+            self.conn.executemany(_INSERT_BRANCH, branch)
             state.leaf_event_id, state.leaf_depth = leaf_id, leaf_depth
         # Pre-existing rows are reconciled, not indexed inline (SPEC §2.3).
         state.dirty = True
