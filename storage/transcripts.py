@@ -39,12 +39,14 @@ from ..protocol.indexer import (
 from ..protocol.session_key import SessionKey
 from ..protocol.transcript import Event, IndexStats, SessionInfo
 from .db import describe
+from .fts_query import index_columns
 
 _INSERT_MESSAGE = (
     "INSERT INTO events(id, session_id, parent_id, seq, depth, ts, kind, role, content, text)"
     " VALUES (?, ?, ?, ?, ?, ?, 'message', ?, ?, ?)"
 )
 _INSERT_BRANCH = "INSERT INTO active_branch(session_id, depth, event_id) VALUES (?, ?, ?)"
+_INSERT_INDEX = "INSERT INTO message_fts(rowid, words, grams) VALUES (?, ?, ?)"
 _encode_content = msgspec.json.Encoder().encode
 _decode_content = msgspec.json.Decoder(Content).decode
 
@@ -91,7 +93,7 @@ class TranscriptWriter:
         # Rows queued by appends, written by `_flush_rows` with one executemany per table.
         self._event_rows: list[tuple[object, ...]] = []
         self._branch_rows: list[tuple[int, int, int]] = []
-        self._index_rows: list[tuple[int, str]] = []
+        self._index_rows: list[tuple[int, str, str | None]] = []
         self._next_event_id = self._load_next_event_id()
 
     def _load_next_event_id(self) -> int:
@@ -150,9 +152,7 @@ class TranscriptWriter:
         if self._event_rows:
             self.conn.executemany(_INSERT_MESSAGE, self._event_rows)
             self.conn.executemany(_INSERT_BRANCH, self._branch_rows)
-            self.conn.executemany(
-                "INSERT INTO message_fts(rowid, text) VALUES (?, ?)", self._index_rows
-            )
+            self.conn.executemany(_INSERT_INDEX, self._index_rows)
             self._event_rows.clear()
             self._branch_rows.clear()
             self._index_rows.clear()
@@ -253,7 +253,7 @@ class TranscriptWriter:
         indexed = False
         if not state.dirty:
             if text is not None:
-                self._index_rows.append((event_id, text))
+                self._index_rows.append((event_id, *index_columns(text)))
                 indexed = True
             state.indexed_seq = seq
         self._next_event_id += 1
@@ -455,17 +455,18 @@ class TranscriptWriter:
             "DELETE FROM message_fts WHERE rowid IN (SELECT id FROM events WHERE session_id = ?)",
             (state.id,),
         )
-        self.conn.execute(
-            "INSERT INTO message_fts(rowid, text) SELECT e.id, e.text FROM active_branch a"
-            " JOIN events e ON e.id = a.event_id"
+        rows = self.conn.execute(
+            "SELECT e.id, e.text FROM active_branch a JOIN events e ON e.id = a.event_id"
             " WHERE a.session_id = ? AND e.text IS NOT NULL",
             (state.id,),
+        ).fetchall()
+        self.conn.executemany(
+            _INSERT_INDEX, [(event_id, *index_columns(text)) for event_id, text in rows]
         )
-        rows = self.conn.changes()
         state.dirty = False
         state.indexed_seq = state.next_seq - 1
         self._touched[key] = state
-        return rows
+        return len(rows)
 
 
 _SESSION_COLUMNS = (

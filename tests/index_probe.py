@@ -7,6 +7,8 @@ from pathlib import Path
 
 import apsw
 
+from activememory.storage.fts_query import TOKENIZE, index_columns
+
 
 def agent_db(state_dir: Path, agent: str = "main") -> Path:
     return state_dir / "agents" / agent / "memory.db"
@@ -25,20 +27,26 @@ def indexed_tokens(path: Path) -> dict[int, list[str]]:
         conn.execute(
             "CREATE VIRTUAL TABLE temp.vocab USING fts5vocab('main', 'message_fts', 'instance')"
         )
-        docs: dict[int, list[tuple[int, str]]] = defaultdict(list)
-        for term, doc, offset in conn.execute("SELECT term, doc, offset FROM temp.vocab"):
-            docs[int(doc)].append((int(offset), str(term)))
+        docs: dict[int, list[tuple[str, int, str]]] = defaultdict(list)
+        for term, doc, col, offset in conn.execute("SELECT term, doc, col, offset FROM temp.vocab"):
+            docs[int(doc)].append((str(col)[::-1], int(offset), str(term)))  # words first
         rowids = [int(r) for (r,) in conn.execute("SELECT rowid FROM message_fts")]
-        return {rowid: [t for _, t in sorted(docs.get(rowid, []))] for rowid in rowids}
+        return {rowid: [t for _, _, t in sorted(docs.get(rowid, []))] for rowid in rowids}
     finally:
         conn.close()
 
 
 def tokenize(text: str) -> list[str]:
-    """What the index's tokenizer (unicode61, diacritics removed) makes of `text`."""
+    """The tokens the index holds for a message `text`: its `words` column, then `grams`."""
     conn = apsw.Connection(":memory:")
-    tokenizer = conn.fts5_tokenizer("unicode61", ["remove_diacritics", "2"])
-    return [tok[2] for tok in tokenizer(text.encode("utf-8"), apsw.FTS5_TOKENIZE_DOCUMENT, None)]
+    name, *args = TOKENIZE.split()
+    tokenizer = conn.fts5_tokenizer(name, args)
+    tokens: list[str] = []
+    for column in index_columns(text):
+        if column is not None:
+            found = tokenizer(column.encode("utf-8"), apsw.FTS5_TOKENIZE_DOCUMENT, None)
+            tokens += [tok[2] for tok in found]
+    return tokens
 
 
 def match(path: Path, query: str) -> list[int]:

@@ -11,7 +11,7 @@ import pytest
 
 import activememory as am
 
-from index_probe import agent_db, indexed_tokens
+from index_probe import agent_db, indexed_tokens, tokenize
 
 pytestmark = pytest.mark.anyio
 KEY = "agent:main:direct:alice"
@@ -164,7 +164,7 @@ async def test_one_write_that_does_not_fit_does_not_sink_its_batch(mem: am.Memor
     assert indexer.batches == batches + 1
     assert texts[0] == "fits" and sorted(texts[1:]) == ["small one", "small two"]
     assert sorted(indexed_tokens(agent_db(mem.state_dir)).values()) == [
-        ["fits"],
-        ["small", "one"],
-        ["small", "two"],
+        tokenize("fits"),
+        tokenize("small one"),
+        tokenize("small two"),
     ]

@@ -31,6 +31,9 @@ import pytest
 import trio
 
 import activememory as am
+from activememory.storage.fts_query import index_columns
+
+from index_probe import tokenize
 
 CHILD = Path(__file__).with_name("crash_child.py")
 ROUNDS = 22
@@ -305,10 +308,16 @@ def spot_check_search(path: Path, snap: Snapshot, rng: random.Random) -> None:
         for rowid in rng.sample(indexed, min(10, len(indexed))):
             text = snap.events[rowid].text
             assert text is not None and '"' not in text
+            # Each column's value as a phrase in that column (CJK goes to `grams`).
+            query = " AND ".join(
+                f'{column} : "{value}"'
+                for column, value in zip(("words", "grams"), index_columns(text), strict=True)
+                if value and tokenize(value)
+            )
             found = {
                 r
                 for (r,) in conn.execute(
-                    "SELECT rowid FROM message_fts WHERE message_fts MATCH ?", (f'"{text}"',)
+                    "SELECT rowid FROM message_fts WHERE message_fts MATCH ?", (query,)
                 )
             }
             assert rowid in found, f"indexed message {rowid} not found by its text"

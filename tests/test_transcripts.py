@@ -79,7 +79,7 @@ async def test_only_user_and_assistant_text_reaches_the_index(mem: am.Memory) ->
         KEY, am.Message(role="user", content=[{"type": "image", "url": "u"}])
     )
     tokens = indexed_tokens(agent_db(mem.state_dir))
-    assert tokens == {shown.id: ["visible", "answer"]}
+    assert tokens == {shown.id: tokenize("visible answer")}
     # ... and all of it is stored.
     history = await mem.sessions.history(KEY)
     assert [e.id for e in history] == [shown.id, tool.id, image_only.id]
