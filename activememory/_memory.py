@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
+from ._search import SessionSearch
 from .actors.supervisor import AgentStore, Supervisor, open_supervisor
 from .protocol.content import Message, message_from_mapping
 from .protocol.errors import (
@@ -36,10 +37,12 @@ from .protocol.indexer import (
     RewindSession,
     Rewound,
 )
+from .protocol.search import DEFAULT_LIMIT, SearchResult, search_settings
 from .protocol.session_key import SessionKey, parse_session_key
 from .protocol.transcript import Event, ImportEntry, IndexStats, SessionInfo
 from .storage.db import DURABILITY_LEVELS, Durability
 from .storage.executor import EXECUTOR_KINDS, ExecutorKind
+from .storage.fts_query import MatchMode
 
 A = TypeVar("A", bound=IndexerAck)
 
@@ -51,9 +54,12 @@ class Sessions:
     run on the agent's reader connection and see every acknowledged write.
     """
 
-    def __init__(self, supervisor: Supervisor, clock: Callable[[], float]) -> None:
+    def __init__(
+        self, supervisor: Supervisor, clock: Callable[[], float], search: SessionSearch
+    ) -> None:
         self._supervisor = supervisor
         self._clock = clock
+        self._search = search
 
     async def _store(self, key: SessionKey) -> AgentStore:
         return await self._supervisor.agent(key.store_agent)
@@ -229,6 +235,34 @@ class Sessions:
             index_rows += ack.index_rows
         return Rebuilt(sessions=sessions, index_rows=index_rows)
 
+    async def search(
+        self,
+        query: str,
+        *,
+        caller: str,
+        session_key: str | None = None,
+        limit: int = DEFAULT_LIMIT,
+        match: MatchMode = "phrase",
+    ) -> SearchResult:
+        """Full-text search of the user and assistant messages `caller` may see (SPEC §3).
+
+        `caller` is the session key of the conversation asking; `tools.sessions.visibility`
+        decides which sessions it sees (`tree` by default: its own and those it spawned).
+        `session_key` narrows the search to one visible session. Terms: see README
+        "Search terms"; `match="prefix"` lets the last term match as a prefix. Results are
+        best first (BM25), at most `limit` (1-25), snippets redacted and at most 300
+        characters, the serialized answer at most 32 KiB. While a visible session is being
+        re-indexed, `indexing` is true and `warning` says the results may be incomplete.
+
+        Raises `InvalidInputError` for a blank or over-long query, a bad key, limit or match.
+
+        Cancellation: a read that has started finishes on its worker thread; nothing is
+        written, nothing is left behind.
+        """
+        return await self._search.search(
+            query, caller=caller, session_key=session_key, limit=limit, match=match
+        )
+
     async def stats(self, *, check_integrity: bool = True) -> list[IndexStats]:
         """Index statistics of every agent database in the state directory.
 
@@ -264,7 +298,8 @@ class Memory:
         self.config = config
         self.models = dict(models or {})
         self.tools = dict(tools or {})
-        self.sessions = Sessions(supervisor, clock)
+        search = SessionSearch(supervisor, search_settings(config), on_dirty=AgentStore.poke)
+        self.sessions = Sessions(supervisor, clock, search)
 
 
 @contextlib.asynccontextmanager

@@ -12,7 +12,7 @@ import contextlib
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 import anyio
 from anyio.abc import TaskGroup
@@ -20,6 +20,7 @@ from anyio.streams.memory import MemoryObjectSendStream
 
 from ..protocol.errors import MemoryClosedError, StorageError
 from ..protocol.indexer import IndexerAck, IndexerCommand
+from ..protocol.reconciler import Poke
 from ..storage.db import (
     Durability,
     WriterLock,
@@ -30,6 +31,8 @@ from ..storage.db import (
 from ..storage.executor import Executor, ExecutorKind, make_executor
 from ..storage.transcripts import TranscriptReader, TranscriptWriter, agent_db_path
 from .indexer import MAX_BATCH, Call, Indexer, open_inbox
+from .reconciler import ReadDirty, Reconciler, Submit
+from .reconciler import open_inbox as reconciler_inbox
 
 T = TypeVar("T")
 
@@ -45,7 +48,21 @@ class AgentStore:
     reader: TranscriptReader
     read_executor: Executor
     lock: WriterLock
+    reconciler: Reconciler
+    pokes: MemoryObjectSendStream[Poke]
     stopped: anyio.Event = field(default_factory=anyio.Event)
+    reconciler_stopped: anyio.Event = field(default_factory=anyio.Event)
+
+    def poke(self, reason: Literal["search", "dirty"] = "search") -> None:
+        """Tell the reconciler there may be dirty sessions; never blocks.
+
+        A poke already waiting means the same, so a full inbox drops this one.
+        """
+        with contextlib.suppress(anyio.WouldBlock, anyio.ClosedResourceError):
+            self.pokes.send_nowait(Poke(reason=reason))
+
+    async def read_dirty(self, limit: int) -> list[tuple[str, int]]:
+        return await self.read(lambda reader: reader.dirty_sessions(limit))
 
     async def submit(self, command: IndexerCommand) -> IndexerAck:
         """Queue `command` for the indexer and wait for its ack.
@@ -148,6 +165,7 @@ class Supervisor:
             lock.release()
             raise
         send, receive = open_inbox()
+        poke_send, poke_receive = reconciler_inbox()
         store = AgentStore(
             agent=agent,
             path=path,
@@ -156,9 +174,32 @@ class Supervisor:
             reader=TranscriptReader(reader_conn, agent),
             read_executor=read_executor,
             lock=lock,
+            reconciler=Reconciler(
+                poke_receive, submit=self._submit_for(agent), read_dirty=self._read_dirty_for(agent)
+            ),
+            pokes=poke_send,
         )
         self._tg.start_soon(self._run_indexer, store, name=f"indexer:{agent}")
+        self._tg.start_soon(self._run_reconciler, store, name=f"reconciler:{agent}")
         return store
+
+    def _submit_for(self, agent: str) -> Submit:
+        async def submit(command: IndexerCommand) -> IndexerAck:
+            return await self._agents[agent].submit(command)
+
+        return submit
+
+    def _read_dirty_for(self, agent: str) -> ReadDirty:
+        async def read_dirty(limit: int) -> list[tuple[str, int]]:
+            return await self._agents[agent].read_dirty(limit)
+
+        return read_dirty
+
+    async def _run_reconciler(self, store: AgentStore) -> None:
+        try:
+            await store.reconciler.run()
+        finally:
+            store.reconciler_stopped.set()
 
     async def _run_indexer(self, store: AgentStore) -> None:
         try:
@@ -173,6 +214,12 @@ class Supervisor:
         """
         async with self._opening:
             self._closed = True
+        # The reconciler writes through the indexer, so it stops first (after its chunk).
+        for store in self._agents.values():
+            store.reconciler.stopping = True
+            await store.pokes.aclose()
+        for store in self._agents.values():
+            await store.reconciler_stopped.wait()
         for store in self._agents.values():
             await store.inbox.aclose()
         for store in self._agents.values():

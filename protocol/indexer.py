@@ -71,6 +71,20 @@ class RebuildIndex(msgspec.Struct, frozen=True, kw_only=True, tag_field="op", ta
     key: SessionKey | None = None
 
 
+class ReindexChunk(_Command, tag="reindex", frozen=True, kw_only=True):
+    """Reconciler → indexer: index the next rows of a dirty session's active branch.
+
+    Applied only if the session's revision is still `revision` (the fence): otherwise the
+    session changed while it was being rebuilt and the ack says `stale`. The first chunk
+    (`after_depth == 0`) first drops every index row the session has. The chunk that
+    reaches the leaf publishes the session clean, in the same transaction.
+    """
+
+    revision: int
+    after_depth: int
+    max_rows: int
+
+
 IndexerCommand: TypeAlias = (
     CreateSession
     | AppendMessage
@@ -79,6 +93,7 @@ IndexerCommand: TypeAlias = (
     | ArchiveSession
     | ImportTranscript
     | RebuildIndex
+    | ReindexChunk
 )
 
 
@@ -133,6 +148,20 @@ class Rebuilt(_Ack, tag="rebuilt", frozen=True, kw_only=True):
     index_rows: int
 
 
+class Reindexed(_Ack, tag="reindexed", frozen=True, kw_only=True):
+    """Indexer → reconciler: a chunk's outcome.
+
+    `stale`: the fence failed, nothing was written, start the session over. Otherwise
+    `rows` index rows were written and the session is clean if `clean`, else the next chunk
+    starts after `next_depth`.
+    """
+
+    stale: bool = False
+    rows: int = 0
+    next_depth: int = 0
+    clean: bool = False
+
+
 RejectReason: TypeAlias = Literal["not_found", "invalid", "storage", "closed"]
 
 
@@ -144,5 +173,5 @@ class Rejected(_Ack, tag="rejected", frozen=True, kw_only=True):
 
 
 IndexerAck: TypeAlias = (
-    Created | Appended | Rewound | Deleted | Archived | Imported | Rebuilt | Rejected
+    Created | Appended | Rewound | Deleted | Archived | Imported | Rebuilt | Reindexed | Rejected
 )

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import re
 import threading
+from collections.abc import Iterator
 from typing import Literal, TypeAlias
 
 import apsw
@@ -49,15 +50,129 @@ _CJK_RUN = re.compile(f"[{_CJK}]+")
 
 # Dropped from a query when another term remains; kept when the query is only these.
 STOPWORDS = frozenset(
-    """
-    a about after again all am an and any are as at be been before being both but by can
-    could did do does doing done during each few for from further had has have having he
-    her here hers herself him himself his how i if in into is it its itself just me more
-    most my myself no nor not now of off on once only or other our ours ourselves out over
-    own same she should so some such than that the their theirs them themselves then there
-    these they this those through to too under until up very was we were what when where
-    which while who whom why will with would you your yours yourself yourselves
-    """.split()
+    [
+        "a",
+        "about",
+        "after",
+        "again",
+        "all",
+        "am",
+        "an",
+        "and",
+        "any",
+        "are",
+        "as",
+        "at",
+        "be",
+        "been",
+        "before",
+        "being",
+        "both",
+        "but",
+        "by",
+        "can",
+        "could",
+        "did",
+        "do",
+        "does",
+        "doing",
+        "done",
+        "during",
+        "each",
+        "few",
+        "for",
+        "from",
+        "further",
+        "had",
+        "has",
+        "have",
+        "having",
+        "he",
+        "her",
+        "here",
+        "hers",
+        "herself",
+        "him",
+        "himself",
+        "his",
+        "how",
+        "i",
+        "if",
+        "in",
+        "into",
+        "is",
+        "it",
+        "its",
+        "itself",
+        "just",
+        "me",
+        "more",
+        "most",
+        "my",
+        "myself",
+        "no",
+        "nor",
+        "not",
+        "now",
+        "of",
+        "off",
+        "on",
+        "once",
+        "only",
+        "or",
+        "other",
+        "our",
+        "ours",
+        "ourselves",
+        "out",
+        "over",
+        "own",
+        "same",
+        "she",
+        "should",
+        "so",
+        "some",
+        "such",
+        "than",
+        "that",
+        "the",
+        "their",
+        "theirs",
+        "them",
+        "themselves",
+        "then",
+        "there",
+        "these",
+        "they",
+        "this",
+        "those",
+        "through",
+        "to",
+        "too",
+        "under",
+        "until",
+        "up",
+        "very",
+        "was",
+        "we",
+        "were",
+        "what",
+        "when",
+        "where",
+        "which",
+        "while",
+        "who",
+        "whom",
+        "why",
+        "will",
+        "with",
+        "would",
+        "you",
+        "your",
+        "yours",
+        "yourself",
+        "yourselves",
+    ]
 )
 
 MAX_QUERY_TERMS = 32
@@ -89,16 +204,25 @@ class _Tokenizers(threading.local):
 _tokenizers = _Tokenizers()
 
 
+def tokens(
+    tokenizer: apsw.FTS5Tokenizer, data: bytes, reason: int
+) -> Iterator[tuple[int, int, str]]:
+    """(start byte, end byte, token) for each token `tokenizer` finds in `data`."""
+    for item in tokenizer(data, reason, None):
+        if not isinstance(item, str):  # offsets are on by default; a bare str has none
+            start, end, *forms = item
+            yield int(start), int(end), str(forms[0])
+
+
 def query_terms(query: str) -> list[str]:
     """The query's words as the index sees them (case folded, diacritics removed), in order.
 
     CJK runs come back as separate terms; duplicates are dropped.
     """
-    tokens = _tokenizers.unicode61(query.encode("utf-8"), apsw.FTS5_TOKENIZE_QUERY, None)
+    found = tokens(_tokenizers.unicode61, query.encode("utf-8"), apsw.FTS5_TOKENIZE_QUERY)
     terms: list[str] = []
     seen: set[str] = set()
-    for _start, _end, *forms in tokens:
-        token = str(forms[0])
+    for _start, _end, token in found:
         parts = _split_cjk(token) if _CJK_RUN.search(token) else [token]
         for part in parts:
             if part not in seen:

@@ -32,6 +32,8 @@ from ..protocol.indexer import (
     IndexerCommand,
     RebuildIndex,
     Rebuilt,
+    ReindexChunk,
+    Reindexed,
     Rejected,
     RewindSession,
     Rewound,
@@ -146,6 +148,8 @@ class TranscriptWriter:
                 return self._import(cmd)
             case RebuildIndex():
                 return self._rebuild(cmd)
+            case ReindexChunk():
+                return self._reindex_chunk(cmd)
 
     def _flush_rows(self) -> None:
         """Write the rows appends have queued, a statement per table for the whole batch."""
@@ -447,6 +451,36 @@ class TranscriptWriter:
             index_rows += self.rebuild_session(key)
         return Rebuilt(sessions=len(keys), index_rows=index_rows)
 
+    def _reindex_chunk(self, cmd: ReindexChunk) -> IndexerAck:
+        key = cmd.key.raw
+        state = self._session(key)
+        if state is None:
+            return Rejected(reason="not_found", message=f"session_key: no session {key!r}")
+        if state.revision != cmd.revision or not state.dirty:
+            return Reindexed(stale=True)
+        if cmd.after_depth == 0:
+            self.conn.execute(
+                "DELETE FROM message_fts WHERE rowid IN"
+                " (SELECT id FROM events WHERE session_id = ?)",
+                (state.id,),
+            )
+        last = min(state.leaf_depth, cmd.after_depth + cmd.max_rows)
+        rows = self.conn.execute(
+            "SELECT e.id, e.text FROM active_branch a JOIN events e ON e.id = a.event_id"
+            " WHERE a.session_id = ? AND a.depth > ? AND a.depth <= ? AND e.text IS NOT NULL",
+            (state.id, cmd.after_depth, last),
+        ).fetchall()
+        self.conn.executemany(
+            _INSERT_INDEX, [(event_id, *index_columns(str(text))) for event_id, text in rows]
+        )
+        if last < state.leaf_depth:
+            return Reindexed(rows=len(rows), next_depth=last)
+        # Published in the chunk's own transaction: nothing can slip in between.
+        state.dirty = False
+        state.indexed_seq = state.next_seq - 1
+        self._touched[key] = state
+        return Reindexed(rows=len(rows), next_depth=last, clean=True)
+
     def rebuild_session(self, key: str) -> int:
         """Replace a session's index rows with its active branch; mark it clean."""
         state = self._session(key)
@@ -461,7 +495,7 @@ class TranscriptWriter:
             (state.id,),
         ).fetchall()
         self.conn.executemany(
-            _INSERT_INDEX, [(event_id, *index_columns(text)) for event_id, text in rows]
+            _INSERT_INDEX, [(event_id, *index_columns(str(text))) for event_id, text in rows]
         )
         state.dirty = False
         state.indexed_seq = state.next_seq - 1
@@ -515,6 +549,13 @@ class TranscriptReader:
             )
             for event_id, parent_id, seq, ts, role, content in reversed(rows)
         ]
+
+    def dirty_sessions(self, limit: int) -> list[tuple[str, int]]:
+        """Up to `limit` dirty sessions as (key, revision), oldest first."""
+        rows = self.conn.execute(
+            "SELECT key, revision FROM sessions WHERE dirty ORDER BY id LIMIT ?", (limit,)
+        )
+        return [(str(key), int(revision)) for key, revision in rows]
 
     def stats(self, *, check_integrity: bool = True) -> IndexStats:
         def one(sql: str) -> int:

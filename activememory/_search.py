@@ -1,0 +1,267 @@
+"""`mem.sessions.search` (SPEC §3): visibility, ranking, redaction, snippets, limits."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+
+import apsw
+import msgspec
+
+try:
+    from ._redaction import Redactor
+except ImportError:  # TEMP until the redaction module lands
+
+    class Redactor:  # type: ignore[no-redef]
+        def __init__(self, patterns: object = ()) -> None:
+            pass
+
+        def redact(self, text: str) -> str:
+            return text
+
+
+from .actors.supervisor import AgentStore, Supervisor
+from .protocol.errors import InvalidInputError
+from .protocol.search import (
+    DEFAULT_LIMIT,
+    INDEXING_WARNING,
+    MAX_ANSWER_BYTES,
+    MAX_LIMIT,
+    MAX_QUERY_CHARS,
+    MAX_SNIPPET_CHARS,
+    SearchHit,
+    SearchResult,
+    SearchSettings,
+)
+from .protocol.session_key import SessionKey, parse_session_key
+from .storage.fts_query import (
+    MATCH_MODES,
+    TOKENIZE,
+    build_match,
+    is_cjk,
+    query_terms,
+    tokens,
+)
+from .storage.search import Candidate, DbScope, ScopePage, search_scope
+from .storage.transcripts import TranscriptReader
+
+_encode = msgspec.json.Encoder().encode
+# How far before the first hit a snippet starts, so the hit has some context.
+_LEAD_CHARS = 90
+_ELLIPSIS = "…"
+
+
+class SessionSearch:
+    """Runs searches for `Sessions.search`; holds the settings and the redactor."""
+
+    def __init__(
+        self,
+        supervisor: Supervisor,
+        settings: SearchSettings,
+        *,
+        on_dirty: Callable[[AgentStore], None] = lambda store: None,
+    ) -> None:
+        self._supervisor = supervisor
+        self.settings = settings
+        self.redactor = Redactor(settings.redact_patterns)
+        self._on_dirty = on_dirty
+
+    async def search(
+        self,
+        query: object,
+        *,
+        caller: object,
+        session_key: object = None,
+        limit: object = DEFAULT_LIMIT,
+        match: object = "phrase",
+    ) -> SearchResult:
+        text = _check_query(query)
+        caller_key = parse_session_key(caller, field="caller")
+        only = None if session_key is None else parse_session_key(session_key)
+        if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= MAX_LIMIT:
+            raise InvalidInputError(f"limit: {limit!r} is not an integer from 1 to {MAX_LIMIT}")
+        if match not in MATCH_MODES:
+            allowed = ", ".join(repr(m) for m in MATCH_MODES)
+            raise InvalidInputError(f"match: {match!r} is not one of {allowed}")
+        expression = build_match(text, match)
+        if expression is None:
+            return SearchResult(results=())
+        terms = query_terms(text)
+
+        settings = self.settings
+        own = await self._supervisor.agent(caller_key.store_agent)
+        targets: list[tuple[AgentStore, DbScope]] = [(own, _own_scope(settings.visibility))]
+        if settings.visibility == "all" and settings.agent_to_agent:
+            for agent in self._supervisor.known_agents():
+                if agent != own.agent:
+                    targets.append((await self._supervisor.agent(agent), "all"))
+        if only is not None:
+            targets = [(s, sc) for s, sc in targets if s.agent == only.store_agent]
+
+        pool = limit + 1  # one more than shown tells whether the limit cut anything
+        clamp = settings.sandbox_visibility == "spawned"
+        pages: list[_AgentPage] = []
+        for store, scope in targets:
+            if store is not own and clamp and await self._caller_sandboxed(own, caller_key):
+                continue  # a sandboxed caller is held to its own tree
+            run = partial(
+                _search_one,
+                match=expression,
+                scope=scope,
+                caller=caller_key.raw,
+                clamp_sandboxed=clamp and store is own,
+                session_key=None if only is None else only.raw,
+                pool=pool,
+                terms=terms,
+                redactor=self.redactor,
+            )
+            found = await store.read(run)
+            if found.page.any_dirty:
+                self._on_dirty(store)
+            pages.append(found)
+        return _assemble(pages, limit)
+
+    async def _caller_sandboxed(self, own: AgentStore, caller: SessionKey) -> bool:
+        info = await own.read(lambda reader: reader.session(caller.raw))
+        return info is not None and info.sandboxed
+
+
+def _own_scope(visibility: str) -> DbScope:
+    return "all" if visibility in ("agent", "all") else visibility  # type: ignore[return-value]
+
+
+def _search_one(
+    reader: TranscriptReader,
+    *,
+    match: str,
+    scope: DbScope,
+    caller: str,
+    clamp_sandboxed: bool,
+    session_key: str | None,
+    pool: int,
+    terms: list[str],
+    redactor: Redactor,
+) -> _AgentPage:
+    """Runs on the reader's executor: the SQL, then redaction and snippets of the pool."""
+    conn = reader.conn
+    if clamp_sandboxed and scope == "all":
+        row = conn.execute("SELECT sandboxed FROM sessions WHERE key = ?", (caller,)).fetchone()
+        if row is not None and row[0]:
+            scope = "tree"
+    page = search_scope(conn, match, scope=scope, caller=caller, session_key=session_key, pool=pool)
+    snippets = [make_snippet(redactor.redact(c.text), terms) for c in page.candidates]
+    return _AgentPage(page, snippets)
+
+
+@dataclass(frozen=True)
+class _AgentPage:
+    """One database's best visible matches with their redacted snippets (snippet, cut)."""
+
+    page: ScopePage
+    snippets: list[tuple[str, bool]]
+
+
+def _assemble(pages: list[_AgentPage], limit: int) -> SearchResult:
+    ranked: list[tuple[float, int, int, Candidate, tuple[str, bool]]] = []
+    visible_dirty = 0
+    for order, found in enumerate(pages):
+        visible_dirty += found.page.visible_dirty
+        for candidate, snippet in zip(found.page.candidates, found.snippets, strict=True):
+            ranked.append((candidate.rank, order, -candidate.event_id, candidate, snippet))
+    ranked.sort(key=lambda r: r[:3])
+    truncated = len(ranked) > limit
+    hits: list[SearchHit] = []
+    for rank, _, _, c, (text, cut) in ranked[:limit]:
+        truncated = truncated or cut
+        hits.append(
+            SearchHit(
+                session_key=c.session_key,
+                session_id=c.session_id,
+                message_id=c.event_id,
+                timestamp=c.timestamp,
+                role=c.role,  # type: ignore[arg-type]
+                snippet=text,
+                score=-rank,
+            )
+        )
+    indexing = visible_dirty > 0
+    warning = INDEXING_WARNING.format(n=visible_dirty) if indexing else None
+    result = SearchResult(
+        results=tuple(hits), indexing=indexing, warning=warning, truncated=truncated
+    )
+    while len(_encode(result)) > MAX_ANSWER_BYTES:
+        result = msgspec.structs.replace(result, results=result.results[:-1], truncated=True)
+    return result
+
+
+def _check_query(query: object) -> str:
+    if not isinstance(query, str):
+        raise InvalidInputError(f"query: expected a string, got {type(query).__name__}")
+    if not query.strip():
+        raise InvalidInputError("query: must not be blank")
+    if len(query) > MAX_QUERY_CHARS:
+        raise InvalidInputError(
+            f"query: {len(query)} characters is over the maximum {MAX_QUERY_CHARS}"
+        )
+    return query
+
+
+class _Stemmer(threading.local):
+    """The index's own tokenizer (one per thread), to find where a term occurs in a message."""
+
+    def __init__(self) -> None:
+        name, *args = TOKENIZE.split()
+        self.conn = apsw.Connection(":memory:")
+        self.tokenize = self.conn.fts5_tokenizer(name, args)
+
+    def first_hit(self, text: str, terms: list[str]) -> int:
+        """The character offset of the first token of `text` matching a term, else 0."""
+        data = text.encode("utf-8")
+        cjk = [t for t in terms if is_cjk(t)]
+        stems = {
+            stem
+            for term in terms
+            if not is_cjk(term)
+            for _, _, stem in tokens(self.tokenize, term.encode(), apsw.FTS5_TOKENIZE_QUERY)
+        }
+        for start, _end, token in tokens(self.tokenize, data, apsw.FTS5_TOKENIZE_DOCUMENT):
+            if token in stems:
+                return len(data[:start].decode("utf-8", "replace"))
+            for term in cjk:
+                at = token.find(term)
+                if at >= 0:
+                    return len(data[:start].decode("utf-8", "replace")) + at
+        return 0
+
+
+_stemmer = _Stemmer()
+
+
+def make_snippet(text: str, terms: list[str], size: int = MAX_SNIPPET_CHARS) -> tuple[str, bool]:
+    """At most `size` characters of `text` around its first matching term; (snippet, cut).
+
+    `text` must already be redacted: cutting first could leave half a secret that no
+    longer looks like one.
+    """
+    if len(text) <= size:
+        return text, False
+    hit = _stemmer.first_hit(text, terms)
+    start = max(0, hit - _LEAD_CHARS)
+    end = min(len(text), start + size)
+    start = max(0, end - size)
+    head = _ELLIPSIS if start > 0 else ""
+    tail = _ELLIPSIS if end < len(text) else ""
+    start += len(head)
+    end -= len(tail)
+    window = text[start:end]
+    if head:  # begin at a word boundary when one is near
+        space = window.find(" ", 0, 24)
+        if space >= 0:
+            window = window[space + 1 :]
+    if tail:
+        space = window.rfind(" ", max(0, len(window) - 24))
+        if space > 0:
+            window = window[:space]
+    return head + window.strip() + tail, True

@@ -1,0 +1,109 @@
+"""The reconciler: rebuilds the index of dirty sessions in the background (SPEC §2.4).
+
+Inbox: `Poke`s (protocol/reconciler.py), bounded to one: a poke that finds one already
+waiting is dropped, since both mean "look for work". Loop: on a poke, read the dirty
+sessions, and rebuild each through the indexer (the single writer) as a series of
+`ReindexChunk` commands, each its own short transaction. Every chunk carries the revision
+the session had when its rebuild started; a change in between fails the fence and the
+session starts over, so a session is never published clean with a stale index.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+import anyio
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from ..protocol.errors import MemoryClosedError
+from ..protocol.indexer import IndexerAck, IndexerCommand, ReindexChunk, Reindexed
+from ..protocol.reconciler import Poke
+from ..protocol.session_key import parse_session_key
+
+CHUNK_ROWS = 256  # active-branch rows per chunk: a short transaction next to appends
+SESSIONS_PER_READ = 32
+
+Submit = Callable[[IndexerCommand], Awaitable[IndexerAck]]
+# Reads up to n dirty sessions as (key, revision), oldest first.
+ReadDirty = Callable[[int], Awaitable[list[tuple[str, int]]]]
+
+
+def open_inbox() -> tuple[MemoryObjectSendStream[Poke], MemoryObjectReceiveStream[Poke]]:
+    """A one-slot inbox: pokes coalesce while the reconciler is busy."""
+    return anyio.create_memory_object_stream[Poke](1)
+
+
+class Reconciler:
+    """Owns the rebuild job of one agent database."""
+
+    def __init__(
+        self,
+        inbox: MemoryObjectReceiveStream[Poke],
+        *,
+        submit: Submit,
+        read_dirty: ReadDirty,
+        chunk_rows: int = CHUNK_ROWS,
+    ) -> None:
+        self.inbox = inbox
+        self._submit = submit
+        self._read_dirty = read_dirty
+        self.chunk_rows = chunk_rows
+        self.busy = False
+        self.stopping = False  # set by the supervisor at shutdown: stop after this chunk
+        # Counters for tests and `stats`.
+        self.sessions_rebuilt = 0
+        self.restarts = 0
+        self.chunks = 0
+
+    async def run(self) -> None:
+        """Serve pokes until the inbox closes.
+
+        Cancellation: stops between chunks or while a chunk is queued; a chunk already
+        committed stays (the session stays dirty until a later rebuild completes it).
+        """
+        async with self.inbox:
+            async for _poke in self.inbox:
+                self.busy = True
+                try:
+                    await self._work()
+                except MemoryClosedError:
+                    return
+                finally:
+                    self.busy = False
+        self.stopping = False  # set by the supervisor at shutdown: stop after this chunk
+
+    async def _work(self) -> None:
+        while True:
+            dirty = await self._read_dirty(SESSIONS_PER_READ)
+            progressed = False
+            for key, revision in dirty:
+                if self.stopping:
+                    return
+                progressed |= await self._rebuild(key, revision)
+            if not progressed:
+                return  # nothing dirty, or only failures: wait for the next poke
+
+    async def _rebuild(self, key: str, revision: int) -> bool:
+        """Rebuild one session; False if the indexer refused (storage error, deleted)."""
+        session_key = parse_session_key(key)
+        after = 0
+        while not self.stopping:
+            ack = await self._submit(
+                ReindexChunk(
+                    key=session_key,
+                    revision=revision,
+                    after_depth=after,
+                    max_rows=self.chunk_rows,
+                )
+            )
+            self.chunks += 1
+            if not isinstance(ack, Reindexed):
+                return False
+            if ack.stale:
+                self.restarts += 1
+                return True  # changed while we worked: the next read sees its new revision
+            if ack.clean:
+                self.sessions_rebuilt += 1
+                return True
+            after = ack.next_depth
+        return False

@@ -1,0 +1,120 @@
+"""What `sessions_search` answers (SPEC §3), and the settings that shape it."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal, TypeAlias
+
+import msgspec
+
+from .errors import InvalidInputError
+
+Visibility: TypeAlias = Literal["self", "tree", "agent", "all"]
+VISIBILITIES: tuple[Visibility, ...] = ("self", "tree", "agent", "all")
+SandboxVisibility: TypeAlias = Literal["spawned", "all"]
+
+DEFAULT_LIMIT = 10
+MAX_LIMIT = 25
+MAX_QUERY_CHARS = 4096
+MAX_SNIPPET_CHARS = 300
+MAX_ANSWER_BYTES = 32 * 1024
+
+INDEXING_WARNING = (
+    "The search index is still being rebuilt for {n} conversation(s) you can see, so these "
+    "results may be incomplete. Missing results do not mean there are no matches: retry "
+    "shortly."
+)
+
+
+class SearchHit(msgspec.Struct, frozen=True, kw_only=True):
+    """One matching message. `snippet` is redacted and at most 300 characters."""
+
+    session_key: str
+    session_id: int
+    message_id: int
+    timestamp: float
+    role: Literal["user", "assistant"]
+    snippet: str
+    score: float  # higher is better
+
+
+class SearchResult(msgspec.Struct, frozen=True, kw_only=True):
+    """The answer of `mem.sessions.search`.
+
+    `indexing` is true while a session the caller may see is being re-indexed; `warning`
+    then says so in words a model reads correctly. `truncated` is true when more visible
+    matches existed than `limit`, a snippet was shortened, or results were dropped to keep
+    the serialized answer within 32 KiB.
+    """
+
+    results: tuple[SearchHit, ...]
+    indexing: bool = False
+    warning: str | None = None
+    truncated: bool = False
+
+
+class SearchSettings(msgspec.Struct, frozen=True, kw_only=True):
+    """The configuration `sessions_search` obeys.
+
+    `visibility`: `tools.sessions.visibility`. `agent_to_agent`: `tools.agentToAgent.enabled`.
+    `sandbox_visibility`: `agents.defaults.sandbox.sessionToolsVisibility`; with "spawned" a
+    sandboxed caller is held to `tree`. `redact_patterns`: `logging.redactPatterns`, extra
+    regular expressions whose matches are redacted like built-in secrets.
+    """
+
+    visibility: Visibility = "tree"
+    agent_to_agent: bool = False
+    sandbox_visibility: SandboxVisibility = "spawned"
+    redact_patterns: tuple[str, ...] = ()
+
+
+def search_settings(config: Mapping[str, Any] | None) -> SearchSettings:
+    """Read the search settings out of a configuration mapping (SPEC §3 key names)."""
+    if not config:
+        return SearchSettings()
+
+    def get(path: str) -> object:
+        node: object = config
+        for part in path.split("."):
+            if not isinstance(node, Mapping) or part not in node:
+                return None
+            node = node[part]
+        return node
+
+    def choice(path: str, allowed: tuple[str, ...], default: str) -> str:
+        value = get(path)
+        if value is None:
+            return default
+        if value not in allowed:
+            options = ", ".join(repr(a) for a in allowed)
+            raise InvalidInputError(f"{path}: {value!r} is not one of {options}")
+        return str(value)
+
+    enabled = get("tools.agentToAgent.enabled")
+    if enabled is not None and not isinstance(enabled, bool):
+        raise InvalidInputError(
+            f"tools.agentToAgent.enabled: expected true or false, got {enabled!r}"
+        )
+    patterns = get("logging.redactPatterns")
+    if patterns is None:
+        patterns = ()
+    if not isinstance(patterns, list | tuple):
+        raise InvalidInputError(
+            f"logging.redactPatterns: expected a list of regular expressions, got {patterns!r}"
+        )
+    for i, pattern in enumerate(patterns):
+        if not isinstance(pattern, str):
+            raise InvalidInputError(
+                f"logging.redactPatterns[{i}]: expected a string, got {type(pattern).__name__}"
+            )
+    return msgspec.convert(
+        {
+            "visibility": choice("tools.sessions.visibility", VISIBILITIES, "tree"),
+            "agent_to_agent": bool(enabled),
+            "sandbox_visibility": choice(
+                "agents.defaults.sandbox.sessionToolsVisibility", ("spawned", "all"), "spawned"
+            ),
+            "redact_patterns": tuple(patterns),
+        },
+        SearchSettings,
+    )

@@ -1,0 +1,213 @@
+"""sessions_search (SPEC §3): terms, ranking, snippets, limits, CJK, errors.
+
+Every test runs on trio and asyncio, with the thread and the inline executor.
+"""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+import activememory as am
+from activememory.protocol.search import MAX_ANSWER_BYTES
+
+pytestmark = pytest.mark.anyio
+
+KEY = "agent:main:direct:alice"
+
+
+def user(text: str) -> am.Message:
+    return am.Message(role="user", content=text)
+
+
+def assistant(text: str) -> am.Message:
+    return am.Message(role="assistant", content=text)
+
+
+async def search(mem: am.Memory, query: str, **kw: object) -> list[int]:
+    res = await mem.sessions.search(query, caller=KEY, **kw)  # type: ignore[arg-type]
+    return [hit.message_id for hit in res.results]
+
+
+async def test_finds_user_and_assistant_messages_with_their_fields(mem: am.Memory) -> None:
+    q = await mem.sessions.append(KEY, user("Where did we park the blue van?"))
+    a = await mem.sessions.append(KEY, assistant("The blue van is on level three."))
+    await mem.sessions.append(KEY, am.Message(role="tool", content="van log: blue"))
+    res = await mem.sessions.search("blue van", caller=KEY)
+    assert {h.message_id for h in res.results} == {q.id, a.id}
+    hit = next(h for h in res.results if h.message_id == a.id)
+    assert hit.session_key == KEY and hit.role == "assistant"
+    assert hit.snippet == "The blue van is on level three."
+    assert hit.timestamp == a.timestamp and hit.score > 0
+    info = await mem.sessions.info(KEY)
+    assert hit.session_id == info.session_id
+    assert (res.indexing, res.warning, res.truncated) == (False, None, False)
+
+
+async def test_one_absent_word_still_finds_the_others_best_first(mem: am.Memory) -> None:
+    both = await mem.sessions.append(KEY, user("my sister adopted a grey cat"))
+    one = await mem.sessions.append(KEY, user("the cat sleeps all day"))
+    await mem.sessions.append(KEY, user("nothing relevant here"))
+    assert await search(mem, "did my sister adopt a grey cat or a zebra") == [both.id, one.id]
+
+
+async def test_the_verbatim_phrase_ranks_above_scattered_words(mem: am.Memory) -> None:
+    scattered = await mem.sessions.append(KEY, user("the party was red hot and the wine good"))
+    verbatim = await mem.sessions.append(KEY, user("the party was good and the wine red hot"))
+    assert await search(mem, "wine red hot") == [verbatim.id, scattered.id]
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        '"alpha unbalanced',
+        "NEAR(alpha beta)",
+        "alpha AND OR NOT beta",
+        "words:alpha",
+        "alpha*",
+        "^alpha",
+        "(alpha",
+        "alpha) OR (",
+        "-alpha +beta",
+        "{words grams}: alpha",
+    ],
+)
+async def test_fts5_syntax_in_queries_is_plain_words(mem: am.Memory, query: str) -> None:
+    hit = await mem.sessions.append(KEY, user("alpha and beta walked in"))
+    assert await search(mem, query) == [hit.id]
+
+
+async def test_operators_are_searchable_words(mem: am.Memory) -> None:
+    near = await mem.sessions.append(KEY, user("the station is near the river"))
+    await mem.sessions.append(KEY, user("a river runs through"))
+    assert (await search(mem, "NEAR"))[0] == near.id
+
+
+async def test_a_query_without_words_finds_nothing(mem: am.Memory) -> None:
+    await mem.sessions.append(KEY, user("anything at all"))
+    res = await mem.sessions.search("*** ::: ()", caller=KEY)
+    assert res.results == () and not res.truncated
+
+
+async def test_only_stopwords_are_still_searched(mem: am.Memory) -> None:
+    hit = await mem.sessions.append(KEY, user("to be or not to be"))
+    await mem.sessions.append(KEY, user("something else entirely"))
+    assert await search(mem, "to be") == [hit.id]
+
+
+async def test_prefix_match_applies_to_the_last_term(mem: am.Memory) -> None:
+    hit = await mem.sessions.append(KEY, user("we booked the restaurant downtown"))
+    word = await mem.sessions.append(KEY, user("restau is not a word"))
+    assert await search(mem, "restau") == [word.id]
+    assert set(await search(mem, "restau", match="prefix")) == {word.id, hit.id}
+    assert await search(mem, "downt") == []
+    assert await search(mem, "downt", match="prefix") == [hit.id]
+    assert await search(mem, "book", match="prefix") == [hit.id]
+
+
+async def test_diacritics_case_and_stemming(mem: am.Memory) -> None:
+    cafe = await mem.sessions.append(KEY, user("Meet me at the Café in İstanbul"))
+    runs = await mem.sessions.append(KEY, user("She was running marathons"))
+    assert await search(mem, "cafe istanbul") == [cafe.id]
+    assert await search(mem, "CAFÉ") == [cafe.id]
+    assert await search(mem, "run marathon") == [runs.id]
+
+
+@pytest.mark.parametrize(
+    ("text", "query"),
+    [
+        ("我们明天去北京大学参观", "北京"),
+        ("我们明天去北京大学参观", "北京大学"),
+        ("来週東京に行きました", "東京"),
+        ("来週東京に行きました", "行きました"),
+        ("カタカナのテキストです", "テキスト"),
+        ("서울에서 친구를 만났어요", "서울"),
+        ("서울에서 친구를 만났어요", "친구"),
+        ("新しいiPhone専用ケースを買った", "専用"),
+        ("新しいiPhone専用ケースを買った", "iphone"),
+    ],
+)
+async def test_cjk_words_of_two_or_more_characters_are_found(
+    mem: am.Memory, text: str, query: str
+) -> None:
+    hit = await mem.sessions.append(KEY, user(text))
+    await mem.sessions.append(KEY, user("東西南北 and unrelated words"))
+    assert await search(mem, query) == [hit.id]
+
+
+async def test_cjk_substring_not_in_the_text_is_not_found(mem: am.Memory) -> None:
+    await mem.sessions.append(KEY, user("我们明天去北京大学参观"))
+    # Both characters occur, but never next to each other.
+    assert await search(mem, "北学") == []
+
+
+async def test_limit_and_truncated(mem: am.Memory) -> None:
+    ids = [(await mem.sessions.append(KEY, user(f"needle number {i}"))).id for i in range(30)]
+    res = await mem.sessions.search("needle", caller=KEY, limit=5)
+    assert len(res.results) == 5 and res.truncated
+    # Equal scores: newest first, the deterministic tiebreak.
+    assert [h.message_id for h in res.results] == ids[::-1][:5]
+    res = await mem.sessions.search("needle", caller=KEY, limit=25)
+    assert len(res.results) == 25 and res.truncated
+    res = await mem.sessions.search("number 7", caller=KEY, limit=25)
+    assert res.results[0].message_id == ids[7]
+    exact = await mem.sessions.search("needle", caller=KEY, session_key=KEY, limit=25)
+    assert exact.truncated
+
+
+async def test_not_truncated_when_everything_fits(mem: am.Memory) -> None:
+    for i in range(3):
+        await mem.sessions.append(KEY, user(f"needle {i}"))
+    res = await mem.sessions.search("needle", caller=KEY, limit=3)
+    assert len(res.results) == 3 and not res.truncated
+
+
+async def test_long_messages_are_cut_around_the_first_hit(mem: am.Memory) -> None:
+    filler = " ".join(f"word{i}" for i in range(200))
+    await mem.sessions.append(KEY, user(f"{filler} the hidden treasure is buried here {filler}"))
+    res = await mem.sessions.search("treasure", caller=KEY)
+    (hit,) = res.results
+    assert len(hit.snippet) <= 300
+    assert "treasure" in hit.snippet
+    assert hit.snippet.startswith("…") and hit.snippet.endswith("…")
+    assert res.truncated
+
+
+async def test_answer_stays_within_32_kib(mem: am.Memory) -> None:
+    # 300 characters of 4-byte emoji and control characters JSON escapes to six bytes each.
+    for i in range(25):
+        await mem.sessions.append(KEY, user(f"needle{i} " + "\x01" * 280 + f" needle {i}"))
+    res = await mem.sessions.search("needle", caller=KEY, limit=25)
+    assert len(msgspec.json.encode(res)) <= MAX_ANSWER_BYTES
+    assert 0 < len(res.results) < 25 and res.truncated
+
+
+@pytest.mark.parametrize(
+    ("kw", "error"),
+    [
+        ({"query": ""}, "query: must not be blank"),
+        ({"query": "   \n"}, "query: must not be blank"),
+        ({"query": "x" * 4097}, "query: 4097 characters is over the maximum 4096"),
+        ({"query": 42}, "query: expected a string, got int"),
+        ({"limit": 0}, "limit: 0 is not an integer from 1 to 25"),
+        ({"limit": 26}, "limit: 26 is not an integer from 1 to 25"),
+        ({"limit": True}, "limit: True is not an integer from 1 to 25"),
+        ({"match": "fuzzy"}, "match: 'fuzzy' is not one of 'phrase', 'prefix'"),
+        ({"caller": None}, "caller: expected a string, got NoneType"),
+        ({"caller": "agent:BAD:main"}, "caller: 'agent:BAD:main'"),
+        ({"session_key": 3}, "session_key: expected a string, got int"),
+    ],
+)
+async def test_bad_arguments_are_clear_errors(
+    mem: am.Memory, kw: dict[str, object], error: str
+) -> None:
+    args: dict[str, object] = {"query": "hello", "caller": KEY} | kw
+    query = args.pop("query")
+    with pytest.raises(am.InvalidInputError) as info:
+        await mem.sessions.search(query, **args)  # type: ignore[arg-type]
+    assert str(info.value).startswith(error)
+
+
+async def test_query_of_exactly_4096_characters_is_accepted(mem: am.Memory) -> None:
+    res = await mem.sessions.search("a" * 4096, caller=KEY)
+    assert res.results == ()
