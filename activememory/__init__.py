@@ -20,6 +20,8 @@ from .protocol.errors import InvalidInputError as InvalidInputError
 from .protocol.errors import MemoryClosedError as MemoryClosedError
 from .protocol.errors import SessionNotFoundError as SessionNotFoundError
 from .protocol.errors import StorageError as StorageError
+from .protocol.search import SearchHit as SearchHit
+from .protocol.search import SearchResult as SearchResult
 from .protocol.session_key import SessionKey as SessionKey
 from .protocol.session_key import parse_session_key as parse_session_key
 from .protocol.transcript import Event as Event
