@@ -150,7 +150,7 @@ def _search_one(
         row = conn.execute("SELECT sandboxed FROM sessions WHERE key = ?", (caller,)).fetchone()
         if row is not None and row[0]:
             scope = "tree"
-    page = search_scope(conn, match, scope=scope, caller=caller, session_key=session_key, pool=pool)
+    page = search_scope(conn, match, scope=scope, caller=caller, session_key=session_key, keep=pool)
     snippets = [make_snippet(redactor.redact(c.text), terms) for c in page.candidates]
     return _AgentPage(page, snippets)
 
@@ -169,11 +169,11 @@ def _assemble(pages: list[_AgentPage], limit: int) -> SearchResult:
     for order, found in enumerate(pages):
         visible_dirty += found.page.visible_dirty
         for candidate, snippet in zip(found.page.candidates, found.snippets, strict=True):
-            ranked.append((candidate.rank, order, -candidate.event_id, candidate, snippet))
+            ranked.append((-candidate.score, order, -candidate.event_id, candidate, snippet))
     ranked.sort(key=lambda r: r[:3])
     truncated = len(ranked) > limit
     hits: list[SearchHit] = []
-    for rank, _, _, c, (text, cut) in ranked[:limit]:
+    for neg_score, _, _, c, (text, cut) in ranked[:limit]:
         truncated = truncated or cut
         hits.append(
             SearchHit(
@@ -183,7 +183,7 @@ def _assemble(pages: list[_AgentPage], limit: int) -> SearchResult:
                 timestamp=c.timestamp,
                 role=c.role,  # type: ignore[arg-type]
                 snippet=text,
-                score=-rank,
+                score=-neg_score,
             )
         )
     indexing = visible_dirty > 0

@@ -13,7 +13,7 @@ import apsw
 import apsw.bestpractice
 
 from ..protocol.errors import InvalidInputError, StorageError
-from .fts_query import TOKENIZE
+from .fts_query import RANK, TOKENIZE
 
 # Each entry migrates from version i to i + 1; `PRAGMA user_version` holds the version.
 Migration = Callable[[apsw.Connection], None]
@@ -85,23 +85,25 @@ def _v1_transcripts(conn: apsw.Connection) -> None:
     )
 
 
-def _v2_cjk_columns(conn: apsw.Connection) -> None:
-    # Two columns (storage/fts_query.py): `words` for everything but CJK, `grams` for CJK
-    # bigrams, and Porter stemming. The old rows cannot be converted in SQL, so every session
-    # is marked dirty and the reconciler rebuilds it.
+def _v2_context_and_cjk(conn: apsw.Connection) -> None:
+    # Three columns (storage/fts_query.py): `words` for everything but CJK, `grams` for CJK
+    # bigrams, `context` for the previous message's words at a lower weight; Porter
+    # stemming. Old rows cannot be converted in SQL, so every session with messages is
+    # marked dirty and the reconciler rebuilds it.
     conn.execute(
         f"""
         DROP TABLE message_fts;
         CREATE VIRTUAL TABLE message_fts USING fts5(
-            words, grams, content='', contentless_delete=1, tokenize='{TOKENIZE}'
+            words, grams, context, content='', contentless_delete=1, tokenize='{TOKENIZE}'
         );
+        INSERT INTO message_fts(message_fts, rank) VALUES ('rank', '{RANK}');
         UPDATE sessions SET dirty = 1, revision = revision + 1, indexed_seq = 0
             WHERE leaf_event_id IS NOT NULL;
         """
     )
 
 
-MIGRATIONS: tuple[Migration, ...] = (_v1_transcripts, _v2_cjk_columns)
+MIGRATIONS: tuple[Migration, ...] = (_v1_transcripts, _v2_context_and_cjk)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

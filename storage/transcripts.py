@@ -12,6 +12,7 @@ import copy
 import dataclasses
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import cast
 
 import apsw
 import msgspec
@@ -41,14 +42,21 @@ from ..protocol.indexer import (
 from ..protocol.session_key import SessionKey
 from ..protocol.transcript import Event, IndexStats, SessionInfo
 from .db import describe
-from .fts_query import index_columns
+from .fts_query import index_row
 
 _INSERT_MESSAGE = (
     "INSERT INTO events(id, session_id, parent_id, seq, depth, ts, kind, role, content, text)"
     " VALUES (?, ?, ?, ?, ?, ?, 'message', ?, ?, ?)"
 )
 _INSERT_BRANCH = "INSERT INTO active_branch(session_id, depth, event_id) VALUES (?, ?, ?)"
-_INSERT_INDEX = "INSERT INTO message_fts(rowid, words, grams) VALUES (?, ?, ?)"
+_INSERT_INDEX = "INSERT INTO message_fts(rowid, words, grams, context) VALUES (?, ?, ?, ?)"
+# The newest indexable text on a session's active branch at or above a depth.
+_TEXT_AT_OR_ABOVE = (
+    "SELECT e.text FROM active_branch a JOIN events e ON e.id = a.event_id"
+    " WHERE a.session_id = ? AND a.depth <= ? AND e.text IS NOT NULL"
+    " ORDER BY a.depth DESC LIMIT 1"
+)
+_UNKNOWN = object()  # the writer has not looked up a session's last text yet
 _encode_content = msgspec.json.Encoder().encode
 _decode_content = msgspec.json.Decoder(Content).decode
 
@@ -65,6 +73,8 @@ class _SessionState:
     dirty: bool
     indexed_seq: int
     updated_at: float
+    # The newest indexable text on the active branch: the next message's index context.
+    last_text: object = _UNKNOWN
 
 
 @contextlib.contextmanager
@@ -95,7 +105,7 @@ class TranscriptWriter:
         # Rows queued by appends, written by `_flush_rows` with one executemany per table.
         self._event_rows: list[tuple[object, ...]] = []
         self._branch_rows: list[tuple[int, int, int]] = []
-        self._index_rows: list[tuple[int, str, str | None]] = []
+        self._index_rows: list[tuple[int, str, str | None, str | None]] = []
         self._next_event_id = self._load_next_event_id()
 
     def _load_next_event_id(self) -> int:
@@ -257,9 +267,11 @@ class TranscriptWriter:
         indexed = False
         if not state.dirty:
             if text is not None:
-                self._index_rows.append((event_id, *index_columns(text)))
+                self._index_rows.append(index_row(event_id, text, self._last_text(state)))
                 indexed = True
             state.indexed_seq = seq
+        if text is not None:
+            state.last_text = text
         self._next_event_id += 1
         parent_id = state.leaf_event_id
         state.leaf_event_id, state.leaf_depth, state.next_seq = event_id, depth, seq + 1
@@ -344,6 +356,7 @@ class TranscriptWriter:
         self._next_event_id += 1
         state.next_seq += 1
         state.leaf_event_id, state.leaf_depth = cmd.to_event_id, target_depth
+        state.last_text = _UNKNOWN
         state.dirty = True
         self._touch(key, state, cmd.at)
         return Rewound(leaf_event_id=cmd.to_event_id)
@@ -431,6 +444,7 @@ class TranscriptWriter:
             self.conn.executemany(_INSERT_BRANCH, branch)
             state.leaf_event_id, state.leaf_depth = leaf_id, leaf_depth
         # Pre-existing rows are reconciled, not indexed inline (SPEC §2.3).
+        state.last_text = _UNKNOWN
         state.dirty = True
         self._touch(key, state, cmd.at)
         return Imported(session_id=state.id, events=len(cmd.entries))
@@ -465,21 +479,37 @@ class TranscriptWriter:
                 (state.id,),
             )
         last = min(state.leaf_depth, cmd.after_depth + cmd.max_rows)
-        rows = self.conn.execute(
-            "SELECT e.id, e.text FROM active_branch a JOIN events e ON e.id = a.event_id"
-            " WHERE a.session_id = ? AND a.depth > ? AND a.depth <= ? AND e.text IS NOT NULL",
-            (state.id, cmd.after_depth, last),
-        ).fetchall()
-        self.conn.executemany(
-            _INSERT_INDEX, [(event_id, *index_columns(str(text))) for event_id, text in rows]
-        )
+        rows = self._index_branch(state.id, cmd.after_depth, last)
         if last < state.leaf_depth:
-            return Reindexed(rows=len(rows), next_depth=last)
+            return Reindexed(rows=rows, next_depth=last)
         # Published in the chunk's own transaction: nothing can slip in between.
         state.dirty = False
         state.indexed_seq = state.next_seq - 1
         self._touched[key] = state
-        return Reindexed(rows=len(rows), next_depth=last, clean=True)
+        return Reindexed(rows=rows, next_depth=last, clean=True)
+
+    def _last_text(self, state: _SessionState) -> str | None:
+        if state.last_text is _UNKNOWN:
+            row = self.conn.execute(_TEXT_AT_OR_ABOVE, (state.id, state.leaf_depth)).fetchone()
+            state.last_text = None if row is None else str(row[0])
+        return cast(str | None, state.last_text)
+
+    def _index_branch(self, session_id: int, after_depth: int, last_depth: int) -> int:
+        """Index the active-branch messages at depths (after_depth, last_depth]."""
+        row = self.conn.execute(_TEXT_AT_OR_ABOVE, (session_id, after_depth)).fetchone()
+        previous = None if row is None else str(row[0])
+        index_rows = []
+        branch = self.conn.execute(
+            "SELECT e.id, e.text FROM active_branch a JOIN events e ON e.id = a.event_id"
+            " WHERE a.session_id = ? AND a.depth > ? AND a.depth <= ? AND e.text IS NOT NULL"
+            " ORDER BY a.depth",
+            (session_id, after_depth, last_depth),
+        ).fetchall()
+        for event_id, text in cast(list[tuple[int, str]], branch):
+            index_rows.append(index_row(event_id, text, previous))
+            previous = text
+        self.conn.executemany(_INSERT_INDEX, index_rows)
+        return len(index_rows)
 
     def rebuild_session(self, key: str) -> int:
         """Replace a session's index rows with its active branch; mark it clean."""
@@ -489,18 +519,11 @@ class TranscriptWriter:
             "DELETE FROM message_fts WHERE rowid IN (SELECT id FROM events WHERE session_id = ?)",
             (state.id,),
         )
-        rows = self.conn.execute(
-            "SELECT e.id, e.text FROM active_branch a JOIN events e ON e.id = a.event_id"
-            " WHERE a.session_id = ? AND e.text IS NOT NULL",
-            (state.id,),
-        ).fetchall()
-        self.conn.executemany(
-            _INSERT_INDEX, [(event_id, *index_columns(str(text))) for event_id, text in rows]
-        )
+        rows = self._index_branch(state.id, 0, state.leaf_depth)
         state.dirty = False
         state.indexed_seq = state.next_seq - 1
         self._touched[key] = state
-        return len(rows)
+        return rows
 
 
 _SESSION_COLUMNS = (

@@ -20,8 +20,13 @@ def connect(path: Path) -> apsw.Connection:
     return conn
 
 
-def indexed_tokens(path: Path) -> dict[int, list[str]]:
-    """rowid -> the tokens the FTS index holds for it, in document order."""
+def indexed_tokens(path: Path, column: str | None = None) -> dict[int, list[str]]:
+    """rowid -> the tokens the FTS index holds for it, in document order.
+
+    By default the message's own columns (`words`, then `grams`); `column="context"` gives
+    the tokens it holds of the previous message instead.
+    """
+    wanted = {"words", "grams"} if column is None else {column}
     conn = connect(path)
     try:
         conn.execute(
@@ -29,7 +34,8 @@ def indexed_tokens(path: Path) -> dict[int, list[str]]:
         )
         docs: dict[int, list[tuple[str, int, str]]] = defaultdict(list)
         for term, doc, col, offset in conn.execute("SELECT term, doc, col, offset FROM temp.vocab"):
-            docs[int(doc)].append((str(col)[::-1], int(offset), str(term)))  # words first
+            if col in wanted:
+                docs[int(doc)].append((str(col)[::-1], int(offset), str(term)))  # words first
         rowids = [int(r) for (r,) in conn.execute("SELECT rowid FROM message_fts")]
         return {rowid: [t for _, _, t in sorted(docs.get(rowid, []))] for rowid in rowids}
     finally:

@@ -1,9 +1,15 @@
 """sessions_search (SPEC §3): terms, ranking, snippets, limits, CJK, errors.
 
-Every test runs on trio and asyncio, with the thread and the inline executor.
+Every test runs on trio and asyncio, with the thread and the inline executor. Messages
+whose ranking is compared go to sessions of their own (`put`), since a message's index also
+holds the words of the one before it (its context).
 """
 
 from __future__ import annotations
+
+import itertools
+from collections.abc import AsyncIterator
+from pathlib import Path
 
 import msgspec
 import pytest
@@ -11,9 +17,26 @@ import pytest
 import activememory as am
 from activememory.protocol.search import MAX_ANSWER_BYTES
 
+from index_probe import agent_db, indexed_tokens, tokenize
+
 pytestmark = pytest.mark.anyio
 
 KEY = "agent:main:direct:alice"
+
+
+@pytest.fixture
+async def mem(tmp_path: Path, executor: str) -> AsyncIterator[am.Memory]:
+    config = {"tools": {"sessions": {"visibility": "agent"}}}
+    async with am.open_memory(tmp_path / "state", config=config, executor=executor) as memory:  # type: ignore[arg-type]
+        yield memory
+
+
+_count = itertools.count()
+
+
+async def put(mem: am.Memory, message: am.Message) -> am.Event:
+    """Append `message` as the only message of a new session."""
+    return await mem.sessions.append(f"agent:main:direct:s{next(_count)}", message)
 
 
 def user(text: str) -> am.Message:
@@ -45,15 +68,15 @@ async def test_finds_user_and_assistant_messages_with_their_fields(mem: am.Memor
 
 
 async def test_one_absent_word_still_finds_the_others_best_first(mem: am.Memory) -> None:
-    both = await mem.sessions.append(KEY, user("my sister adopted a grey cat"))
-    one = await mem.sessions.append(KEY, user("the cat sleeps all day"))
-    await mem.sessions.append(KEY, user("nothing relevant here"))
+    both = await put(mem, user("my sister adopted a grey cat"))
+    one = await put(mem, user("the cat sleeps all day"))
+    await put(mem, user("nothing relevant here"))
     assert await search(mem, "did my sister adopt a grey cat or a zebra") == [both.id, one.id]
 
 
 async def test_the_verbatim_phrase_ranks_above_scattered_words(mem: am.Memory) -> None:
-    scattered = await mem.sessions.append(KEY, user("the party was red hot and the wine good"))
-    verbatim = await mem.sessions.append(KEY, user("the party was good and the wine red hot"))
+    scattered = await put(mem, user("the party was red hot and the wine good"))
+    verbatim = await put(mem, user("the party was good and the wine red hot"))
     assert await search(mem, "wine red hot") == [verbatim.id, scattered.id]
 
 
@@ -73,13 +96,13 @@ async def test_the_verbatim_phrase_ranks_above_scattered_words(mem: am.Memory) -
     ],
 )
 async def test_fts5_syntax_in_queries_is_plain_words(mem: am.Memory, query: str) -> None:
-    hit = await mem.sessions.append(KEY, user("alpha and beta walked in"))
+    hit = await put(mem, user("alpha and beta walked in"))
     assert await search(mem, query) == [hit.id]
 
 
 async def test_operators_are_searchable_words(mem: am.Memory) -> None:
-    near = await mem.sessions.append(KEY, user("the station is near the river"))
-    await mem.sessions.append(KEY, user("a river runs through"))
+    near = await put(mem, user("the station is near the river"))
+    await put(mem, user("a river runs through"))
     assert (await search(mem, "NEAR"))[0] == near.id
 
 
@@ -90,14 +113,14 @@ async def test_a_query_without_words_finds_nothing(mem: am.Memory) -> None:
 
 
 async def test_only_stopwords_are_still_searched(mem: am.Memory) -> None:
-    hit = await mem.sessions.append(KEY, user("to be or not to be"))
-    await mem.sessions.append(KEY, user("something else entirely"))
+    hit = await put(mem, user("to be or not to be"))
+    await put(mem, user("something else entirely"))
     assert await search(mem, "to be") == [hit.id]
 
 
 async def test_prefix_match_applies_to_the_last_term(mem: am.Memory) -> None:
-    hit = await mem.sessions.append(KEY, user("we booked the restaurant downtown"))
-    word = await mem.sessions.append(KEY, user("restau is not a word"))
+    hit = await put(mem, user("we booked the restaurant downtown"))
+    word = await put(mem, user("restau is not a word"))
     assert await search(mem, "restau") == [word.id]
     assert set(await search(mem, "restau", match="prefix")) == {word.id, hit.id}
     assert await search(mem, "downt") == []
@@ -106,8 +129,8 @@ async def test_prefix_match_applies_to_the_last_term(mem: am.Memory) -> None:
 
 
 async def test_diacritics_case_and_stemming(mem: am.Memory) -> None:
-    cafe = await mem.sessions.append(KEY, user("Meet me at the Café in İstanbul"))
-    runs = await mem.sessions.append(KEY, user("She was running marathons"))
+    cafe = await put(mem, user("Meet me at the Café in İstanbul"))
+    runs = await put(mem, user("She was running marathons"))
     assert await search(mem, "cafe istanbul") == [cafe.id]
     assert await search(mem, "CAFÉ") == [cafe.id]
     assert await search(mem, "run marathon") == [runs.id]
@@ -130,19 +153,19 @@ async def test_diacritics_case_and_stemming(mem: am.Memory) -> None:
 async def test_cjk_words_of_two_or_more_characters_are_found(
     mem: am.Memory, text: str, query: str
 ) -> None:
-    hit = await mem.sessions.append(KEY, user(text))
-    await mem.sessions.append(KEY, user("東西南北 and unrelated words"))
+    hit = await put(mem, user(text))
+    await put(mem, user("東西南北 and unrelated words"))
     assert await search(mem, query) == [hit.id]
 
 
 async def test_cjk_substring_not_in_the_text_is_not_found(mem: am.Memory) -> None:
-    await mem.sessions.append(KEY, user("我们明天去北京大学参观"))
+    await put(mem, user("我们明天去北京大学参观"))
     # Both characters occur, but never next to each other.
     assert await search(mem, "北学") == []
 
 
 async def test_limit_and_truncated(mem: am.Memory) -> None:
-    ids = [(await mem.sessions.append(KEY, user(f"needle number {i}"))).id for i in range(30)]
+    ids = [(await put(mem, user(f"needle number {i}"))).id for i in range(30)]
     res = await mem.sessions.search("needle", caller=KEY, limit=5)
     assert len(res.results) == 5 and res.truncated
     # Equal scores: newest first, the deterministic tiebreak.
@@ -151,8 +174,9 @@ async def test_limit_and_truncated(mem: am.Memory) -> None:
     assert len(res.results) == 25 and res.truncated
     res = await mem.sessions.search("number 7", caller=KEY, limit=25)
     assert res.results[0].message_id == ids[7]
-    exact = await mem.sessions.search("needle", caller=KEY, session_key=KEY, limit=25)
-    assert exact.truncated
+    one = await mem.sessions.search("needle", caller=KEY, session_key=res.results[3].session_key)
+    assert [h.message_id for h in one.results] == [res.results[3].message_id]
+    assert not one.truncated
 
 
 async def test_not_truncated_when_everything_fits(mem: am.Memory) -> None:
@@ -211,3 +235,14 @@ async def test_bad_arguments_are_clear_errors(
 async def test_query_of_exactly_4096_characters_is_accepted(mem: am.Memory) -> None:
     res = await mem.sessions.search("a" * 4096, caller=KEY)
     assert res.results == ()
+
+
+async def test_a_reply_is_found_by_the_words_of_the_message_before_it(mem: am.Memory) -> None:
+    await mem.sessions.append(KEY, user("Which museum did you visit in Lisbon?"))
+    reply = await mem.sessions.append(KEY, assistant("The tile one, it was wonderful."))
+    other = await put(mem, assistant("A wonderful day, truly."))
+    found = await search(mem, "museum Lisbon wonderful")
+    assert found.index(reply.id) < found.index(other.id)
+    db_tokens = indexed_tokens(agent_db(mem.state_dir), column="context")
+    assert db_tokens[reply.id] == tokenize("Which museum did you visit in Lisbon?")
+    assert db_tokens[reply.id - 1] == []  # the first message has no context
