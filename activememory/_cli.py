@@ -14,14 +14,19 @@ from typing import TypeVar
 import msgspec
 import trio
 
-from ._importers import read_jsonl_transcript
+from ._importers import LocomoSample, Transcript, read_jsonl_transcript, read_locomo
 from ._memory import Memory, open_memory
 from .protocol.content import Message
-from .protocol.errors import ActiveMemoryError
+from .protocol.errors import ActiveMemoryError, InvalidInputError
+from .protocol.search import VISIBILITIES, SearchResult
 from .protocol.transcript import Event, IndexStats
+from .storage.fts_query import MATCH_MODES
 
 SAMPLES = ("sample-alice.jsonl", "sample-team.jsonl")
+IMPORT_FORMATS = ("jsonl", "locomo")
+BENCHMARKS = ("indexing", "locomo")
 T = TypeVar("T")
+WAIT_FOR_INDEX_SECONDS = 60
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -45,13 +50,36 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--state-dir", type=Path, help="keep the state here (default: a temp dir)")
     demo.set_defaults(run=_demo)
 
-    imp = commands.add_parser("import", help="import JSONL transcripts (stored unindexed)")
+    imp = commands.add_parser(
+        "import", help="import JSONL transcripts or LoCoMo conversations (stored unindexed)"
+    )
     imp.add_argument("paths", type=Path, nargs="+")
     imp.add_argument("--state-dir", type=Path, required=True)
-    imp.add_argument("--session-key", help="session key for files without a header line")
+    imp.add_argument(
+        "--format",
+        choices=IMPORT_FORMATS,
+        help="file format (default: locomo for a path ending in .json, else jsonl)",
+    )
+    imp.add_argument("--session-key", help="session key for JSONL files without a header line")
     imp.add_argument("--no-rebuild", action="store_true", help="leave the sessions dirty")
     imp.add_argument("--json", action="store_true")
     imp.set_defaults(run=_import)
+
+    search = commands.add_parser("search", help="full-text search of stored conversations")
+    search.add_argument("query")
+    search.add_argument("--state-dir", type=Path, required=True)
+    search.add_argument("--caller", required=True, help="session key of the one searching")
+    search.add_argument("--session-key", help="search only this (visible) session")
+    search.add_argument("--limit", type=int, default=10, help="1-25 (default 10)")
+    search.add_argument("--match", choices=MATCH_MODES, default="phrase")
+    search.add_argument(
+        "--visibility", choices=VISIBILITIES, help="tools.sessions.visibility (default tree)"
+    )
+    search.add_argument(
+        "--wait", action="store_true", help="let re-indexing finish before answering"
+    )
+    search.add_argument("--json", action="store_true")
+    search.set_defaults(run=_search)
 
     history = commands.add_parser("history", help="print a session's active branch")
     history.add_argument("session_key")
@@ -65,41 +93,78 @@ def _parser() -> argparse.ArgumentParser:
     stats.add_argument("--json", action="store_true")
     stats.set_defaults(run=_stats)
 
-    bench = commands.add_parser("bench", help="run a benchmark (indexing)")
-    bench.add_argument("name", choices=["indexing"])
+    bench = commands.add_parser("bench", help="run a benchmark (indexing, locomo)")
+    bench.add_argument("name", choices=BENCHMARKS)
     bench.add_argument("bench_args", nargs=argparse.REMAINDER)
     bench.set_defaults(run=_bench)
     return parser
 
 
+def _import_format(path: Path, chosen: str | None) -> str:
+    return chosen or ("locomo" if path.suffix.lower() == ".json" else "jsonl")
+
+
 async def _import_files(
-    mem: Memory, paths: Sequence[Path], session_key: str | None, *, rebuild: bool
+    mem: Memory,
+    paths: Sequence[Path],
+    session_key: str | None,
+    *,
+    rebuild: bool,
+    file_format: str | None = None,
 ) -> list[dict[str, object]]:
-    done = []
-    for path in paths:
-        transcript = read_jsonl_transcript(path, session_key)
-        count = await mem.sessions.import_transcript(
-            transcript.session_key,
-            transcript.entries,
-            leaf_id=transcript.leaf_id,
-            persistent=transcript.persistent,
-            interactive=transcript.interactive,
-        )
-        done.append({"path": str(path), "session_key": transcript.session_key, "events": count})
+    formats = [_import_format(path, file_format) for path in paths]
+    if session_key is not None and "locomo" in formats:
+        raise InvalidInputError("--session-key: LoCoMo files name their own sessions")
+    # Parse every file first: a bad file is reported before anything is written.
+    parsed = [
+        read_locomo(path) if kind == "locomo" else read_jsonl_transcript(path, session_key)
+        for path, kind in zip(paths, formats, strict=True)
+    ]
+    done: list[dict[str, object]] = []
+    for path, item in zip(paths, parsed, strict=True):
+        if isinstance(item, Transcript):
+            done.append(await _import_transcript(mem, path, item))
+        else:
+            done.extend([await _import_locomo_sample(mem, path, sample) for sample in item])
     if rebuild:
         await mem.sessions.rebuild_index()
     return done
+
+
+async def _import_transcript(mem: Memory, path: Path, transcript: Transcript) -> dict[str, object]:
+    count = await mem.sessions.import_transcript(
+        transcript.session_key,
+        transcript.entries,
+        leaf_id=transcript.leaf_id,
+        persistent=transcript.persistent,
+        interactive=transcript.interactive,
+    )
+    return {"path": str(path), "session_key": transcript.session_key, "events": count}
+
+
+async def _import_locomo_sample(mem: Memory, path: Path, sample: LocomoSample) -> dict[str, object]:
+    for session in sample.sessions:
+        await mem.sessions.import_transcript(session.session_key, session.entries)
+    return {
+        "path": str(path),
+        "sample_id": sample.sample_id,
+        "agent": sample.agent,
+        "sessions": len(sample.sessions),
+        "turns": sample.turns,
+        "questions": len(sample.questions),
+    }
 
 
 def _run_and_show(
     args: argparse.Namespace,
     fetch: Callable[[Memory], Awaitable[T]],
     show: Callable[[T], None],
+    config: dict[str, object] | None = None,
 ) -> int:
     """Open the state dir, fetch a result, print it for a person or (`--json`) a program."""
 
     async def run() -> T:
-        async with open_memory(args.state_dir) as mem:
+        async with open_memory(args.state_dir, config=config) as mem:
             return await fetch(mem)
 
     result = trio.run(run)
@@ -113,15 +178,67 @@ def _run_and_show(
 def _import(args: argparse.Namespace) -> int:
     def show(done: list[dict[str, object]]) -> None:
         for item in done:
-            print(
-                f"imported {item['events']} events from {item['path']} into {item['session_key']}"
-            )
+            if "agent" in item:
+                print(
+                    f"imported LoCoMo sample {item['sample_id']} from {item['path']} into agent "
+                    f"{item['agent']}: {item['sessions']} sessions, {item['turns']} turns"
+                )
+            else:
+                print(
+                    f"imported {item['events']} events from {item['path']} "
+                    f"into {item['session_key']}"
+                )
 
     return _run_and_show(
         args,
-        lambda mem: _import_files(mem, args.paths, args.session_key, rebuild=not args.no_rebuild),
+        lambda mem: _import_files(
+            mem,
+            args.paths,
+            args.session_key,
+            rebuild=not args.no_rebuild,
+            file_format=args.format,
+        ),
         show,
     )
+
+
+def _search(args: argparse.Namespace) -> int:
+    config: dict[str, object] | None = None
+    if args.visibility:
+        config = {"tools": {"sessions": {"visibility": args.visibility}}}
+
+    async def fetch(mem: Memory) -> SearchResult:
+        def ask() -> Awaitable[SearchResult]:
+            return mem.sessions.search(
+                args.query,
+                caller=args.caller,
+                session_key=args.session_key,
+                limit=args.limit,
+                match=args.match,
+            )
+
+        result = await ask()
+        if args.wait and result.indexing:
+            with trio.move_on_after(WAIT_FOR_INDEX_SECONDS):
+                while result.indexing:
+                    await trio.sleep(0.05)
+                    result = await ask()
+        return result
+
+    return _run_and_show(args, fetch, _print_search, config)
+
+
+def _print_search(result: SearchResult) -> None:
+    if result.warning:
+        print(f"warning: {result.warning}")
+    if not result.results:
+        print("no matches" + (" yet (still indexing)" if result.indexing else ""))
+    for hit in result.results:
+        when = dt.datetime.fromtimestamp(hit.timestamp, dt.UTC).strftime("%Y-%m-%d %H:%M")
+        print(f"{hit.score:9.3g}  {hit.session_key}  #{hit.message_id}  {when}  {hit.role}")
+        print(f"           {hit.snippet}")
+    if result.truncated:
+        print("(more matches or longer text were cut; raise --limit or narrow the query)")
 
 
 def _history(args: argparse.Namespace) -> int:
@@ -135,6 +252,10 @@ def _stats(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
+    if args.name == "locomo":
+        from .simulations import bench_locomo
+
+        return bench_locomo.main(args.bench_args)
     from .simulations import bench_indexing
 
     return bench_indexing.main(args.bench_args)

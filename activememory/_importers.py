@@ -14,15 +14,17 @@ ISO 8601 string. Unknown fields are errors, reported with the file and line.
 from __future__ import annotations
 
 import datetime as dt
+import re
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, TypeVar
 
 import msgspec
 
-from .protocol.content import message_from_mapping
+from .protocol.content import Message, message_from_mapping
 from .protocol.errors import InvalidInputError
-from .protocol.session_key import parse_session_key
+from .protocol.session_key import AGENT_ID, parse_session_key
 from .protocol.transcript import ImportEntry
 
 _UNSET: Any = msgspec.UNSET
@@ -121,3 +123,348 @@ def _timestamp(value: float | str, where: str) -> float:
     if parsed.tzinfo is None:
         parsed = parsed.replace(tzinfo=dt.UTC)
     return parsed.timestamp()
+
+
+# -- LoCoMo ---------------------------------------------------------------------------------
+#
+# LoCoMo ("Evaluating Very Long-Term Conversational Memory of LLM Agents", Maharana et al.,
+# 2024) is a JSON list of samples: two speakers, numbered sessions of turns, and questions
+# whose gold evidence names turns by `dia_id` ("D<session>:<turn>"). The layout and the
+# evidence normalisation follow the README next to the dev split (../shared/data/locomo/).
+# Unknown fields of samples, turns and questions are ignored (the dataset carries derived
+# summaries and image metadata we do not use); unknown keys of `conversation` are errors,
+# since a misspelt session would silently shrink the corpus.
+
+_SESSION_FIELD = re.compile(r"session_([1-9][0-9]*)(_date_time)?")
+_LOCOMO_DATE = re.compile(
+    r"\s*(?P<hour>[0-9]{1,2}):(?P<minute>[0-9]{2})\s*(?P<half>[ap])\.?m\.?\s+on\s+"
+    r"(?P<day>[0-9]{1,2})\s+(?P<month>[A-Za-z]+)\.?,?\s+(?P<year>[0-9]{4})\s*",
+    re.IGNORECASE,
+)
+_MONTHS = {
+    name: number
+    for number, full in enumerate(
+        ("january", "february", "march", "april", "may", "june", "july", "august",
+         "september", "october", "november", "december"),
+        start=1,
+    )
+    for name in (full, full[:3], full[:4])
+}  # fmt: skip
+_EVIDENCE_SPLIT = re.compile(r"[;\s]+")
+_EVIDENCE_ID = re.compile(r"D:?([0-9]+):0*([0-9]+)")
+_AGENT_UNSAFE = re.compile(r"[^a-z0-9_-]")
+
+
+@dataclass(frozen=True)
+class LocomoTurn:
+    """One turn of a LoCoMo session, as written in the file."""
+
+    dia_id: str
+    speaker: str
+    text: str
+    blip_caption: str | None = None  # an image shared in this turn, described in words
+
+
+@dataclass(frozen=True)
+class LocomoSession:
+    """One `session_<N>`: its turns in order, and the entries that import them.
+
+    `entries[i]` imports `turns[i]` with id `dia_ids[i]`; each entry's parent is the previous
+    turn, so the active branch is the whole session and `history` returns it in this order.
+    """
+
+    number: int
+    session_key: str
+    started_at: float
+    turns: tuple[LocomoTurn, ...]
+    entries: tuple[ImportEntry, ...]
+
+    @property
+    def dia_ids(self) -> tuple[str, ...]:
+        """The turns' `dia_id`s, in order."""
+        return tuple(turn.dia_id for turn in self.turns)
+
+
+@dataclass(frozen=True)
+class LocomoQuestion:
+    """A question about one sample and the turns that hold its answer.
+
+    `evidence` is normalised: canonical `D<s>:<t>` ids of turns of this conversation, in
+    their first order of appearance, without repeats (possibly empty). Category 5
+    (adversarial) questions have no `answer`, an `adversarial_answer` instead.
+    """
+
+    question: str
+    answer: str | None
+    category: int
+    evidence: tuple[str, ...]
+    adversarial_answer: str | None = None
+
+
+@dataclass(frozen=True)
+class LocomoSample:
+    """One LoCoMo conversation: its agent, sessions and questions."""
+
+    sample_id: str
+    agent: str
+    speaker_a: str  # imported as role "user"
+    speaker_b: str  # imported as role "assistant"
+    sessions: tuple[LocomoSession, ...]
+    questions: tuple[LocomoQuestion, ...]
+
+    @property
+    def turns(self) -> int:
+        """How many turns, over all sessions."""
+        return sum(len(session.turns) for session in self.sessions)
+
+
+def locomo_turn_text(turn: LocomoTurn, speaker: str) -> str:
+    """The message text a LoCoMo turn is imported as (and so what `sessions_search` sees)."""
+    del speaker  # see the variants in simulations/bench_locomo.py
+    if turn.blip_caption:
+        return f"{turn.text} [shares a photo: {turn.blip_caption}]"
+    return turn.text
+
+
+def locomo_agent(sample_id: str) -> str:
+    """The agent id of a sample: lowercased, [a-z0-9_-] only, at most 64 characters."""
+    return _AGENT_UNSAFE.sub("-", sample_id.lower())[:64]
+
+
+def locomo_session_key(agent: str, number: int) -> str:
+    """The explicit session a LoCoMo session is imported into."""
+    return f"agent:{agent}:explicit:locomo-session-{number}"
+
+
+def read_locomo(
+    path: Path, *, turn_text: Callable[[LocomoTurn, str], str] = locomo_turn_text
+) -> list[LocomoSample]:
+    """Parse a LoCoMo JSON file; raise `InvalidInputError` naming the file and field.
+
+    `turn_text(turn, speaker name)` builds each message's content (default
+    `locomo_turn_text`). Sessions without turns are skipped.
+    """
+    try:
+        data = msgspec.json.decode(path.read_bytes())
+    except OSError as exc:
+        raise InvalidInputError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    except msgspec.DecodeError as exc:
+        raise InvalidInputError(f"{path}: {exc}") from None
+    items = _expect(data, list, f"{path}: top level", "a list of samples")
+    samples = [
+        _locomo_sample(item, f"{path}: sample[{i}]", turn_text) for i, item in enumerate(items)
+    ]
+    agents: dict[str, int] = {}
+    for i, sample in enumerate(samples):
+        if sample.agent in agents:
+            raise InvalidInputError(
+                f"{path}: sample[{i}].sample_id: {sample.sample_id!r} gives agent "
+                f"{sample.agent!r}, as sample[{agents[sample.agent]}] does"
+            )
+        agents[sample.agent] = i
+    return samples
+
+
+_T = TypeVar("_T")
+_EXPECTED_NAMES = {str: "a string", list: "a list", dict: "an object", int: "an integer"}
+
+
+def _expect(value: object, kind: type[_T], where: str, what: str | None = None) -> _T:
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        expected = what or _EXPECTED_NAMES.get(kind, kind.__name__)
+        raise InvalidInputError(f"{where}: expected {expected}, got {_json_type(value)}")
+    return value
+
+
+def _json_type(value: object) -> str:
+    match value:
+        case None:
+            return "null"
+        case bool():
+            return "a boolean"
+        case int() | float():
+            return "a number"
+        case str():
+            return "a string"
+        case list():
+            return "a list"
+        case dict():
+            return "an object"
+    return type(value).__name__
+
+
+def _field(obj: dict[str, Any], name: str, kind: type[_T], where: str) -> _T:
+    if name not in obj:
+        raise InvalidInputError(f"{where}.{name}: missing")
+    return _expect(obj[name], kind, f"{where}.{name}")
+
+
+def _locomo_sample(
+    item: object, where: str, turn_text: Callable[[LocomoTurn, str], str]
+) -> LocomoSample:
+    sample = _expect(item, dict, where)
+    sample_id = _field(sample, "sample_id", str, where)
+    agent = locomo_agent(sample_id)
+    if not AGENT_ID.fullmatch(agent):
+        raise InvalidInputError(
+            f"{where}.sample_id: {sample_id!r} gives the agent id {agent!r}, which does not "
+            "start with a letter or digit"
+        )
+    conversation = _field(sample, "conversation", dict, where)
+    where_c = f"{where}.conversation"
+    speakers: dict[str, Literal["user", "assistant"]] = {
+        _field(conversation, "speaker_a", str, where_c): "user",
+        _field(conversation, "speaker_b", str, where_c): "assistant",
+    }
+    if len(speakers) != 2:
+        raise InvalidInputError(f"{where_c}: speaker_a and speaker_b are the same name")
+    numbers = set()
+    for name in conversation:
+        match = _SESSION_FIELD.fullmatch(name)
+        if match:
+            # The dataset dates some sessions it never wrote: a date alone is no session.
+            if not match.group(2):
+                numbers.add(int(match.group(1)))
+        elif name not in ("speaker_a", "speaker_b"):
+            raise InvalidInputError(
+                f"{where_c}.{name}: unknown field (expected speaker_a, speaker_b, session_<N> "
+                "and session_<N>_date_time)"
+            )
+    sessions = []
+    seen: dict[str, str] = {}
+    for number in sorted(numbers):
+        session = _locomo_session(conversation, number, agent, speakers, where_c, turn_text)
+        for i, turn in enumerate(session.turns):
+            if turn.dia_id in seen:
+                raise InvalidInputError(
+                    f"{where_c}.session_{number}[{i}].dia_id: {turn.dia_id!r} is repeated "
+                    f"(also at {seen[turn.dia_id]})"
+                )
+            seen[turn.dia_id] = f"session_{number}[{i}]"
+        if session.turns:
+            sessions.append(session)
+    qa = _field(sample, "qa", list, where) if "qa" in sample else []
+    questions = tuple(
+        _locomo_question(q, f"{where}.qa[{i}]", seen.keys()) for i, q in enumerate(qa)
+    )
+    speaker_a, speaker_b = speakers
+    return LocomoSample(
+        sample_id=sample_id,
+        agent=agent,
+        speaker_a=speaker_a,
+        speaker_b=speaker_b,
+        sessions=tuple(sessions),
+        questions=questions,
+    )
+
+
+def _locomo_session(
+    conversation: dict[str, Any],
+    number: int,
+    agent: str,
+    roles: dict[str, Literal["user", "assistant"]],
+    where: str,
+    turn_text: Callable[[LocomoTurn, str], str],
+) -> LocomoSession:
+    name = f"session_{number}"
+    turns_in = _field(conversation, name, list, where)
+    started_at = parse_locomo_date(
+        _field(conversation, f"{name}_date_time", str, where), f"{where}.{name}_date_time"
+    )
+    turns: list[LocomoTurn] = []
+    entries: list[ImportEntry] = []
+    for i, item in enumerate(turns_in):
+        at = f"{where}.{name}[{i}]"
+        raw = _expect(item, dict, at)
+        caption = raw.get("blip_caption")
+        turn = LocomoTurn(
+            dia_id=_field(raw, "dia_id", str, at),
+            speaker=_field(raw, "speaker", str, at),
+            text=_field(raw, "text", str, at),
+            blip_caption=None if caption is None else _expect(caption, str, f"{at}.blip_caption"),
+        )
+        role = roles.get(turn.speaker)
+        if role is None:
+            a, b = roles
+            raise InvalidInputError(
+                f"{at}.speaker: {turn.speaker!r} is neither speaker_a {a!r} nor speaker_b {b!r}"
+            )
+        try:
+            message = Message(role=role, content=turn_text(turn, turn.speaker))
+        except InvalidInputError as exc:
+            raise InvalidInputError(f"{at}: {exc}") from None
+        entries.append(
+            ImportEntry(
+                id=turn.dia_id,
+                parent_id=turns[-1].dia_id if turns else None,
+                timestamp=started_at + i,
+                message=message,
+            )
+        )
+        turns.append(turn)
+    return LocomoSession(
+        number=number,
+        session_key=locomo_session_key(agent, number),
+        started_at=started_at,
+        turns=tuple(turns),
+        entries=tuple(entries),
+    )
+
+
+def parse_locomo_date(text: str, where: str) -> float:
+    """Epoch seconds (UTC) of a LoCoMo session date such as "1:56 pm on 8 May, 2023"."""
+    match = _LOCOMO_DATE.fullmatch(text)
+    month = _MONTHS.get(match.group("month").lower()) if match else None
+    if match is None or month is None:
+        raise InvalidInputError(f"{where}: {text!r} is not a date like '1:56 pm on 8 May, 2023'")
+    hour, minute = int(match.group("hour")), int(match.group("minute"))
+    if not 1 <= hour <= 12:
+        raise InvalidInputError(f"{where}: {text!r} has the hour {hour} (expected 1 to 12)")
+    hour = hour % 12 + (12 if match.group("half").lower() == "p" else 0)
+    try:
+        when = dt.datetime(
+            int(match.group("year")), month, int(match.group("day")), hour, minute, tzinfo=dt.UTC
+        )
+    except ValueError as exc:
+        raise InvalidInputError(f"{where}: {text!r} is not a valid date ({exc})") from None
+    return when.timestamp()
+
+
+def _locomo_question(item: object, where: str, turns: Collection[str]) -> LocomoQuestion:
+    qa = _expect(item, dict, where)
+    answer = qa.get("answer")
+    if answer is not None:
+        # A few gold answers are numbers (years, counts): keep them as text.
+        if isinstance(answer, bool) or not isinstance(answer, str | int | float):
+            raise InvalidInputError(
+                f"{where}.answer: expected a string or a number, got {_json_type(answer)}"
+            )
+        answer = str(answer)
+    adversarial = qa.get("adversarial_answer")
+    if adversarial is not None:
+        adversarial = _expect(adversarial, str, f"{where}.adversarial_answer")
+    evidence = _field(qa, "evidence", list, where)
+    return LocomoQuestion(
+        question=_field(qa, "question", str, where),
+        answer=answer,
+        category=_field(qa, "category", int, where),
+        evidence=normalise_locomo_evidence(
+            [_expect(e, str, f"{where}.evidence[{i}]") for i, e in enumerate(evidence)], turns
+        ),
+        adversarial_answer=adversarial,
+    )
+
+
+def normalise_locomo_evidence(evidence: Iterable[str], turns: Collection[str]) -> tuple[str, ...]:
+    """Gold `dia_id`s per the dataset README: split on `;`/whitespace, read `D:?<s>:0*<t>`
+    as `D<s>:<t>`, drop ids that are not among `turns`; first occurrence order, no repeats."""
+    gold: dict[str, None] = {}
+    for text in evidence:
+        for token in _EVIDENCE_SPLIT.split(text):
+            match = _EVIDENCE_ID.fullmatch(token)
+            if match is None:
+                continue
+            dia_id = f"D{match.group(1)}:{match.group(2)}"
+            if dia_id in turns:
+                gold[dia_id] = None
+    return tuple(gold)

@@ -10,18 +10,7 @@ from functools import partial
 import apsw
 import msgspec
 
-try:
-    from ._redaction import Redactor
-except ImportError:  # TEMP until the redaction module lands
-
-    class Redactor:  # type: ignore[no-redef]
-        def __init__(self, patterns: object = ()) -> None:
-            pass
-
-        def redact(self, text: str) -> str:
-            return text
-
-
+from ._redaction import Redactor
 from .actors.supervisor import AgentStore, Supervisor
 from .protocol.errors import InvalidInputError
 from .protocol.search import (

@@ -43,6 +43,7 @@ from activememory.actors.supervisor import open_supervisor
 from activememory.protocol.content import Role
 from activememory.protocol.session_key import parse_session_key
 from activememory.storage.db import DURABILITY_LEVELS, Durability, configure, migrate
+from activememory.storage.fts_query import index_row
 from activememory.storage.transcripts import TranscriptReader
 
 AGENT = "bench"
@@ -199,6 +200,7 @@ def run_raw(
         start = time.perf_counter()
         at = time.time()
         leaf: list[int | None] = [None] * len(keys)
+        previous: list[str | None] = [None] * len(keys)
         events = []
         index = []
         for event_id, (s, i, message) in enumerate(rows, start=1):
@@ -209,7 +211,9 @@ def run_raw(
                     encode(message.content), text,
                 )
             )  # fmt: skip
-            index.append((event_id, text))
+            if text is not None:
+                index.append(index_row(event_id, text, previous[s]))
+                previous[s] = text
             leaf[s] = event_id
         sessions = [
             (
@@ -219,6 +223,9 @@ def run_raw(
             for s, (k, c) in enumerate(zip(keys, corpus.conversations, strict=True))
         ]  # fmt: skip
         step = batch or len(events)
+        index_by_batch: dict[int, list[tuple[object, ...]]] = {}
+        for row in index:  # event ids are 1..n: batch b holds ids b*step+1 .. (b+1)*step
+            index_by_batch.setdefault((row[0] - 1) // step, []).append(row)
         for low in range(0, len(events), step):
             with conn:
                 if low == 0:
@@ -235,7 +242,8 @@ def run_raw(
                     events[low : low + step],
                 )
                 conn.executemany(
-                    "INSERT INTO message_fts(rowid, text) VALUES (?, ?)", index[low : low + step]
+                    "INSERT INTO message_fts(rowid, words, grams, context) VALUES (?, ?, ?, ?)",
+                    index_by_batch.get(low // step, []),
                 )
         seconds = time.perf_counter() - start
         # The floor writes no active_branch rows (the library does: one more insert each).

@@ -87,3 +87,31 @@ def test_import_errors_name_file_and_line(
     transcript.write_text('{"type": "session", "key": "agent:main:main"}\n' + line + "\n")
     assert main(["import", str(transcript), "--state-dir", str(tmp_path / "s")]) == 2
     assert capsys.readouterr().err == f"activememory: error: {tmp_path}/{error}\n"
+
+
+def test_search_human_and_json(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    transcript = tmp_path / "t.jsonl"
+    transcript.write_text(
+        '{"type": "session", "key": "agent:main:direct:z"}\n'
+        '{"type": "message", "id": "1", "timestamp": 5, "message": {"role": "user", "content": "my token is sk-abcdefghijklmnopqrstuvwx and I like tea"}}\n'
+        '{"type": "message", "id": "2", "timestamp": 6, "message": {"role": "assistant", "content": "Noted: tea."}}\n'
+    )
+    state = str(tmp_path / "state")
+    # Imported without an index: the search says so, and --wait lets the rebuild finish.
+    assert main(["import", str(transcript), "--state-dir", state, "--no-rebuild"]) == 0
+    capsys.readouterr()
+    args = ["search", "tea", "--state-dir", state, "--caller", "agent:main:direct:z"]
+    assert main([*args, "--json"]) == 0
+    first = json.loads(capsys.readouterr().out)
+    assert first["results"] == [] and first["indexing"] and "retry" in first["warning"]
+    assert main([*args, "--json", "--wait"]) == 0
+    answer = json.loads(capsys.readouterr().out)
+    assert [r["message_id"] for r in answer["results"]] == [2, 1]
+    assert not answer["indexing"] and answer["warning"] is None
+    assert "sk-abcdefghijklmnopqrstuvwx" not in json.dumps(answer)
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "agent:main:direct:z  #2" in out and "Noted: tea." in out
+    assert "sk-abcdefghijklmnopqrstuvwx" not in out
+    assert main([*args, "--limit", "26"]) == 2
+    assert "limit: 26 is not an integer from 1 to 25" in capsys.readouterr().err

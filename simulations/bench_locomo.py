@@ -1,0 +1,359 @@
+"""Retrieval quality of `sessions_search` on LoCoMo: recall@k of the gold evidence turns (SPEC §7).
+
+LoCoMo (Maharana et al., 2024) is a public benchmark of long two-person conversations with
+questions whose gold evidence names the turns that hold the answer. Its dev split (two
+conversations) lives in `../shared/data/locomo/` next to the repository; its licence
+(CC BY-NC 4.0) forbids committing it, so the benchmark skips (exit 0) when it is absent.
+
+Each sample is imported as its own agent, one explicit session per LoCoMo session and one
+message per turn (`activememory._importers.read_locomo`), the index is rebuilt, and every
+question is asked through `mem.sessions.search` from one of the sample's sessions with
+visibility `agent`, so it searches that conversation only. Scoring follows the dataset
+README: recall@k = |gold ∩ top k| / |gold|, averaged over the questions of categories 1-4
+(category 5, adversarial, reported apart); questions left without gold are skipped.
+
+    python -m activememory.simulations.bench_locomo [--data PATH] [--json] [--limit N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import apsw
+import trio
+
+import activememory as am
+from activememory._importers import LocomoSample, LocomoTurn, locomo_turn_text, read_locomo
+
+ENV_DATA = "ACTIVEMEMORY_LOCOMO"
+# ../shared/data/locomo/ relative to the repository root (this file is simulations/<name>).
+DEFAULT_DATA = (
+    Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "locomo" / "locomo-dev.json"
+)
+KS = (1, 5, 10, 20)
+MAX_LIMIT = 25  # the search's own cap (SPEC §3)
+CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop", 5: "adversarial"}
+SCORED = (1, 2, 3, 4)
+CONFIG = {"tools": {"sessions": {"visibility": "agent"}}}
+# The README's floor: plain FTS5 (porter unicode61), non-stopword terms OR-ed, bm25.
+REFERENCE = {"1": 0.333, "5": 0.532, "10": 0.607, "20": 0.688}
+
+
+def _plain(turn: LocomoTurn, speaker: str) -> str:
+    return turn.text
+
+
+def _speaker(turn: LocomoTurn, speaker: str) -> str:
+    return f"{speaker}: {turn.text}"
+
+
+def _speaker_photo(turn: LocomoTurn, speaker: str) -> str:
+    return f"{speaker}: {locomo_turn_text(turn, speaker)}"
+
+
+# Ways of writing a turn as a message, compared when tuning `locomo_turn_text`.
+TURN_TEXTS: dict[str, Callable[[LocomoTurn, str], str]] = {
+    "default": locomo_turn_text,
+    "plain": _plain,
+    "speaker": _speaker,
+    "speaker+photo": _speaker_photo,
+}
+
+
+class BenchmarkError(Exception):
+    """The search answered something the import cannot account for."""
+
+
+@dataclass(frozen=True)
+class Asked:
+    """One question's outcome: its gold turns and the turns the search ranked, best first."""
+
+    sample_id: str
+    category: int
+    gold: tuple[str, ...]
+    ranked: tuple[str, ...]
+    seconds: float
+
+    def recall(self, k: int) -> float:
+        """|gold ∩ top k| / |gold|."""
+        top = set(self.ranked[:k])
+        return sum(1 for dia_id in self.gold if dia_id in top) / len(self.gold)
+
+
+@dataclass(frozen=True)
+class Run:
+    """Everything one benchmark run measured."""
+
+    samples: list[LocomoSample]
+    asked: list[Asked]
+    skipped_no_gold: int
+    import_seconds: float
+    rebuild_seconds: float
+    indexing_answers: int
+    truncated_answers: int
+
+
+async def run_benchmark(state_dir: Path, samples: list[LocomoSample], limit: int) -> Run:
+    """Import `samples` into a fresh memory in `state_dir`, then ask every question.
+
+    Cancellation: as for `Sessions.search`; the memory closes (committing what was queued).
+    """
+    async with am.open_memory(state_dir, config=CONFIG, executor="thread") as mem:
+        start = time.perf_counter()
+        for sample in samples:
+            for session in sample.sessions:
+                await mem.sessions.import_transcript(session.session_key, session.entries)
+        imported = time.perf_counter()
+        await mem.sessions.rebuild_index()
+        rebuilt = time.perf_counter()
+
+        asked: list[Asked] = []
+        skipped = indexing = truncated = 0
+        for sample in samples:
+            dia_ids = await _dia_ids_by_event(mem, sample)
+            caller = sample.sessions[0].session_key
+            for question in sample.questions:
+                if not question.evidence:
+                    skipped += 1
+                    continue
+                begin = time.perf_counter()
+                answer = await mem.sessions.search(question.question, caller=caller, limit=limit)
+                seconds = time.perf_counter() - begin
+                indexing += bool(answer.indexing)
+                truncated += bool(answer.truncated)
+                ranked = []
+                for hit in answer.results:
+                    dia_id = dia_ids.get((hit.session_key, hit.message_id))
+                    if dia_id is None:
+                        raise BenchmarkError(
+                            f"{sample.sample_id}: {question.question!r} found message "
+                            f"{hit.message_id!r} of {hit.session_key!r}, not a turn of this sample"
+                        )
+                    ranked.append(dia_id)
+                asked.append(
+                    Asked(
+                        sample_id=sample.sample_id,
+                        category=question.category,
+                        gold=question.evidence,
+                        ranked=tuple(ranked),
+                        seconds=seconds,
+                    )
+                )
+    return Run(
+        samples=samples,
+        asked=asked,
+        skipped_no_gold=skipped,
+        import_seconds=imported - start,
+        rebuild_seconds=rebuilt - imported,
+        indexing_answers=indexing,
+        truncated_answers=truncated,
+    )
+
+
+async def _dia_ids_by_event(mem: am.Memory, sample: LocomoSample) -> dict[tuple[str, Any], str]:
+    """(session key, event id) -> dia_id: `history` lists the imported turns in order."""
+    out: dict[tuple[str, Any], str] = {}
+    for session in sample.sessions:
+        events = await mem.sessions.history(session.session_key)
+        if len(events) != len(session.dia_ids):
+            raise BenchmarkError(
+                f"{session.session_key}: history has {len(events)} events, "
+                f"the file {len(session.dia_ids)} turns"
+            )
+        for event, dia_id in zip(events, session.dia_ids, strict=True):
+            out[session.session_key, event.id] = dia_id
+    return out
+
+
+# -- the report -------------------------------------------------------------------------
+
+
+def _percentile(values: Sequence[float], p: float) -> float:
+    """Nearest-rank percentile (no interpolation: every figure is a measured query)."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(p / 100 * len(ordered)) - 1)]
+
+
+def _recall(asked: Sequence[Asked], ks: Sequence[int]) -> dict[str, Any]:
+    if not asked:
+        return {"questions": 0, "recall_at": {str(k): None for k in ks}}
+    return {
+        "questions": len(asked),
+        "recall_at": {str(k): round(sum(a.recall(k) for a in asked) / len(asked), 4) for k in ks},
+    }
+
+
+def report(args: argparse.Namespace, data: Path, run: Run) -> dict[str, Any]:
+    """The one JSON object `--json` prints; the table is drawn from it too."""
+    ks = [k for k in KS if k <= args.limit]
+    scored = [a for a in run.asked if a.category in SCORED]
+    seconds = [a.seconds for a in run.asked]
+    return {
+        "benchmark": "locomo",
+        "data": str(data),
+        "turn_text": args.turn_text,
+        "limit": args.limit,
+        "corpus": {
+            "samples": len(run.samples),
+            "sessions": sum(len(s.sessions) for s in run.samples),
+            "turns": sum(s.turns for s in run.samples),
+            "questions": sum(len(s.questions) for s in run.samples),
+            "skipped_no_gold": run.skipped_no_gold,
+        },
+        "categories_1_4": _recall(scored, ks),
+        "category_5": _recall([a for a in run.asked if a.category == 5], ks),
+        "by_category": {
+            str(c): {"name": name, **_recall([a for a in run.asked if a.category == c], ks)}
+            for c, name in CATEGORIES.items()
+        },
+        "by_sample": {
+            s.sample_id: _recall([a for a in scored if a.sample_id == s.sample_id], ks)
+            for s in run.samples
+        },
+        "latency_ms": {
+            "queries": len(seconds),
+            "p50": round(_percentile(seconds, 50) * 1000, 3) if seconds else None,
+            "p99": round(_percentile(seconds, 99) * 1000, 3) if seconds else None,
+        },
+        "import_seconds": round(run.import_seconds, 4),
+        "rebuild_seconds": round(run.rebuild_seconds, 4),
+        "indexing_answers": run.indexing_answers,
+        "truncated_answers": run.truncated_answers,
+        "reference_fts5_bm25_categories_1_4": {k: v for k, v in REFERENCE.items() if int(k) in ks},
+        "environment": {
+            "python": platform.python_version(),
+            "sqlite": apsw.sqlite_lib_version(),
+            "executor": "thread",
+        },
+    }
+
+
+def format_table(result: dict[str, Any]) -> str:
+    """The report for a person."""
+    corpus, latency = result["corpus"], result["latency_ms"]
+    ks = list(result["categories_1_4"]["recall_at"])
+
+    def line(label: str, part: dict[str, Any]) -> str:
+        cells = "".join(
+            f" {'-' if v is None else f'{v:.3f}':>7}" for v in part["recall_at"].values()
+        )
+        return f"  {label:<22} {part['questions']:>5}{cells}"
+
+    reference = result["reference_fts5_bm25_categories_1_4"]
+    lines = [
+        "LoCoMo retrieval: recall@k of the gold evidence turns through sessions_search",
+        f"  data: {result['data']}",
+        f"        {corpus['samples']} samples, {corpus['sessions']} sessions, "
+        f"{corpus['turns']} turns; {corpus['questions']} questions "
+        f"({corpus['skipped_no_gold']} without gold, skipped)",
+        f"  turn text: {result['turn_text']}; search limit {result['limit']}",
+        "",
+        f"  {'questions':<22} {'n':>5}" + "".join(f" {'R@' + k:>7}" for k in ks),
+        line("categories 1-4", result["categories_1_4"]),
+        *(
+            line(f"  {c} {part['name']}", part)
+            for c, part in result["by_category"].items()
+            if c != "5"
+        ),
+        *(line(f"  sample {sample}", part) for sample, part in result["by_sample"].items()),
+        line("5 adversarial", result["category_5"]),
+        f"  {'reference: FTS5 bm25':<22} {'':>5}"
+        + "".join(f" {reference[k]:>7.3f}" if k in reference else f" {'':>7}" for k in ks),
+        "",
+        f"  query latency: p50 {latency['p50']} ms, p99 {latency['p99']} ms over "
+        f"{latency['queries']} queries ({result['environment']['executor']} executor)",
+        f"  import {result['import_seconds']:.3f} s, index rebuild "
+        f"{result['rebuild_seconds']:.3f} s; answers flagged indexing: "
+        f"{result['indexing_answers']}, truncated: {result['truncated_answers']}",
+    ]
+    return "\n".join(lines)
+
+
+# -- the command ------------------------------------------------------------------------
+
+
+def _limit(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if not 1 <= number <= MAX_LIMIT:
+        raise argparse.ArgumentTypeError(
+            f"expected an integer from 1 to {MAX_LIMIT}, got {value!r}"
+        )
+    return number
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    """The command line (`sys.argv[1:]` when `argv` is None)."""
+    parser = argparse.ArgumentParser(
+        prog="bench_locomo",
+        description="Retrieval quality of sessions_search on LoCoMo (recall@k, SPEC §7).",
+    )
+    parser.add_argument(
+        "--data",
+        type=Path,
+        help=f"the LoCoMo JSON file (default: ${ENV_DATA}, else {DEFAULT_DATA})",
+    )
+    parser.add_argument("--limit", type=_limit, default=20, help="results per search (1-25)")
+    parser.add_argument(
+        "--turn-text",
+        choices=TURN_TEXTS,
+        default="default",
+        help="how a turn is written as a message (default: locomo_turn_text)",
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    return parser.parse_args(argv)
+
+
+def data_path(given: Path | None) -> Path:
+    """`--data`, else `$ACTIVEMEMORY_LOCOMO`, else the dev split next to the repository."""
+    if given is not None:
+        return given
+    env = os.environ.get(ENV_DATA)
+    return Path(env) if env else DEFAULT_DATA.resolve()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the benchmark and print a table (or `--json`).
+
+    Returns 0 (also when the data is absent: the benchmark is skipped), 1 if the search
+    answered something the import cannot account for, 2 if the data file is malformed.
+    """
+    args = parse_args(argv)
+    data = data_path(args.data)
+    if not data.is_file():
+        reason = f"no LoCoMo data at {data} (give --data or set ${ENV_DATA})"
+        print(f"bench_locomo: {reason}; skipped", file=sys.stderr)
+        if args.json:
+            print(json.dumps({"benchmark": "locomo", "skipped": True, "reason": reason}))
+        return 0
+    try:
+        samples = read_locomo(data, turn_text=TURN_TEXTS[args.turn_text])
+    except am.InvalidInputError as exc:
+        print(f"bench_locomo: {exc}", file=sys.stderr)
+        return 2
+    try:
+        with tempfile.TemporaryDirectory(prefix="bench-locomo-") as tmp:
+            run = trio.run(run_benchmark, Path(tmp), samples, args.limit)
+    except (BenchmarkError, am.ActiveMemoryError) as exc:
+        print(f"bench_locomo: {exc}", file=sys.stderr)
+        return 1
+    result = report(args, data, run)
+    print(json.dumps(result) if args.json else format_table(result))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
