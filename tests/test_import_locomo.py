@@ -302,3 +302,33 @@ def test_bench_default_data_is_next_to_the_repository() -> None:
     assert bench_locomo.DEFAULT_DATA.resolve() == (
         repo.parent / "shared" / "data" / "locomo" / "locomo-dev.json"
     )
+
+
+def test_bench_scores_the_fixture(capsys: pytest.CaptureFixture[str], locomo: Path) -> None:
+    assert main(["bench", "locomo", "--data", str(locomo), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["corpus"] == {
+        "samples": 1,
+        "sessions": 2,
+        "turns": 5,
+        "questions": 5,
+        "skipped_no_gold": 1,
+    }
+    # D2:2 ("Pixel learned to sit") shares no word with "When did Ann adopt her puppy?":
+    # (1 + 1 + 1/2) / 3 questions of categories 1-4.
+    recall = result["categories_1_4"]["recall_at"]
+    assert result["categories_1_4"]["questions"] == 3
+    assert [recall["5"], recall["10"], recall["20"]] == [0.8333, 0.8333, 0.8333]
+    assert 0 <= recall["1"] <= recall["5"]
+    assert result["category_5"] == {
+        "questions": 1,
+        "recall_at": {"1": 1.0, "5": 1.0, "10": 1.0, "20": 1.0},
+    }
+    assert (result["latency_ms"]["queries"], result["indexing_answers"]) == (4, 0)
+    assert main(["bench", "locomo", "--data", str(locomo), "--limit", "5"]) == 0
+    table = capsys.readouterr().out
+    assert table.splitlines()[0] == (
+        "LoCoMo retrieval: recall@k of the gold evidence turns through sessions_search"
+    )
+    assert "  categories 1-4             3   " in table
+    assert "R@10" not in table  # only k <= --limit
