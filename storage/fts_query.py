@@ -41,7 +41,7 @@ TOKENIZE = "porter " + " ".join(TOKENIZER_ARGS)
 # message's own (0.3-0.5 all score within 0.01 R@10 on the LoCoMo dev split).
 RANK = "bm25(1.0, 1.0, 0.4)"
 # How much of the previous message goes into `context`: its end, where a question is.
-CONTEXT_CHARS = 500
+CONTEXT_CHARS = 300
 
 MatchMode: TypeAlias = Literal["phrase", "prefix"]
 MATCH_MODES: tuple[MatchMode, ...] = ("phrase", "prefix")
