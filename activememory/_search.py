@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -39,6 +40,8 @@ from .storage.transcripts import TranscriptReader
 _encode = msgspec.json.Encoder().encode
 # How far before the first hit a snippet starts, so the hit has some context.
 _LEAD_CHARS = 90
+# How much of a long message the slow snippet path tokenizes looking for a hit.
+FALLBACK_BYTES = 64 * 1024
 _ELLIPSIS = "…"
 
 
@@ -206,23 +209,30 @@ class _Stemmer(threading.local):
         self.tokenize = self.conn.fts5_tokenizer(name, args)
 
     def first_hit(self, text: str, terms: list[str]) -> int:
-        """The character offset of the first token of `text` matching a term, else 0."""
-        data = text.encode("utf-8")
-        cjk = [t for t in terms if is_cjk(t)]
-        stems = {
-            stem
-            for term in terms
-            if not is_cjk(term)
-            for _, _, stem in tokens(self.tokenize, term.encode(), apsw.FTS5_TOKENIZE_QUERY)
-        }
+        """The character offset of the first place in `text` where a term occurs, else 0.
+
+        Fast path: a regular expression for each term's stem at a word start (the index's
+        Porter stem, so "running" finds "runs") or a CJK substring. Only when that finds
+        nothing (diacritics: "cafe" in "Café") is the text tokenized like the index does,
+        up to FALLBACK_BYTES of it.
+        """
+        stems = [self._stem(term) for term in terms if not is_cjk(term)]
+        cjk = [re.escape(term) for term in terms if is_cjk(term)]
+        alternatives = [rf"\b{re.escape(stem)}" for stem in stems if stem] + cjk
+        if alternatives:
+            found = re.search("|".join(alternatives), text, re.IGNORECASE)
+            if found is not None:
+                return found.start()
+        data = text.encode("utf-8")[:FALLBACK_BYTES]
+        wanted = set(stems)
         for start, _end, token in tokens(self.tokenize, data, apsw.FTS5_TOKENIZE_DOCUMENT):
-            if token in stems:
+            if token in wanted:
                 return len(data[:start].decode("utf-8", "replace"))
-            for term in cjk:
-                at = token.find(term)
-                if at >= 0:
-                    return len(data[:start].decode("utf-8", "replace")) + at
         return 0
+
+    def _stem(self, term: str) -> str:
+        stems = list(tokens(self.tokenize, term.encode(), apsw.FTS5_TOKENIZE_QUERY))
+        return stems[0][2] if stems else ""
 
 
 _stemmer = _Stemmer()
