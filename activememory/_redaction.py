@@ -25,6 +25,11 @@ survive. The ellipsis is not a token character, so a masked token cannot match a
 value that already is a mask is left alone. `Redactor.redact` repeats its rules until the text
 stops changing, which makes it idempotent: `redact(redact(x)) == redact(x)`.
 
+Known limits: a flag named like a secret also takes the next word in prose (`use --token to
+log in` -> `use --token *** log in`); a secret written right after another secret's name
+(`token= API_KEY = "…"`) can lose the context that marks it; a URL password must be
+percent-encoded to be found whole when it contains `@`, `/`, `?` or `#`.
+
 Cancellation: pure, synchronous: nothing to cancel.
 """
 
@@ -42,8 +47,8 @@ LONG_SECRET_MIN_CHARS = 18
 KEPT_CHARS = 4
 """How many leading and trailing characters a long secret keeps."""
 
-SHORT_MASK = "***"
-ELLIPSIS = "…"
+_SHORT_MASK = "***"
+_ELLIPSIS = "…"
 
 # Each pass applies every rule once; a pass that changes nothing ends `redact`. Two passes are
 # the rule (the second confirms); the bound only guards against a pathological user pattern.
@@ -58,14 +63,14 @@ def mask_secret(secret: str) -> str:
     if _is_masked(secret):
         return secret
     if len(secret) < LONG_SECRET_MIN_CHARS:
-        return SHORT_MASK
-    return f"{secret[:KEPT_CHARS]}{ELLIPSIS}{secret[-KEPT_CHARS:]}"
+        return _SHORT_MASK
+    return f"{secret[:KEPT_CHARS]}{_ELLIPSIS}{secret[-KEPT_CHARS:]}"
 
 
 def _is_masked(value: str) -> bool:
     # "" and "***"-like values have nothing left to hide; "abcd…wxyz" is a long-secret mask.
     return not value.strip("*") or (
-        len(value) == 2 * KEPT_CHARS + 1 and value[KEPT_CHARS] == ELLIPSIS
+        len(value) == 2 * KEPT_CHARS + 1 and value[KEPT_CHARS] == _ELLIPSIS
     )
 
 
@@ -87,7 +92,7 @@ def _mask_secret_group(match: re.Match[str]) -> str:
 
 def _pem_marker(match: re.Match[str]) -> str:
     kind = f"{match.group('kind')}PRIVATE KEY{match.group('block') or ''}"
-    return f"-----BEGIN {kind}-----{SHORT_MASK}-----END {kind}-----"
+    return f"-----BEGIN {kind}-----{_SHORT_MASK}-----END {kind}-----"
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,10 +137,19 @@ def _at_word_start(literal: str) -> str:
 
 # A value: quoted (the secret is what is inside the quotes; backslash escapes allowed) or a run
 # of characters up to a space, a quote or a list separator. A quote may itself be escaped
-# (`\"`), as in JSON that was serialized into a JSON string.
-_VALUE = r"""
+# (`\"`), as in JSON that was serialized into a JSON string. A run that ends in `=` or `:` may
+# be the name of a nested assignment (`--password API_KEY="…"`): masking only the name would
+# leave the secret after it without context, so the run takes that secret too.
+_UNQUOTED = r"""[^\s"'`,;&<>][^\s"`,;&<>]*"""
+_VALUE = rf"""
     (?P<quote>\\?["'`])?
-    (?P<secret>(?(quote)(?:(?!(?P=quote))(?:\\.|[^\\\n]))*|[^\s"'`,;&<>][^\s"`,;&<>]*))
+    (?P<secret>(?(quote)
+        (?:(?!(?P=quote))(?:\\.|[^\\\n]))*
+      | (?>{_UNQUOTED})
+        (?: (?<=[=:])[ \t]*(?:"[^"\n]*"|'[^'\n]*')  # API_KEY="…"
+          | (?<=:)[ \t]+{_UNQUOTED}                  # API_KEY: …
+        )?
+    ))
     (?(quote)(?P=quote))
 """
 
@@ -239,16 +253,18 @@ _PREFIXED_TOKENS: tuple[tuple[str, str, str], ...] = (
 )
 
 
-# Order matters only where formats nest: a PEM block is replaced whole before anything inside it
-# is looked at, and a context rule (URL, header, flag, assignment) masks a value before a token
-# rule would mask the same token; a later rule leaves a value that already is a mask alone.
+# The order matters where formats nest. A PEM block is replaced whole before anything inside it
+# is looked at. A rule whose value can be any word runs after the rules whose context that word
+# could be (`auth_token: Bearer x`, `Authorization: Bearer --password x`): masking the word
+# "Bearer" or "--password" first would leave the secret after it without its context. Context
+# rules mask a token before the token rules would; those leave a value that is a mask alone.
 _BUILTIN_RULES: tuple[_Rule, ...] = (
     _Rule(_PEM_PRIVATE_KEY, _pem_marker),
     _Rule(_URL_PASSWORD, _mask_secret_group, needle="@"),
-    _Rule(_AUTHORIZATION_HEADER, _mask_secret_group),
     _Rule(_BEARER, _mask_secret_group),
     _Rule(_CLI_FLAG, _mask_secret_group),
     _Rule(_ASSIGNMENT, _mask_secret_group, _assignment_starts),
+    _Rule(_AUTHORIZATION_HEADER, _mask_secret_group),
     *(
         _Rule(re.compile(_at_word_start(prefix) + body), _mask_whole, needle=needle)
         for prefix, body, needle in _PREFIXED_TOKENS
