@@ -57,7 +57,10 @@ class SessionSearch:
     ) -> None:
         self._supervisor = supervisor
         self.settings = settings
-        self.redactor = Redactor(settings.redact_patterns)
+        try:
+            self.redactor = Redactor(settings.redact_patterns)
+        except InvalidInputError as exc:  # name the key as it is spelled in the config
+            raise InvalidInputError(f"logging.{exc}") from None
         self._on_dirty = on_dirty
 
     async def search(

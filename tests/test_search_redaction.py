@@ -95,6 +95,8 @@ async def test_searching_for_a_secret_does_not_reveal_it(mem: am.Memory) -> None
 
 
 async def test_a_bad_user_pattern_is_a_clear_error(tmp_path: Path) -> None:
-    with pytest.raises(am.InvalidInputError, match=r"redactPatterns\[0\]: '\(' is not a valid"):
+    with pytest.raises(
+        am.InvalidInputError, match=r"^logging\.redactPatterns\[0\]: '\(' is not a valid"
+    ):
         async with am.open_memory(tmp_path / "s", config={"logging": {"redactPatterns": ["("]}}):
             pass
