@@ -92,7 +92,10 @@ def search_scope(
                     where="e.session_id NOT IN (SELECT id FROM sessions WHERE dirty)"
                 )
         else:
-            visible = _visible_sessions(conn, scope, caller)
+            if session_key is not None and scope == "all":
+                visible = _visible_sessions(conn, "self", session_key)  # the one asked for
+            else:
+                visible = _visible_sessions(conn, scope, caller)
             if session_key is not None:
                 wanted = conn.execute(
                     "SELECT id FROM sessions WHERE key = ?", (session_key,)
