@@ -24,7 +24,7 @@ from .storage.fts_query import MATCH_MODES
 
 SAMPLES = ("sample-alice.jsonl", "sample-team.jsonl")
 IMPORT_FORMATS = ("jsonl", "locomo")
-BENCHMARKS = ("indexing", "locomo")
+BENCHMARKS = ("indexing", "locomo", "search")
 T = TypeVar("T")
 WAIT_FOR_INDEX_SECONDS = 60
 
@@ -93,7 +93,7 @@ def _parser() -> argparse.ArgumentParser:
     stats.add_argument("--json", action="store_true")
     stats.set_defaults(run=_stats)
 
-    bench = commands.add_parser("bench", help="run a benchmark (indexing, locomo)")
+    bench = commands.add_parser("bench", help="run a benchmark (indexing, locomo, search)")
     bench.add_argument("name", choices=BENCHMARKS)
     bench.add_argument("bench_args", nargs=argparse.REMAINDER)
     bench.set_defaults(run=_bench)
@@ -256,6 +256,10 @@ def _bench(args: argparse.Namespace) -> int:
         from .simulations import bench_locomo
 
         return bench_locomo.main(args.bench_args)
+    if args.name == "search":
+        from .simulations import bench_search
+
+        return bench_search.main(args.bench_args)
     from .simulations import bench_indexing
 
     return bench_indexing.main(args.bench_args)

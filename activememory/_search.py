@@ -29,12 +29,13 @@ from .protocol.session_key import SessionKey, parse_session_key
 from .storage.fts_query import (
     MATCH_MODES,
     TOKENIZE,
-    build_match,
+    MatchPlan,
     is_cjk,
+    plan_match,
     query_terms,
     tokens,
 )
-from .storage.search import Candidate, DbScope, ScopePage, search_scope
+from .storage.search import Candidate, DbScope, ScopePage, TermStats, search_scope
 from .storage.transcripts import TranscriptReader
 
 _encode = msgspec.json.Encoder().encode
@@ -62,6 +63,8 @@ class SessionSearch:
         except InvalidInputError as exc:  # name the key as it is spelled in the config
             raise InvalidInputError(f"logging.{exc}") from None
         self._on_dirty = on_dirty
+        # Per agent database; only ever used on that database's reader executor.
+        self._term_stats: dict[str, TermStats] = {}
 
     async def search(
         self,
@@ -80,8 +83,8 @@ class SessionSearch:
         if match not in MATCH_MODES:
             allowed = ", ".join(repr(m) for m in MATCH_MODES)
             raise InvalidInputError(f"match: {match!r} is not one of {allowed}")
-        expression = build_match(text, match)
-        if expression is None:
+        plan = plan_match(text, match)
+        if plan is None:
             return SearchResult(results=())
         terms = query_terms(text)
 
@@ -103,7 +106,8 @@ class SessionSearch:
                 continue  # a sandboxed caller is held to its own tree
             run = partial(
                 _search_one,
-                match=expression,
+                plan=plan,
+                stats=self._term_stats.setdefault(store.agent, TermStats()),
                 scope=scope,
                 caller=caller_key.raw,
                 clamp_sandboxed=clamp and store is own,
@@ -130,7 +134,8 @@ def _own_scope(visibility: str) -> DbScope:
 def _search_one(
     reader: TranscriptReader,
     *,
-    match: str,
+    plan: MatchPlan,
+    stats: TermStats,
     scope: DbScope,
     caller: str,
     clamp_sandboxed: bool,
@@ -145,7 +150,9 @@ def _search_one(
         row = conn.execute("SELECT sandboxed FROM sessions WHERE key = ?", (caller,)).fetchone()
         if row is not None and row[0]:
             scope = "tree"
-    page = search_scope(conn, match, scope=scope, caller=caller, session_key=session_key, keep=pool)
+    page = search_scope(
+        conn, plan, scope=scope, caller=caller, session_key=session_key, keep=pool, stats=stats
+    )
     snippets = [make_snippet(redactor.redact(c.text), terms) for c in page.candidates]
     return _AgentPage(page, snippets)
 

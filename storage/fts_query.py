@@ -29,8 +29,8 @@ from __future__ import annotations
 
 import re
 import threading
-from collections.abc import Iterator
-from typing import Literal, TypeAlias
+from collections.abc import Iterator, Sequence
+from typing import Literal, NamedTuple, TypeAlias
 
 import apsw
 
@@ -269,8 +269,26 @@ def is_cjk(term: str) -> bool:
     return _CJK_RUN.fullmatch(term) is not None
 
 
-def build_match(query: str, match: MatchMode = "phrase") -> str | None:
-    """An FTS5 MATCH expression for `query`, or None when it holds no searchable word.
+class MatchPlan(NamedTuple):
+    """A query as FTS5 expressions: one per term, and the whole-query phrase (if any).
+
+    The search may leave out terms too common to rank by (storage/search.py); `expression`
+    joins what is kept.
+    """
+
+    terms: tuple[str, ...]  # the index's form of each term, for the commonness probe
+    term_exprs: tuple[str, ...]  # one quoted FTS5 expression per term
+    phrase: str | None  # the whole query as a phrase, or None
+
+    def expression(self, keep: Sequence[bool] | None = None, *, joiner: str = " OR ") -> str:
+        kept = [e for i, e in enumerate(self.term_exprs) if keep is None or keep[i]]
+        if self.phrase is not None and (keep is None or all(keep)) and joiner == " OR ":
+            kept.insert(0, self.phrase)
+        return joiner.join(kept)
+
+
+def plan_match(query: str, match: MatchMode = "phrase") -> MatchPlan | None:
+    """The `MatchPlan` of `query`, or None when it holds no searchable word.
 
     Every term is emitted as a double-quoted FTS5 string, so nothing the user typed is
     ever read as FTS5 syntax.
@@ -282,10 +300,17 @@ def build_match(query: str, match: MatchMode = "phrase") -> str | None:
     if not terms:
         return None
     prefix = match == "prefix"
-    parts = [_term_expr(t, prefix=prefix and i == len(terms) - 1) for i, t in enumerate(terms)]
+    exprs = [_term_expr(t, prefix=prefix and i == len(terms) - 1) for i, t in enumerate(terms)]
+    phrase = None
     if len(terms) > 1 and not any(is_cjk(t) for t in terms):
-        parts.insert(0, _quote(" ".join(terms)) + (" *" if prefix else ""))
-    return " OR ".join(parts)
+        phrase = _quote(" ".join(terms)) + (" *" if prefix else "")
+    return MatchPlan(tuple(terms), tuple(exprs), phrase)
+
+
+def build_match(query: str, match: MatchMode = "phrase") -> str | None:
+    """The full FTS5 MATCH expression for `query` (every term and the phrase), or None."""
+    plan = plan_match(query, match)
+    return None if plan is None else plan.expression()
 
 
 def _term_expr(term: str, *, prefix: bool) -> str:

@@ -13,6 +13,8 @@ from typing import Literal, NamedTuple, TypeAlias, cast
 
 import apsw
 
+from .fts_query import MatchPlan
+
 # "all" is every session in this database; the cross-agent part of `all` is the caller's.
 DbScope: TypeAlias = Literal["self", "tree", "all"]
 
@@ -43,19 +45,32 @@ _TREE = (
     " SELECT s.key FROM sessions s JOIN tree t ON s.spawned_by = t.key)"
     " SELECT s.id, s.dirty FROM sessions s JOIN tree USING (key)"
 )
-# The pool of best BM25 matches that conversational reranking then reorders.
+# The pool of best BM25 matches that conversational reranking then reorders. `{rank}` is
+# `f.rank` (BM25), or 0.0 with `{order}` newest-first when every term is common.
 _MATCH_FILTERED = (
-    "SELECT f.rowid, f.rank, e.session_id, e.depth FROM message_fts f"
+    "SELECT f.rowid, {rank}, e.session_id, e.depth FROM message_fts f"
     " JOIN events e ON e.id = f.rowid"
-    " WHERE message_fts MATCH ? AND {where} ORDER BY f.rank, f.rowid DESC LIMIT ?"
+    " WHERE message_fts MATCH ? AND {where} ORDER BY {order} LIMIT ?"
 )
 # Nothing to filter: rank first, then look up only the pool's rows.
 _MATCH_ALL = (
-    "SELECT m.rowid, m.rank, e.session_id, e.depth FROM"
-    " (SELECT rowid, rank FROM message_fts WHERE message_fts MATCH ?"
-    "  ORDER BY rank, rowid DESC LIMIT ?) m"
-    " JOIN events e ON e.id = m.rowid ORDER BY m.rank, m.rowid DESC"
+    "SELECT m.rowid, m.r, e.session_id, e.depth FROM"
+    " (SELECT rowid, {rank} AS r FROM message_fts f WHERE message_fts MATCH ?"
+    "  ORDER BY {order} LIMIT ?) m"
+    " JOIN events e ON e.id = m.rowid ORDER BY m.r, m.rowid DESC"
 )
+_BY_RANK = {"rank": "f.rank", "order": "f.rank, f.rowid DESC"}
+_BY_RECENCY = {"rank": "0.0", "order": "f.rowid DESC"}
+_BY_RECENCY_ALL_TERMS = {"rank": "-1.0", "order": "f.rowid DESC"}  # ahead of any-term rows
+
+# A term in more than COMMON_FRACTION of an agent's indexed messages is "common": BM25
+# gives it almost no weight, yet ranking by it means FTS5 reads its whole doclist (bm25's
+# document frequency), tens of milliseconds at a million messages. Common terms are left
+# out when the query has others; a query of only common terms is answered newest first.
+# Small indexes are never pruned: there every term is cheap.
+COMMON_FRACTION = 0.05
+MIN_ROWS_TO_PRUNE = 20_000
+_TERM_CACHE_SIZE = 4096
 POOL = 50
 # Conversational reranking (tuned on the LoCoMo dev split, stable within ±0.01 R@10 for
 # NEIGHBOUR 0.1-0.3, SESSION 0.05-0.2): a message gains a share of the scores of the pool
@@ -68,19 +83,85 @@ _DETAILS = (
 )
 
 
+class TermStats:
+    """Which terms are common in one database, cached per reader connection.
+
+    An answer is reused until the index has grown or shrunk by a quarter since it was
+    found; a term near the threshold may be misjudged for a while, which only moves it
+    between "ranked" and "left out when rarer terms exist".
+    """
+
+    def __init__(self) -> None:
+        self._common: dict[str, tuple[bool, int]] = {}
+
+    def is_common(self, conn: apsw.Connection, term_expr: str, total: int) -> bool:
+        cached = self._common.get(term_expr)
+        if cached is not None and abs(total - cached[1]) * 4 <= cached[1]:
+            return cached[0]
+        offset = int(total * COMMON_FRACTION)
+        # Walks at most `offset` entries of the doclist, newest first: no ranking, no IDF.
+        row = conn.execute(
+            "SELECT rowid FROM message_fts WHERE message_fts MATCH ?"
+            " ORDER BY rowid DESC LIMIT 1 OFFSET ?",
+            (term_expr, offset),
+        ).fetchone()
+        if len(self._common) >= _TERM_CACHE_SIZE:
+            self._common.clear()
+        self._common[term_expr] = (row is not None, total)
+        return row is not None
+
+
+def indexed_rows(conn: apsw.Connection) -> int:
+    """How many rows the index holds, from FTS5's own totals record (no scan)."""
+    row = conn.execute("SELECT block FROM message_fts_data WHERE id = 1").fetchone()
+    if row is None or not row[0]:
+        return 0
+    return _varint(bytes(row[0]))
+
+
+def _varint(data: bytes) -> int:
+    """SQLite's big-endian variable-length integer at the start of `data`."""
+    value = 0
+    for i, byte in enumerate(data[:9]):
+        if i == 8:
+            return (value << 8) | byte
+        value = (value << 7) | (byte & 0x7F)
+        if byte < 0x80:
+            return value
+    return value
+
+
+def _ranking(
+    conn: apsw.Connection, plan: MatchPlan, stats: TermStats
+) -> list[tuple[str, dict[str, str]]]:
+    """The (MATCH expression, ordering) queries to run, in order, to fill the pool."""
+    total = indexed_rows(conn)
+    if total < MIN_ROWS_TO_PRUNE:
+        return [(plan.expression(), _BY_RANK)]
+    common = [stats.is_common(conn, expr, total) for expr in plan.term_exprs]
+    if not all(common):
+        return [(plan.expression([not c for c in common]), _BY_RANK)]
+    # Only common terms: newest messages holding all of them, then any of them.
+    queries = [(plan.expression(), _BY_RECENCY)]
+    if len(plan.term_exprs) > 1:
+        queries.insert(0, (plan.expression(joiner=" AND "), _BY_RECENCY_ALL_TERMS))
+    return queries
+
+
 def search_scope(
     conn: apsw.Connection,
-    match: str,
+    plan: MatchPlan,
     *,
     scope: DbScope,
     caller: str,
     session_key: str | None,
     keep: int,
+    stats: TermStats,
 ) -> ScopePage:
-    """The `keep` best visible matches of `match` (an FTS5 expression from `build_match`)."""
+    """The `keep` best visible matches of `plan` (from `plan_match`)."""
     with conn:  # one read transaction: visibility and matches from the same snapshot
         any_dirty = conn.execute("SELECT 1 FROM sessions WHERE dirty LIMIT 1").fetchone()
-        params: list[object] = [match]
+        params: list[object] = []
         sql = _MATCH_ALL
         if scope == "all" and session_key is None:
             visible_dirty = 0
@@ -88,8 +169,8 @@ def search_scope(
                 (visible_dirty,) = conn.execute(
                     "SELECT count(*) FROM sessions WHERE dirty"
                 ).fetchone() or (0,)
-                sql = _MATCH_FILTERED.format(
-                    where="e.session_id NOT IN (SELECT id FROM sessions WHERE dirty)"
+                sql = _MATCH_FILTERED.replace(
+                    "{where}", "e.session_id NOT IN (SELECT id FROM sessions WHERE dirty)"
                 )
         else:
             if session_key is not None and scope == "all":
@@ -105,10 +186,22 @@ def search_scope(
             visible_dirty = len(visible) - len(clean)
             if not clean:
                 return ScopePage([], visible_dirty, bool(any_dirty))
-            sql = _MATCH_FILTERED.format(where="e.session_id IN (SELECT value FROM json_each(?))")
+            sql = _MATCH_FILTERED.replace(
+                "{where}", "e.session_id IN (SELECT value FROM json_each(?))"
+            )
             params.append(json.dumps(clean))
-        params.append(max(POOL, keep))
-        pooled = cast(list[tuple[int, float, int, int]], conn.execute(sql, params).fetchall())
+        pool_size = max(POOL, keep)
+        pooled: list[tuple[int, float, int, int]] = []
+        seen: set[int] = set()
+        for expression, ordering in _ranking(conn, plan, stats):
+            query = sql.format(**ordering)
+            rows = conn.execute(query, [expression, *params, pool_size - len(pooled)])
+            for row in cast(list[tuple[int, float, int, int]], rows.fetchall()):
+                if row[0] not in seen:
+                    seen.add(row[0])
+                    pooled.append(row)
+            if len(pooled) >= pool_size:
+                break
         if not pooled:
             return ScopePage([], visible_dirty, bool(any_dirty))
         ranked = rerank(pooled)[:keep]

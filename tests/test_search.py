@@ -17,7 +17,7 @@ import pytest
 import activememory as am
 from activememory.protocol.search import MAX_ANSWER_BYTES
 
-from index_probe import agent_db, indexed_tokens, tokenize
+from index_probe import agent_db, connect, indexed_tokens, tokenize
 
 pytestmark = pytest.mark.anyio
 
@@ -246,3 +246,48 @@ async def test_a_reply_is_found_by_the_words_of_the_message_before_it(mem: am.Me
     db_tokens = indexed_tokens(agent_db(mem.state_dir), column="context")
     assert db_tokens[reply.id] == tokenize("Which museum did you visit in Lisbon?")
     assert db_tokens[reply.id - 1] == []  # the first message has no context
+
+
+@pytest.fixture
+def small_prune_threshold(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Prune common terms in a tiny index, so the rule is testable without 20k rows."""
+    from activememory.storage import search as storage_search
+
+    monkeypatch.setattr(storage_search, "MIN_ROWS_TO_PRUNE", 10)
+    monkeypatch.setattr(storage_search, "COMMON_FRACTION", 0.3)
+
+
+async def test_common_terms_are_left_out_when_rarer_ones_exist(
+    mem: am.Memory, small_prune_threshold: None
+) -> None:
+    plain = [(await put(mem, user(f"common chatter {i}"))).id for i in range(30)]
+    rare = [(await put(mem, user(f"common zephyr {i}"))).id for i in range(3)]
+    # "common" is in every message: only "zephyr" decides, so only its messages match.
+    assert set(await search(mem, "common zephyr", limit=25)) == set(rare)
+    # Only common terms: newest first (BM25 could not tell them apart anyway).
+    newest = await search(mem, "common", limit=5)
+    assert newest == (plain + rare)[::-1][:5]
+
+
+async def test_only_common_terms_put_messages_holding_all_of_them_first(
+    mem: am.Memory, small_prune_threshold: None
+) -> None:
+    both = [(await put(mem, user(f"alpha beta {i}"))).id for i in range(15)]
+    alpha = [(await put(mem, user(f"alpha only {i}"))).id for i in range(15)]
+    beta = [(await put(mem, user(f"beta only {i}"))).id for i in range(15)]
+    found = await search(mem, "alpha beta", limit=25)
+    assert found[:15] == both[::-1]
+    assert set(found[15:]) <= set(alpha + beta)
+
+
+async def test_indexed_rows_reads_the_index_totals(mem: am.Memory) -> None:
+    from activememory.storage.search import indexed_rows
+
+    for i in range(300):
+        await mem.sessions.append(KEY, user(f"message {i}"))
+    await mem.sessions.append(KEY, am.Message(role="tool", content="not indexed"))
+    conn = connect(agent_db(mem.state_dir))
+    try:
+        assert indexed_rows(conn) == 300
+    finally:
+        conn.close()
