@@ -24,7 +24,7 @@ from .storage.fts_query import MATCH_MODES
 
 SAMPLES = ("sample-alice.jsonl", "sample-team.jsonl")
 IMPORT_FORMATS = ("jsonl", "locomo")
-BENCHMARKS = ("indexing", "locomo", "search")
+BENCHMARKS = ("indexing", "locomo", "search", "cjk")
 T = TypeVar("T")
 WAIT_FOR_INDEX_SECONDS = 60
 
@@ -260,6 +260,10 @@ def _bench(args: argparse.Namespace) -> int:
         from .simulations import bench_search
 
         return bench_search.main(args.bench_args)
+    if args.name == "cjk":
+        from .simulations import bench_cjk
+
+        return bench_cjk.main(args.bench_args)
     from .simulations import bench_indexing
 
     return bench_indexing.main(args.bench_args)
