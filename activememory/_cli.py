@@ -93,7 +93,7 @@ def _parser() -> argparse.ArgumentParser:
     stats.add_argument("--json", action="store_true")
     stats.set_defaults(run=_stats)
 
-    bench = commands.add_parser("bench", help="run a benchmark (indexing, locomo, search)")
+    bench = commands.add_parser("bench", help="run a benchmark (indexing, locomo, search, cjk)")
     bench.add_argument("name", choices=BENCHMARKS)
     bench.add_argument("bench_args", nargs=argparse.REMAINDER)
     bench.set_defaults(run=_bench)
