@@ -68,7 +68,7 @@ _BY_RECENCY_ALL_TERMS = {"rank": "-1.0", "order": "f.rowid DESC"}  # ahead of an
 # document frequency), tens of milliseconds at a million messages. Common terms are left
 # out when the query has others; a query of only common terms is answered newest first.
 # Small indexes are never pruned: there every term is cheap.
-COMMON_FRACTION = 0.05
+COMMON_FRACTION = 0.01
 MIN_ROWS_TO_PRUNE = 20_000
 _TERM_CACHE_SIZE = 4096
 POOL = 50
@@ -186,10 +186,13 @@ def search_scope(
             visible_dirty = len(visible) - len(clean)
             if not clean:
                 return ScopePage([], visible_dirty, bool(any_dirty))
+            # The visible sessions' rowid span bounds what FTS5 walks (ids grow with seq).
+            low, high = _rowid_span(conn, clean)
             sql = _MATCH_FILTERED.replace(
-                "{where}", "e.session_id IN (SELECT value FROM json_each(?))"
+                "{where}",
+                "f.rowid BETWEEN ? AND ? AND e.session_id IN (SELECT value FROM json_each(?))",
             )
-            params.append(json.dumps(clean))
+            params += [low, high, json.dumps(clean)]
         pool_size = max(POOL, keep)
         pooled: list[tuple[int, float, int, int]] = []
         seen: set[int] = set()
@@ -237,6 +240,22 @@ def rerank(pooled: list[tuple[int, float, int, int]]) -> list[tuple[int, float]]
         scored.append((rowid, score))
     scored.sort(key=lambda item: (-item[1], -item[0]))
     return scored
+
+
+def _rowid_span(conn: apsw.Connection, session_ids: list[int]) -> tuple[int, int]:
+    """The smallest and largest event id of these sessions: two index seeks each."""
+    low = high = None
+    for sid in session_ids:
+        row = conn.execute(
+            "SELECT (SELECT id FROM events WHERE session_id = ?1 ORDER BY seq LIMIT 1),"
+            " (SELECT id FROM events WHERE session_id = ?1 ORDER BY seq DESC LIMIT 1)",
+            (sid,),
+        ).fetchone()
+        if row is None or row[0] is None:
+            continue
+        low = row[0] if low is None else min(low, row[0])
+        high = row[1] if high is None else max(high, row[1])
+    return (low or 0, high or 0)
 
 
 def _visible_sessions(conn: apsw.Connection, scope: DbScope, caller: str) -> list[tuple[int, int]]:
