@@ -68,7 +68,7 @@ _BY_RECENCY_ALL_TERMS = {"rank": "-1.0", "order": "f.rowid DESC"}  # ahead of an
 # document frequency), tens of milliseconds at a million messages. Common terms are left
 # out when the query has others; a query of only common terms is answered newest first.
 # Small indexes are never pruned: there every term is cheap.
-COMMON_FRACTION = 0.01
+COMMON_FRACTION = 0.005  # one message in 200
 MIN_ROWS_TO_PRUNE = 20_000
 _TERM_CACHE_SIZE = 4096
 POOL = 50
