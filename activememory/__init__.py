@@ -4,6 +4,8 @@ Before a bot replies, a bounded recall step searches what the bot knows about th
 hands the reply model one short, grounded note, or nothing. See README.md and SPEC §9.
 """
 
+from .protocol.config import ActiveMemoryConfig as ActiveMemoryConfig
+from .protocol.config import Config as Config
 from .protocol.content import MAX_CONTENT_BYTES as MAX_CONTENT_BYTES
 from .protocol.content import Block as Block
 from .protocol.content import ImageBlock as ImageBlock
@@ -20,6 +22,10 @@ from .protocol.errors import InvalidInputError as InvalidInputError
 from .protocol.errors import MemoryClosedError as MemoryClosedError
 from .protocol.errors import SessionNotFoundError as SessionNotFoundError
 from .protocol.errors import StorageError as StorageError
+from .protocol.recall import RecallOutcome as RecallOutcome
+from .protocol.recall import Sender as Sender
+from .protocol.recall import SessionSwitches as SessionSwitches
+from .protocol.recall import Turn as Turn
 from .protocol.search import SearchHit as SearchHit
 from .protocol.search import SearchResult as SearchResult
 from .protocol.session_key import SessionKey as SessionKey
@@ -29,6 +35,9 @@ from .protocol.transcript import ImportEntry as ImportEntry
 from .protocol.transcript import IndexStats as IndexStats
 from .protocol.transcript import SessionInfo as SessionInfo
 
+from ._config import ConfigError as ConfigError  # isort: skip
+from ._config import ConfigWarning as ConfigWarning  # isort: skip
+from ._config import load_config as load_config  # isort: skip
 from ._memory import Memory as Memory  # isort: skip
 from ._memory import Sessions as Sessions  # isort: skip
 from ._memory import open_memory as open_memory  # isort: skip

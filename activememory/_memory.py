@@ -9,8 +9,12 @@ from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
+from ._commands import Commands
+from ._config import load_config
+from ._recall import Recaller
 from ._search import SessionSearch
 from .actors.supervisor import AgentStore, Supervisor, open_supervisor
+from .protocol.config import Config
 from .protocol.content import Message, message_from_mapping
 from .protocol.errors import (
     InvalidInputError,
@@ -37,7 +41,8 @@ from .protocol.indexer import (
     RewindSession,
     Rewound,
 )
-from .protocol.search import DEFAULT_LIMIT, SearchResult, search_settings
+from .protocol.recall import RecallOutcome, Sender, Turn
+from .protocol.search import DEFAULT_LIMIT, SearchResult
 from .protocol.session_key import SessionKey, parse_session_key
 from .protocol.transcript import Event, ImportEntry, IndexStats, SessionInfo
 from .storage.db import DURABILITY_LEVELS, Durability
@@ -280,14 +285,15 @@ class Sessions:
 class Memory:
     """An open active memory: what `open_memory()` yields.
 
-    `sessions` holds the transcripts and their index.
+    `sessions` holds the transcripts and their index; `recall`, `command` and
+    `reload_config` are Active Memory (SPEC §4).
     """
 
     def __init__(
         self,
         supervisor: Supervisor,
         *,
-        config: Mapping[str, Any] | None,
+        config: Config,
         models: Mapping[str, Any] | None,
         tools: Mapping[str, Any] | None,
         clock: Callable[[], float],
@@ -295,18 +301,79 @@ class Memory:
         self._supervisor = supervisor
         self.state_dir = supervisor.state_dir
         self.executor: ExecutorKind = supervisor.executor_kind
-        self.config = config
+        self._config = config
         self.models = dict(models or {})
         self.tools = dict(tools or {})
-        search = SessionSearch(supervisor, search_settings(config), on_dirty=AgentStore.poke)
+        search = SessionSearch(supervisor, config.search, on_dirty=AgentStore.poke)
         self.sessions = Sessions(supervisor, clock, search)
+        self._commands = Commands(supervisor, lambda: self._config, self._swap_config)
+        self._recaller = Recaller(
+            supervisor,
+            search,
+            self._commands,
+            lambda: self._config,
+            models=self.models,
+            tools=self.tools,
+        )
+
+    @property
+    def config(self) -> Config:
+        """The configuration the next turn uses."""
+        return self._config
+
+    def _swap_config(self, config: Config) -> None:
+        # Search settings (visibility, redaction) follow the config, like recall does.
+        self.sessions._search.configure(config.search)
+        self._config = config
+
+    def reload_config(
+        self, config: str | os.PathLike[str] | Mapping[str, Any] | Config | None = None
+    ) -> Config:
+        """Replace the configuration; the next turn uses it, nothing restarts.
+
+        `config` is a path, a mapping or an `am.Config`; None re-reads the file the current
+        config came from. Recalls already running finish under the values they started
+        with. Raises `am.ConfigError` for bad config, and then nothing changes.
+
+        Cancellation: not a blocking call; it reads the file synchronously.
+        """
+        if config is None:
+            if self._config.source is None:
+                raise InvalidInputError("config: there is no config file to reload")
+            config = self._config.source
+        loaded = load_config(config)
+        self._swap_config(loaded)
+        return loaded
+
+    async def recall(self, turn: Turn) -> RecallOutcome:
+        """Run the recall step for `turn` and say what it found (SPEC §4).
+
+        Never raises for storage or model trouble: the outcome's status says what happened
+        (`skipped` with a `reason` when the turn is not eligible). Raises
+        `InvalidInputError` only for a malformed `turn`.
+
+        Cancellation: nothing is written by a recall, so cancelling it leaves nothing
+        behind; reads already started finish on their worker thread.
+        """
+        return await self._recaller.recall(turn)
+
+    async def command(self, session_key: str, text: str, *, sender: Sender) -> str | None:
+        """Handle `/active-memory`, `/verbose` or `/trace` (SPEC §4.3); None for other text.
+
+        Returns the reply to show. Session switches persist across restarts; `--global`
+        needs `sender.owner` or the `operator.admin` scope, and otherwise changes nothing.
+
+        Cancellation: if cancelled before a switch is queued nothing changes; after that it
+        may still be committed. A `--global` file write is atomic: old or new file.
+        """
+        return await self._commands.run(session_key, text, sender=sender)
 
 
 @contextlib.asynccontextmanager
 async def open_memory(
     state_dir: str | os.PathLike[str],
     *,
-    config: Mapping[str, Any] | None = None,
+    config: Config | Mapping[str, Any] | str | os.PathLike[str] | None = None,
     models: Mapping[str, Any] | None = None,
     tools: Mapping[str, Any] | None = None,
     executor: ExecutorKind = "thread",
@@ -336,8 +403,9 @@ async def open_memory(
         raise InvalidInputError(f"durability: {durability!r} is not one of {allowed}")
     if not isinstance(state_dir, str | os.PathLike):
         raise InvalidInputError(f"state_dir: expected a path, got {type(state_dir).__name__}")
+    loaded = load_config(config if config is not None else {})
     async with open_supervisor(Path(state_dir), executor, durability=durability) as supervisor:
-        yield Memory(supervisor, config=config, models=models, tools=tools, clock=clock)
+        yield Memory(supervisor, config=loaded, models=models, tools=tools, clock=clock)
 
 
 async def _submit_to(store: AgentStore, command: IndexerCommand, expect: type[A]) -> A:

@@ -57,14 +57,18 @@ class SessionSearch:
         on_dirty: Callable[[AgentStore], None] = lambda store: None,
     ) -> None:
         self._supervisor = supervisor
-        self.settings = settings
-        try:
-            self.redactor = Redactor(settings.redact_patterns)
-        except InvalidInputError as exc:  # name the key as it is spelled in the config
-            raise InvalidInputError(f"logging.{exc}") from None
+        self.configure(settings)
         self._on_dirty = on_dirty
         # Per agent database; only ever used on that database's reader executor.
         self._term_stats: dict[str, TermStats] = {}
+
+    def configure(self, settings: SearchSettings) -> None:
+        """Use these settings from the next search on (searches running keep theirs)."""
+        try:
+            redactor = Redactor(settings.redact_patterns)
+        except InvalidInputError as exc:  # name the key as it is spelled in the config
+            raise InvalidInputError(f"logging.{exc}") from None
+        self.settings, self.redactor = settings, redactor
 
     async def search(
         self,
@@ -121,6 +125,39 @@ class SessionSearch:
                 self._on_dirty(store)
             pages.append(found)
         return _assemble(pages, limit)
+
+    async def search_private(
+        self, query: str, *, caller: SessionKey, limit: int = DEFAULT_LIMIT
+    ) -> SearchResult:
+        """Cross-conversation recall's transcript search (SPEC §4.2).
+
+        Only the caller's agent database, scoped in SQL to that agent's other private
+        conversations (`storage.search._PRIVATE`); `tools.sessions.visibility` plays no part
+        and is not widened. A caller that is not itself private gets nothing.
+        """
+        text = _check_query(query)
+        if not 1 <= limit <= MAX_LIMIT:
+            raise InvalidInputError(f"limit: {limit!r} is not an integer from 1 to {MAX_LIMIT}")
+        plan = plan_match(text, "phrase")
+        if plan is None or not caller.is_private or caller.agent is None:
+            return SearchResult(results=())
+        store = await self._supervisor.agent(caller.agent)
+        run = partial(
+            _search_one,
+            plan=plan,
+            stats=self._term_stats.setdefault(store.agent, TermStats()),
+            scope="private",
+            caller=caller.raw,
+            clamp_sandboxed=False,
+            session_key=None,
+            pool=limit + 1,
+            terms=query_terms(text),
+            redactor=self.redactor,
+        )
+        found = await store.read(run)
+        if found.page.any_dirty:
+            self._on_dirty(store)
+        return _assemble([found], limit)
 
     async def _caller_sandboxed(self, own: AgentStore, caller: SessionKey) -> bool:
         info = await own.read(lambda reader: reader.session(caller.raw))

@@ -12,6 +12,7 @@ from typing import Literal, TypeAlias
 import msgspec
 
 from .content import Message
+from .recall import SessionSwitches, TraceMode
 from .session_key import SessionKey
 from .transcript import Event, ImportEntry
 
@@ -85,6 +86,17 @@ class ReindexChunk(_Command, tag="reindex", frozen=True, kw_only=True):
     max_rows: int
 
 
+class SetSwitches(_Command, tag="switches", frozen=True, kw_only=True):
+    """Commands → indexer: change a session's slash-command switches (None: unchanged).
+
+    The session need not exist yet: a switch set before the first message applies to it.
+    """
+
+    active_memory: bool | None = None
+    verbose: bool | None = None
+    trace: TraceMode | None = None
+
+
 IndexerCommand: TypeAlias = (
     CreateSession
     | AppendMessage
@@ -94,6 +106,7 @@ IndexerCommand: TypeAlias = (
     | ImportTranscript
     | RebuildIndex
     | ReindexChunk
+    | SetSwitches
 )
 
 
@@ -162,6 +175,12 @@ class Reindexed(_Ack, tag="reindexed", frozen=True, kw_only=True):
     clean: bool = False
 
 
+class SwitchesSet(_Ack, tag="switches_set", frozen=True, kw_only=True):
+    """Indexer → commands: the session's switches as committed."""
+
+    switches: SessionSwitches
+
+
 RejectReason: TypeAlias = Literal["not_found", "invalid", "storage", "closed"]
 
 
@@ -173,5 +192,14 @@ class Rejected(_Ack, tag="rejected", frozen=True, kw_only=True):
 
 
 IndexerAck: TypeAlias = (
-    Created | Appended | Rewound | Deleted | Archived | Imported | Rebuilt | Reindexed | Rejected
+    Created
+    | Appended
+    | Rewound
+    | Deleted
+    | Archived
+    | Imported
+    | Rebuilt
+    | Reindexed
+    | SwitchesSet
+    | Rejected
 )

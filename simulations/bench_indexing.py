@@ -295,7 +295,9 @@ async def run_per_message(state_dir: Path, corpus: Corpus, durability: Durabilit
     async with open_supervisor(
         state_dir, "thread", durability=durability, max_batch=1
     ) as supervisor:
-        mem = Memory(supervisor, config=None, models=None, tools=None, clock=time.time)
+        mem = Memory(
+            supervisor, config=am.load_config({}), models=None, tools=None, clock=time.time
+        )
         result = await append_all(mem, corpus)
         check_stats("one transaction per message", await mem.sessions.stats(), corpus)
     return result

@@ -103,7 +103,21 @@ def _v2_context_and_cjk(conn: apsw.Connection) -> None:
     )
 
 
-MIGRATIONS: tuple[Migration, ...] = (_v1_transcripts, _v2_context_and_cjk)
+def _v3_session_switches(conn: apsw.Connection) -> None:
+    # Keyed by session key, not id: a switch may be set before the session's first message.
+    conn.execute(
+        """
+        CREATE TABLE session_switches(
+            key TEXT PRIMARY KEY,
+            active_memory INTEGER NOT NULL DEFAULT 1,
+            verbose INTEGER NOT NULL DEFAULT 0,
+            trace TEXT NOT NULL DEFAULT 'off' CHECK (trace IN ('off', 'on', 'raw'))
+        ) STRICT, WITHOUT ROWID;
+        """
+    )
+
+
+MIGRATIONS: tuple[Migration, ...] = (_v1_transcripts, _v2_context_and_cjk, _v3_session_switches)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

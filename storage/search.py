@@ -13,10 +13,12 @@ from typing import Literal, NamedTuple, TypeAlias, cast
 
 import apsw
 
+from ..protocol.session_key import parse_session_key
 from .fts_query import MatchPlan
 
 # "all" is every session in this database; the cross-agent part of `all` is the caller's.
-DbScope: TypeAlias = Literal["self", "tree", "all"]
+# "private" is cross-conversation recall's boundary (SPEC §4.2), never a visibility setting.
+DbScope: TypeAlias = Literal["self", "tree", "all", "private"]
 
 
 class Candidate(NamedTuple):
@@ -258,8 +260,24 @@ def _rowid_span(conn: apsw.Connection, session_ids: list[int]) -> tuple[int, int
     return (low or 0, high or 0)
 
 
+# The privacy boundary of cross-conversation recall, as SQL: only the same agent's other
+# private conversations (direct, or explicit UI sessions) that are persistent, interactive,
+# not archived, and not a sandboxed or spawned helper run. Groups, channels, unknown keys
+# (chat type `unknown`, no agent) and the current conversation never match.
+_PRIVATE = (
+    "SELECT id, dirty FROM sessions WHERE agent = ? AND key <> ?"
+    " AND chat_type IN ('direct', 'explicit') AND persistent = 1 AND interactive = 1"
+    " AND archived = 0 AND sandboxed = 0 AND spawned_by IS NULL"
+)
+
+
 def _visible_sessions(conn: apsw.Connection, scope: DbScope, caller: str) -> list[tuple[int, int]]:
-    if scope == "self":
+    if scope == "private":
+        key = parse_session_key(caller, field="caller")
+        if not key.is_private or key.agent is None:
+            return []  # a group, channel or unknown conversation is never a recall target
+        rows = conn.execute(_PRIVATE, (key.agent, key.raw))
+    elif scope == "self":
         rows = conn.execute("SELECT id, dirty FROM sessions WHERE key = ?", (caller,))
     elif scope == "tree":
         rows = conn.execute(_TREE, (caller,))

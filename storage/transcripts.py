@@ -38,7 +38,10 @@ from ..protocol.indexer import (
     Rejected,
     RewindSession,
     Rewound,
+    SetSwitches,
+    SwitchesSet,
 )
+from ..protocol.recall import SessionSwitches
 from ..protocol.session_key import SessionKey
 from ..protocol.transcript import Event, IndexStats, SessionInfo
 from .db import describe
@@ -162,6 +165,8 @@ class TranscriptWriter:
                 return self._rebuild(cmd)
             case ReindexChunk():
                 return self._reindex_chunk(cmd)
+            case SetSwitches():
+                return self._set_switches(cmd)
 
     def _flush_rows(self) -> None:
         """Write the rows appends have queued, a statement per table for the whole batch."""
@@ -373,9 +378,22 @@ class TranscriptWriter:
         self.conn.execute("DELETE FROM events WHERE session_id = ?", (state.id,))
         events = self.conn.changes()
         self.conn.execute("DELETE FROM sessions WHERE id = ?", (state.id,))
+        self.conn.execute("DELETE FROM session_switches WHERE key = ?", (key,))
         del self._sessions[key]
         self._touched.pop(key, None)
         return Deleted(events=events, index_rows=index_rows)
+
+    def _set_switches(self, cmd: SetSwitches) -> IndexerAck:
+        key = cmd.key.raw
+        self.conn.execute(
+            "INSERT INTO session_switches(key) VALUES (?) ON CONFLICT DO NOTHING", (key,)
+        )
+        self.conn.execute(
+            "UPDATE session_switches SET active_memory = coalesce(?, active_memory),"
+            " verbose = coalesce(?, verbose), trace = coalesce(?, trace) WHERE key = ?",
+            (cmd.active_memory, cmd.verbose, cmd.trace, key),
+        )
+        return SwitchesSet(switches=read_switches(self.conn, key))
 
     def _archive(self, cmd: ArchiveSession) -> IndexerAck:
         key = cmd.key.raw
@@ -583,6 +601,10 @@ class TranscriptReader:
             for event_id, parent_id, seq, ts, role, content in reversed(rows)
         ]
 
+    def switches(self, key: str) -> SessionSwitches:
+        """The session's slash-command switches (the defaults if never set)."""
+        return read_switches(self.conn, key)
+
     def dirty_sessions(self, limit: int) -> list[tuple[str, int]]:
         """Up to `limit` dirty sessions as (key, revision), oldest first."""
         rows = self.conn.execute(
@@ -615,6 +637,16 @@ class TranscriptReader:
             db_bytes=pages,
             fts_integrity_ok=fts_integrity_ok(self.conn) if check_integrity else True,
         )
+
+
+def read_switches(conn: apsw.Connection, key: str) -> SessionSwitches:
+    row = conn.execute(
+        "SELECT active_memory, verbose, trace FROM session_switches WHERE key = ?", (key,)
+    ).fetchone()
+    if row is None:
+        return SessionSwitches()
+    active_memory, verbose, trace = row
+    return SessionSwitches(active_memory=bool(active_memory), verbose=bool(verbose), trace=trace)
 
 
 def fts_integrity_ok(conn: apsw.Connection) -> bool:

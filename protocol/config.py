@@ -1,0 +1,578 @@
+"""The configuration schema (SPEC §4.1): keys, types, ranges and defaults, in one place.
+
+Two families of Structs live here:
+
+- the **file shape** (`ConfigFile` and the sections under it): what the JSON5 file may say,
+  with the file's camelCase key names. `activememory._config` walks a mapping against these
+  types to report problems in its own words, then `msgspec.convert`s it.
+- the **resolved view** (`Config`): what `am.load_config` returns and the pipeline reads.
+
+Sections activememory owns (`plugins.entries.active-memory` and everything under it) forbid
+unknown keys. The rest of the file belongs to the host that shares it: unknown keys there
+pass through, and only the keys read here are typed.
+
+Two `Meta(extra=...)` keys speak to the loader: `"invalid"` on a string pattern gives the
+words used when the pattern does not match (`<path>: "<value>" <invalid>`); `"deprecated"` on
+a field makes its presence a warning (`<path> <deprecated>`).
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Annotated, Any, Literal, TypeAlias
+
+import msgspec
+
+from .search import SearchSettings
+from .session_key import AGENT_ID
+
+ChatKind: TypeAlias = Literal["direct", "group", "channel", "explicit"]
+QueryMode: TypeAlias = Literal["message", "recent", "full"]
+PromptStyle: TypeAlias = Literal[
+    "balanced", "strict", "contextual", "recall-heavy", "precision-heavy", "preference-only"
+]
+Thinking: TypeAlias = Literal["off", "minimal", "low", "medium", "high", "xhigh", "adaptive", "max"]
+QmdSearchMode: TypeAlias = Literal["inherit", "search", "vsearch", "query"]
+DmScope: TypeAlias = Literal["main", "per-peer", "per-channel-peer", "per-account-channel-peer"]
+# The wire protocol activememory speaks; providers with another `api` stay in the file (it
+# is shared with the host) but cannot serve recall.
+RECALL_API = "openai-completions"
+
+PLUGIN_ID = "active-memory"
+DEFAULT_MEMORY_SLOT = "memory-core"
+DEFAULT_AGENT = "main"
+
+# What each memory slot's plugin registers (SPEC §4.7); any other slot has no default tools.
+SLOT_TOOLS: dict[str, tuple[str, ...]] = {
+    "memory-core": ("memory_search", "memory_get"),
+    "memory-records": ("memory_recall",),
+    "memory-lancedb": ("memory_recall",),
+}
+
+_STYLE_BY_QUERY_MODE: dict[QueryMode, PromptStyle] = {
+    "message": "strict",
+    "recent": "balanced",
+    "full": "contextual",
+}
+
+# `\Z`, not `$`: `$` also matches before a trailing newline.
+ModelRef: TypeAlias = Annotated[
+    str,
+    msgspec.Meta(
+        pattern=r"^[^/\s]+/\S+\Z",
+        extra={"invalid": "is not a model reference of the form provider/model"},
+    ),
+]
+AgentId: TypeAlias = Annotated[
+    str,
+    msgspec.Meta(
+        pattern=rf"^(?:{AGENT_ID.pattern})\Z",
+        extra={
+            "invalid": "is not an agent id (lowercase letters, digits, _ and -, "
+            "starting with a letter or digit, at most 64 characters)"
+        },
+    ),
+]
+# Relative, inside the sessions folder: not empty, not absolute (also not `C:`), no `..`
+# component, not the sessions folder itself (`.`), no backslash or control characters.
+TranscriptDir: TypeAlias = Annotated[
+    str,
+    msgspec.Meta(
+        pattern=(
+            r"^(?![A-Za-z]:)(?!/)(?!(?:.*/)?\.\.(?:/|\Z))(?!(?:\.(?:/+|\Z))+\Z)"
+            r"[^\x00-\x1f\x7f\\]+\Z"
+        ),
+        extra={
+            "invalid": 'must be a relative path inside the sessions folder (no "..", not absolute)'
+        },
+    ),
+]
+NonEmptyStr: TypeAlias = Annotated[str, msgspec.Meta(min_length=1)]
+
+
+class QmdConfig(
+    msgspec.Struct, frozen=True, kw_only=True, rename="camel", forbid_unknown_fields=True
+):
+    """`plugins.entries.active-memory.config.qmd`: the QMD memory backend, for recall only."""
+
+    search_mode: Annotated[
+        QmdSearchMode,
+        msgspec.Meta(
+            description='QMD search mode the recall sub-agent uses; "inherit" follows the '
+            "main memory backend setting"
+        ),
+    ] = "search"
+
+
+class ActiveMemoryConfig(
+    msgspec.Struct, frozen=True, kw_only=True, rename="camel", forbid_unknown_fields=True
+):
+    """`plugins.entries.active-memory.config`: the Active Memory settings (SPEC §4.1)."""
+
+    enabled: Annotated[
+        bool,
+        msgspec.Meta(
+            description="Global switch of Active Memory (`/active-memory on|off --global` "
+            "writes it)"
+        ),
+    ] = True
+    agents: Annotated[
+        tuple[AgentId, ...] | None,
+        msgspec.Meta(
+            description="Agent ids advanced Active Memory runs for; unset: every configured "
+            'agent, else ["main"]'
+        ),
+    ] = None
+    model: Annotated[
+        ModelRef | None,
+        msgspec.Meta(
+            description="Recall model (provider/model); unset: inherit the session's model"
+        ),
+    ] = None
+    model_fallback: Annotated[
+        ModelRef | None,
+        msgspec.Meta(
+            description="Last link of the model chain, used only when nothing else resolves"
+        ),
+    ] = None
+    model_fallback_policy: Annotated[
+        object,
+        msgspec.Meta(
+            description="Deprecated: accepted and ignored, with one warning",
+            extra={
+                "deprecated": "is deprecated and ignored: modelFallback is only the last link "
+                "of the model chain, never a failover when a model errors"
+            },
+        ),
+    ] = None
+    allowed_chat_types: Annotated[
+        tuple[ChatKind, ...],
+        msgspec.Meta(description="Conversation types advanced Active Memory may run in"),
+    ] = ("direct",)
+    allowed_chat_ids: Annotated[
+        tuple[NonEmptyStr, ...],
+        msgspec.Meta(
+            description="Allowlist of conversation ids (case-insensitive); when non-empty, "
+            "fails closed"
+        ),
+    ] = ()
+    denied_chat_ids: Annotated[
+        tuple[NonEmptyStr, ...],
+        msgspec.Meta(description="Blocklist of conversation ids (case-insensitive); always wins"),
+    ] = ()
+    query_mode: Annotated[
+        QueryMode,
+        msgspec.Meta(description="How much of the conversation the recall sub-agent sees"),
+    ] = "recent"
+    prompt_style: Annotated[
+        PromptStyle | None,
+        msgspec.Meta(
+            description="How eager recall is to return memory; unset: strict for message, "
+            "balanced for recent, contextual for full"
+        ),
+    ] = None
+    tools_allow: Annotated[
+        tuple[NonEmptyStr, ...] | None,
+        msgspec.Meta(
+            description="Memory tools the recall sub-agent may call; unset: the memory slot's tools"
+        ),
+    ] = None
+    thinking: Annotated[
+        Thinking,
+        msgspec.Meta(description="Thinking level of the recall model only"),
+    ] = "off"
+    fast_mode: Annotated[
+        bool | Literal["auto"] | None,
+        msgspec.Meta(description='Fast mode of the recall model only (true, false or "auto")'),
+    ] = None
+    prompt_append: Annotated[
+        str | None,
+        msgspec.Meta(description="Operator instructions added after the recall prompt"),
+    ] = None
+    prompt_override: Annotated[
+        str | None,
+        msgspec.Meta(description="Replaces the recall prompt (conversation context still follows)"),
+    ] = None
+    timeout_ms: Annotated[
+        int,
+        msgspec.Meta(ge=250, le=120_000, description="Hard budget of one recall, in ms"),
+    ] = 15_000
+    setup_grace_timeout_ms: Annotated[
+        int,
+        msgspec.Meta(
+            ge=0, le=30_000, description="Extra cold-start budget added to timeoutMs, in ms"
+        ),
+    ] = 0
+    max_summary_chars: Annotated[
+        int,
+        msgspec.Meta(ge=40, le=1000, description="Longest recall summary, in characters"),
+    ] = 220
+    recent_user_turns: Annotated[
+        int,
+        msgspec.Meta(ge=0, le=4, description="Earlier user turns the recent query mode includes"),
+    ] = 2
+    recent_assistant_turns: Annotated[
+        int,
+        msgspec.Meta(
+            ge=0, le=3, description="Earlier assistant turns the recent query mode includes"
+        ),
+    ] = 1
+    recent_user_chars: Annotated[
+        int,
+        msgspec.Meta(ge=40, le=1000, description="Cut of each recent user turn, in characters"),
+    ] = 220
+    recent_assistant_chars: Annotated[
+        int,
+        msgspec.Meta(
+            ge=40, le=1000, description="Cut of each recent assistant turn, in characters"
+        ),
+    ] = 180
+    cache_ttl_ms: Annotated[
+        int,
+        msgspec.Meta(
+            ge=1000, le=120_000, description="How long an identical recall is reused, in ms"
+        ),
+    ] = 15_000
+    circuit_breaker_max_timeouts: Annotated[
+        int,
+        msgspec.Meta(ge=1, le=20, description="Consecutive timeouts that open the circuit breaker"),
+    ] = 3
+    circuit_breaker_cooldown_ms: Annotated[
+        int,
+        msgspec.Meta(
+            ge=5000, le=600_000, description="How long an open circuit breaker skips recall, in ms"
+        ),
+    ] = 60_000
+    logging: Annotated[bool, msgspec.Meta(description="Log each recall's start and end")] = False
+    persist_transcripts: Annotated[
+        bool,
+        msgspec.Meta(description="Keep the recall sub-agent's transcripts on disk"),
+    ] = False
+    transcript_dir: Annotated[
+        TranscriptDir,
+        msgspec.Meta(
+            description="Folder of kept recall transcripts, relative to the agent's sessions folder"
+        ),
+    ] = "active-memory"
+    qmd: Annotated[QmdConfig, msgspec.Meta(description="QMD backend settings for recall")] = (
+        QmdConfig()
+    )
+
+    @property
+    def effective_prompt_style(self) -> PromptStyle:
+        """`prompt_style` when set, else the style that goes with `query_mode` (SPEC §4.5)."""
+        if self.prompt_style is not None:
+            return self.prompt_style
+        return _STYLE_BY_QUERY_MODE[self.query_mode]
+
+
+# --- The file shape of the sections Active Memory reads -------------------------------------
+
+
+class ActiveMemoryEntry(
+    msgspec.Struct, frozen=True, kw_only=True, rename="camel", forbid_unknown_fields=True
+):
+    """`plugins.entries.active-memory`: the plugin's switch and its settings."""
+
+    enabled: Annotated[
+        bool,
+        msgspec.Meta(
+            description="Plugin switch; stays true when `--global` turns Active Memory off"
+        ),
+    ] = True
+    config: Annotated[ActiveMemoryConfig, msgspec.Meta(description="Active Memory settings")] = (
+        ActiveMemoryConfig()
+    )
+
+
+class PluginEntries(msgspec.Struct, frozen=True, kw_only=True, rename={"active_memory": PLUGIN_ID}):
+    """`plugins.entries`: other plugins' entries belong to the host and pass through."""
+
+    active_memory: Annotated[
+        ActiveMemoryEntry, msgspec.Meta(description="The Active Memory plugin entry")
+    ] = ActiveMemoryEntry()
+
+
+class PluginSlots(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """`plugins.slots`: only the memory slot is read."""
+
+    memory: Annotated[
+        str,
+        msgspec.Meta(description="Memory plugin in use; decides the default memory tools"),
+    ] = DEFAULT_MEMORY_SLOT
+
+
+class PluginsSection(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """`plugins`."""
+
+    slots: Annotated[PluginSlots, msgspec.Meta(description="Plugin slots")] = PluginSlots()
+    entries: Annotated[PluginEntries, msgspec.Meta(description="Plugin entries")] = PluginEntries()
+
+
+class AgentModelChoice(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """`agents.entries.<id>.model` in its object form; `fallbacks` and the rest pass through."""
+
+    primary: Annotated[ModelRef | None, msgspec.Meta(description="The agent's primary model")] = (
+        None
+    )
+
+
+class MemorySearchSection(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """`agents.entries.<id>.memory.search`."""
+
+    remember_across_conversations: Annotated[
+        bool | None,
+        msgspec.Meta(
+            description="Cross-conversation recall for this agent; unset: on unless DMs "
+            "are isolated"
+        ),
+    ] = None
+
+
+class AgentMemorySection(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """`agents.entries.<id>.memory`."""
+
+    search: Annotated[MemorySearchSection, msgspec.Meta(description="Memory search settings")] = (
+        MemorySearchSection()
+    )
+
+
+class AgentEntry(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """`agents.entries.<id>`."""
+
+    model: Annotated[
+        ModelRef | AgentModelChoice | None,
+        msgspec.Meta(description="The agent's primary model (provider/model)"),
+    ] = None
+    workspace: Annotated[
+        NonEmptyStr | None,
+        msgspec.Meta(description="The agent's workspace folder; relative to the state folder"),
+    ] = None
+    memory: Annotated[AgentMemorySection, msgspec.Meta(description="Memory settings")] = (
+        AgentMemorySection()
+    )
+
+
+class AgentsSection(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """`agents`: `defaults` and other host keys pass through."""
+
+    entries: Annotated[
+        dict[AgentId, AgentEntry], msgspec.Meta(description="Per-agent settings by agent id")
+    ] = {}
+
+
+class SessionSection(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """`session` (also the shape of `bindings[].session`)."""
+
+    dm_scope: Annotated[
+        DmScope | None,
+        msgspec.Meta(description='How direct messages are split into sessions; unset: "main"'),
+    ] = None
+
+
+class BindingSession(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """`bindings[].session`."""
+
+    dm_scope: Annotated[
+        str | None, msgspec.Meta(description="The binding's override of session.dmScope")
+    ] = None
+
+
+class BindingEntry(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """`bindings[]`: `match` and the rest belong to the host."""
+
+    agent_id: Annotated[
+        str | None, msgspec.Meta(description="Agent the binding routes to; unset: any")
+    ] = None
+    session: Annotated[BindingSession, msgspec.Meta(description="Session overrides")] = (
+        BindingSession()
+    )
+
+
+class ProviderModel(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """`models.providers.<name>.models[]`: one model a provider serves."""
+
+    id: Annotated[str, msgspec.Meta(description="Model id, the part after provider/")]
+    name: Annotated[str | None, msgspec.Meta(description="Display name")] = None
+
+
+class Provider(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """`models.providers.<name>`: a model provider (recall uses the OpenAI-compatible ones)."""
+
+    @property
+    def serves_recall(self) -> bool:
+        return self.api == RECALL_API and bool(self.base_url)
+
+    base_url: Annotated[
+        str | None, msgspec.Meta(description="API base URL, e.g. https://host/v1")
+    ] = None
+    api_key: Annotated[
+        str | None, msgspec.Meta(description="API key; ${ENV} names an environment variable")
+    ] = None
+    api: Annotated[
+        str, msgspec.Meta(description="Wire protocol; recall uses openai-completions providers")
+    ] = RECALL_API
+    models: Annotated[
+        tuple[ProviderModel, ...], msgspec.Meta(description="Models this provider serves")
+    ] = ()
+
+
+class ModelsSection(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """`models`."""
+
+    providers: Annotated[
+        dict[str, Provider], msgspec.Meta(description="Model providers by name")
+    ] = {}
+
+
+class ConfigFile(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """The whole config file, as far as activememory reads it; other keys are the host's."""
+
+    plugins: Annotated[PluginsSection, msgspec.Meta(description="Plugins")] = PluginsSection()
+    agents: Annotated[AgentsSection, msgspec.Meta(description="Agents")] = AgentsSection()
+    session: Annotated[SessionSection, msgspec.Meta(description="Session routing")] = (
+        SessionSection()
+    )
+    bindings: Annotated[
+        tuple[BindingEntry, ...], msgspec.Meta(description="Channel-to-agent bindings")
+    ] = ()
+    models: Annotated[ModelsSection, msgspec.Meta(description="Model providers")] = ModelsSection()
+
+
+# --- The resolved view ---------------------------------------------------------------------
+
+
+class AgentSettings(msgspec.Struct, frozen=True, kw_only=True):
+    """What the config says about one agent (`agents.entries.<id>`)."""
+
+    model: Annotated[
+        str | None, msgspec.Meta(description="Primary model (provider/model); None: unset")
+    ] = None
+    workspace: Annotated[
+        str | None, msgspec.Meta(description="Workspace folder as written; None: the default")
+    ] = None
+    remember_across_conversations: Annotated[
+        bool | None,
+        msgspec.Meta(description="Explicit cross-conversation recall switch; None: unset"),
+    ] = None
+
+
+class Binding(msgspec.Struct, frozen=True, kw_only=True):
+    """One `bindings[]` entry, as far as recall cares: whom it routes to, how it splits DMs."""
+
+    agent_id: Annotated[
+        str | None, msgspec.Meta(description="`agentId`; None applies to every agent")
+    ] = None
+    dm_scope: Annotated[
+        str | None, msgspec.Meta(description="`session.dmScope`; None: no override")
+    ] = None
+
+
+class Config(msgspec.Struct, frozen=True, kw_only=True):
+    """A loaded, validated configuration: what `am.load_config` returns.
+
+    Immutable: a reload or `/active-memory ... --global` builds a new one, so a recall keeps
+    the snapshot it started with. `raw` is the mapping as written (before `${ENV}`
+    expansion), kept so a change can be written back without leaking secrets.
+    """
+
+    active_memory: Annotated[
+        ActiveMemoryConfig,
+        msgspec.Meta(description="`plugins.entries.active-memory.config`"),
+    ] = ActiveMemoryConfig()
+    plugin_enabled: Annotated[
+        bool, msgspec.Meta(description="`plugins.entries.active-memory.enabled`")
+    ] = True
+    memory_slot: Annotated[str, msgspec.Meta(description="`plugins.slots.memory`")] = (
+        DEFAULT_MEMORY_SLOT
+    )
+    agents: Annotated[
+        dict[str, AgentSettings], msgspec.Meta(description="`agents.entries` by agent id")
+    ] = {}
+    dm_scope: Annotated[DmScope | None, msgspec.Meta(description="`session.dmScope`")] = None
+    bindings: Annotated[tuple[Binding, ...], msgspec.Meta(description="`bindings`")] = ()
+    providers: Annotated[
+        dict[str, Provider], msgspec.Meta(description="`models.providers` by name")
+    ] = {}
+    search: Annotated[
+        SearchSettings, msgspec.Meta(description="`sessions_search` settings (SPEC §3)")
+    ] = SearchSettings()
+    source: Annotated[
+        str | None, msgspec.Meta(description="The file this was loaded from; None: a mapping")
+    ] = None
+    raw: Annotated[
+        dict[str, Any], msgspec.Meta(description="The mapping as written, before ${ENV} expansion")
+    ] = {}
+    warnings: Annotated[
+        tuple[str, ...], msgspec.Meta(description="Warnings issued while loading")
+    ] = ()
+
+    @property
+    def enabled(self) -> bool:
+        """Both switches are on: the plugin entry's `enabled` and `config.enabled` (SPEC §4.2)."""
+        return self.plugin_enabled and self.active_memory.enabled
+
+    def remember_across_conversations(self, agent: str) -> bool:
+        """The effective `rememberAcrossConversations` of `agent` (SPEC §4.2).
+
+        An explicit true/false in `agents.entries.<agent>.memory.search` wins. Otherwise it is
+        on only while DMs are not isolated: `session.dmScope` unset or "main", and no binding
+        that applies to this agent (its `agentId` is the agent or unset) sets another scope.
+        """
+        settings = self.agents.get(agent)
+        if settings is not None and settings.remember_across_conversations is not None:
+            return settings.remember_across_conversations
+        if self.dm_scope not in (None, "main"):
+            return False
+        return not any(
+            binding.dm_scope not in (None, "main")
+            for binding in self.bindings
+            if binding.agent_id is None or binding.agent_id == agent
+        )
+
+    def recall_agents(self) -> tuple[str, ...]:
+        """The agents advanced Active Memory targets: `config.agents`, else every configured
+        agent, else `("main",)`."""
+        if self.active_memory.agents is not None:
+            return self.active_memory.agents
+        if self.agents:
+            return tuple(self.agents)
+        return (DEFAULT_AGENT,)
+
+    def agent_model(self, agent: str) -> str | None:
+        """The primary model configured for `agent`, or None."""
+        settings = self.agents.get(agent)
+        return None if settings is None else settings.model
+
+    def workspace(self, agent: str, state_dir: Path) -> Path:
+        """The workspace folder of `agent` (its `MEMORY.md` and `memory/*.md` live there).
+
+        `agents.entries.<agent>.workspace` (a leading `~` is the home folder; a relative path
+        is relative to `state_dir`), else `state_dir/agents/<agent>/workspace`.
+        """
+        settings = self.agents.get(agent)
+        if settings is None or settings.workspace is None:
+            return state_dir / "agents" / agent / "workspace"
+        return state_dir / Path(settings.workspace).expanduser()
+
+    def default_tools(self) -> tuple[str, ...]:
+        """The memory tools recall may call when `toolsAllow` is unset, by memory slot."""
+        return SLOT_TOOLS.get(self.memory_slot, ())
+
+    def with_enabled(self, enabled: bool) -> Config:
+        """This config with `config.enabled` set to `enabled` and the plugin entry enabled.
+
+        `raw` is updated the same way (the rest of it is unchanged), so writing it back
+        persists the switch; `source` stays the same.
+        """
+        raw = copy.deepcopy(self.raw)
+        entry = raw.setdefault("plugins", {}).setdefault("entries", {}).setdefault(PLUGIN_ID, {})
+        entry["enabled"] = True
+        entry.setdefault("config", {})["enabled"] = enabled
+        return msgspec.structs.replace(
+            self,
+            active_memory=msgspec.structs.replace(self.active_memory, enabled=enabled),
+            plugin_enabled=True,
+            raw=raw,
+        )

@@ -1,0 +1,137 @@
+"""What a bot hands the recall pipeline, and what it gets back (SPEC §4, §9).
+
+`Turn` and `Sender` come from the host; `SessionSwitches` are the per-session slash-command
+switches (SPEC §4.3), persisted in the agent database; `RecallOutcome` is the answer of
+`mem.recall`.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, TypeAlias
+
+import msgspec
+
+from .content import Message
+from .errors import InvalidInputError
+from .session_key import parse_session_key
+
+Trigger: TypeAlias = Literal["user", "heartbeat", "system", "inter_session"]
+TRIGGERS: tuple[Trigger, ...] = ("user", "heartbeat", "system", "inter_session")
+Surface: TypeAlias = Literal["interactive", "headless", "background", "agent_command", "subagent"]
+SURFACES: tuple[Surface, ...] = (
+    "interactive",
+    "headless",
+    "background",
+    "agent_command",
+    "subagent",
+)
+TraceMode: TypeAlias = Literal["off", "on", "raw"]
+TRACE_MODES: tuple[TraceMode, ...] = ("off", "on", "raw")
+
+RecallStatus: TypeAlias = Literal[
+    "ok",
+    "timeout_partial",
+    "timeout",
+    "empty",
+    "no_relevant_memory",
+    "unavailable",
+    "failed",
+    "skipped",
+]
+# The two activation paths of SPEC §4.2.
+RecallPath: TypeAlias = Literal["cross_conversation", "advanced"]
+
+
+class Turn(msgspec.Struct, frozen=True, kw_only=True):
+    """One turn the bot is about to answer.
+
+    `messages` is the conversation so far, oldest first, ending with the latest user
+    message. `trigger` and `surface` say where the turn comes from; recall runs only for
+    `trigger="user"` on the `interactive` surface. `model` is the session's current model
+    (`provider/model`), if the host has one. Construction raises `InvalidInputError` naming
+    the field.
+    """
+
+    session_key: str
+    messages: tuple[Message, ...] | list[Message]  # a list is stored as a tuple
+    trigger: Trigger = "user"
+    surface: Surface = "interactive"
+    model: str | None = None
+
+    def __post_init__(self) -> None:
+        parse_session_key(self.session_key, field="Turn.session_key")
+        messages = self.messages
+        if not isinstance(messages, list | tuple):
+            raise InvalidInputError(
+                f"Turn.messages: expected a list of am.Message, got {type(messages).__name__}"
+            )
+        for i, message in enumerate(messages):
+            if not isinstance(message, Message):
+                raise InvalidInputError(
+                    f"Turn.messages[{i}]: expected am.Message, got {type(message).__name__}"
+                )
+        if not messages:
+            raise InvalidInputError("Turn.messages: is empty; it must end with a user message")
+        if messages[-1].role != "user":
+            raise InvalidInputError(
+                f"Turn.messages[{len(messages) - 1}]: the last message has role "
+                f"{messages[-1].role!r}; it must be the latest user message"
+            )
+        if isinstance(messages, list):
+            msgspec.structs.force_setattr(self, "messages", tuple(messages))
+        _check_choice("Turn.trigger", self.trigger, TRIGGERS)
+        _check_choice("Turn.surface", self.surface, SURFACES)
+        if self.model is not None and (not isinstance(self.model, str) or not self.model):
+            raise InvalidInputError(
+                f"Turn.model: expected a provider/model string, got {self.model!r}"
+            )
+
+
+class Sender(msgspec.Struct, frozen=True, kw_only=True):
+    """Who sent a slash command: `--global` needs the owner or the `operator.admin` scope."""
+
+    owner: bool = False
+    scopes: tuple[str, ...] = ()
+    id: str | None = None
+
+    @property
+    def is_admin(self) -> bool:
+        return self.owner is True or "operator.admin" in self.scopes
+
+
+class SessionSwitches(msgspec.Struct, frozen=True, kw_only=True):
+    """The per-session switches of SPEC §4.3; a session nobody switched has the defaults."""
+
+    active_memory: bool = True
+    verbose: bool = False
+    trace: TraceMode = "off"
+
+
+class RecallOutcome(msgspec.Struct, frozen=True, kw_only=True):
+    """What `mem.recall(turn)` answers.
+
+    `prompt_prefix` is the hidden block for the reply model (None unless a note was
+    recalled). `status_line` and `debug_line` are always filled in; `followups` holds the
+    ones the session's `/verbose` and `/trace` switches ask to send after the reply (with
+    `/trace raw`, the raw prefix block too). `paths` are the activation paths that let the
+    turn recall; `reason` says why a `skipped` or `unavailable` turn did not.
+    """
+
+    status: RecallStatus
+    summary: str | None = None
+    elapsed_ms: float = 0.0
+    prompt_prefix: str | None = None
+    status_line: str = ""
+    debug_line: str = ""
+    followups: tuple[str, ...] = ()
+    cached: bool = False
+    query_mode: str = ""
+    model: str | None = None
+    paths: tuple[RecallPath, ...] = ()
+    reason: str = ""
+
+
+def _check_choice(field: str, value: object, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        options = ", ".join(repr(a) for a in allowed)
+        raise InvalidInputError(f"{field}: {value!r} is not one of {options}")
