@@ -23,6 +23,8 @@ from .protocol.errors import MemoryClosedError as MemoryClosedError
 from .protocol.errors import SessionNotFoundError as SessionNotFoundError
 from .protocol.errors import StorageError as StorageError
 from .protocol.recall import RecallOutcome as RecallOutcome
+from .protocol.recall import RecallPlan as RecallPlan
+from .protocol.recall import RecallRequest as RecallRequest
 from .protocol.recall import Sender as Sender
 from .protocol.recall import SessionSwitches as SessionSwitches
 from .protocol.recall import Turn as Turn

@@ -24,6 +24,7 @@ import json5
 import msgspec
 import msgspec.inspect as mi
 
+from ._redaction import Redactor
 from .protocol.config import (
     AgentModelChoice,
     AgentSettings,
@@ -112,6 +113,11 @@ def load_config(
     except InvalidInputError as exc:  # the same words, collected with the others
         errors.append(str(exc))
         search = None
+    if search is not None:
+        try:
+            Redactor(search.redact_patterns)  # a pattern that does not compile is bad config
+        except InvalidInputError as exc:
+            errors.append(f"logging.{exc}")
     if errors or search is None:
         raise ConfigError(dict.fromkeys(errors), source=name)  # fromkeys: drop repeats, keep order
     try:

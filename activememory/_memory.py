@@ -41,7 +41,7 @@ from .protocol.indexer import (
     RewindSession,
     Rewound,
 )
-from .protocol.recall import RecallOutcome, Sender, Turn
+from .protocol.recall import RecallOutcome, RecallPlan, Sender, Turn
 from .protocol.search import DEFAULT_LIMIT, SearchResult
 from .protocol.session_key import SessionKey, parse_session_key
 from .protocol.transcript import Event, ImportEntry, IndexStats, SessionInfo
@@ -356,6 +356,17 @@ class Memory:
         behind; reads already started finish on their worker thread.
         """
         return await self._recaller.recall(turn)
+
+    async def plan_recall(self, turn: Turn) -> RecallPlan:
+        """The preflight of `recall` alone: would this turn recall, and with what request?
+
+        Returns an `am.RecallPlan`: its `request` (an `am.RecallRequest`: model, prompt,
+        conversation context, search query, tools) or the `status` and `reason` the turn
+        would end with. Nothing is run and nothing is written.
+
+        Cancellation: as for `recall`.
+        """
+        return await self._recaller.plan(turn)
 
     async def command(self, session_key: str, text: str, *, sender: Sender) -> str | None:
         """Handle `/active-memory`, `/verbose` or `/trace` (SPEC §4.3); None for other text.

@@ -20,6 +20,7 @@ from ._output import (
     STATUS_LINE_LABEL,
 )
 from .protocol.content import Message
+from .storage.fts_query import STOPWORDS
 
 QueryMode: TypeAlias = Literal["message", "recent", "full"]
 QUERY_MODES: tuple[QueryMode, ...] = ("message", "recent", "full")
@@ -33,7 +34,7 @@ FULL_MAX_CHARS = 12000
 # The search query handed to the memory tools (SPEC §4.4: "a few hundred characters").
 SEARCH_QUERY_MAX_CHARS = 300
 # A latest message with fewer than this many substantial words is a tiny follow-up ("why?")…
-FOLLOW_UP_MIN_WORDS = 3
+FOLLOW_UP_MIN_WORDS = 2
 # …where a substantial word has at least this many letters or digits…
 FOLLOW_UP_WORD_MIN_CHARS = 3
 # …and it is searched together with the end of the previous user turn, this long at most.
@@ -259,7 +260,12 @@ def _clean_for_search(text: str) -> str:
 
 
 def _substantial_words(text: str) -> int:
-    return sum(1 for word in _WORD.findall(text) if len(word) >= FOLLOW_UP_WORD_MIN_CHARS)
+    # Function words ("and the ... ?") carry nothing a search can find.
+    return sum(
+        1
+        for word in _WORD.findall(text)
+        if len(word) >= FOLLOW_UP_WORD_MIN_CHARS and word.casefold() not in STOPWORDS
+    )
 
 
 def _head_at_word(text: str, max_chars: int) -> str:
@@ -299,7 +305,8 @@ def build_search_query(
     in `(untrusted metadata):` and the fenced block under it; envelope lines such as
     `[Telegram Alice id:123 2026-01-01 10:00]` at the start), whitespace-collapsed and cut to
     `max_chars` at a word boundary. A tiny follow-up (fewer than `FOLLOW_UP_MIN_WORDS` words of
-    `FOLLOW_UP_WORD_MIN_CHARS`+ letters or digits, e.g. "why?") is preceded by the end of the
+    `FOLLOW_UP_WORD_MIN_CHARS`+ letters or digits that are not English function words, e.g.
+    "why?", "and the return?") is preceded by the end of the
     previous user turn, at most `FOLLOW_UP_CONTEXT_CHARS` characters, so the search has
     something to find.
 

@@ -16,19 +16,30 @@ import anyio
 
 from ._commands import Commands
 from ._output import debug_line, hidden_prefix, status_line, summarize
-from ._policy import Eligibility, decide
+from ._policy import decide
 from ._query import (
     LOCAL_MODEL,
     agent_primary_model,
+    build_query_text,
     build_search_query,
     filter_tools_allow,
+    resolve_prompt_style,
     resolve_recall_model,
+    system_prompt,
 )
 from ._search import SessionSearch
 from .actors.supervisor import Supervisor
 from .protocol.config import Config
 from .protocol.errors import InvalidInputError
-from .protocol.recall import RecallOutcome, RecallPath, RecallStatus, SessionSwitches, Turn
+from .protocol.recall import (
+    RecallOutcome,
+    RecallPath,
+    RecallPlan,
+    RecallRequest,
+    RecallStatus,
+    SessionSwitches,
+    Turn,
+)
 from .protocol.search import SearchHit
 from .protocol.session_key import SessionKey, parse_session_key
 
@@ -62,67 +73,110 @@ class Recaller:
         if not isinstance(turn, Turn):
             raise InvalidInputError(f"turn: expected am.Turn, got {type(turn).__name__}")
         config = self._get_config()  # one snapshot: a reload applies from the next turn
-        key = parse_session_key(turn.session_key, field="Turn.session_key")
         started = anyio.current_time()
-        am = config.active_memory
-        query_mode = am.query_mode
+        query_mode = config.active_memory.query_mode
+        switches = SessionSwitches()
         with anyio.move_on_after(PREFLIGHT_S) as preflight:
-            store = await self._supervisor.agent(key.store_agent)
-            session = await store.read(lambda reader: reader.session(key.raw))
+            key = parse_session_key(turn.session_key, field="Turn.session_key")
             switches = await self._commands.switches(key)
+            plan = await self._plan(config, turn, key, switches)
         if preflight.cancelled_caught:
             return self._finish(
-                "skipped", started, query_mode, SessionSwitches(), reason="preflight over budget"
+                "skipped", started, query_mode, switches, reason="preflight over budget"
             )
-        verdict = decide(config, key, session, switches, trigger=turn.trigger, surface=turn.surface)
-        if not verdict.eligible:
-            return self._finish("skipped", started, query_mode, switches, reason=verdict.reason)
-        model = self.resolve_model(config, key, turn.model)
-        if model is None:
+        request = plan.request
+        if request is None:
+            assert plan.status is not None
             return self._finish(
-                "skipped", started, query_mode, switches, verdict, reason="no recall model resolves"
-            )
-        tools = self.usable_tools(config)
-        if not tools:
-            return self._finish(
-                "unavailable",
+                plan.status,
                 started,
                 query_mode,
                 switches,
-                verdict,
-                model=model,
-                reason="no allowed memory tool is available",
+                plan.paths,
+                model=plan.model,
+                reason=plan.reason,
             )
-        search_query = build_search_query(turn.messages)
-        budget = (am.timeout_ms + am.setup_grace_timeout_ms) / 1000
+        budget = (request.timeout_ms + request.setup_grace_timeout_ms) / 1000
         details: dict[str, object] = {}
         summary = ""
         with anyio.move_on_after(budget) as work:
-            summary = await self._stand_in(key, verdict, tools, search_query, details)
+            summary = await self._stand_in(request, details)
+        status: RecallStatus = "ok" if summary else "no_relevant_memory"
         if work.cancelled_caught:
-            return self._finish(
-                "timeout", started, query_mode, switches, verdict, model=model, details=details
-            )
-        if not summary:
-            return self._finish(
-                "no_relevant_memory",
-                started,
-                query_mode,
-                switches,
-                verdict,
-                model=model,
-                details=details,
-            )
+            status, summary = "timeout", ""
         return self._finish(
-            "ok",
+            status,
             started,
             query_mode,
             switches,
-            verdict,
-            model=model,
-            summary=summarize(summary, am.max_summary_chars),
+            plan.paths,
+            model=request.model,
+            summary=summarize(summary, request.max_summary_chars),
             details=details,
         )
+
+    async def plan(self, turn: Turn) -> RecallPlan:
+        """The preflight alone: eligibility, model, tools and what the sub-agent would see."""
+        if not isinstance(turn, Turn):
+            raise InvalidInputError(f"turn: expected am.Turn, got {type(turn).__name__}")
+        key = parse_session_key(turn.session_key, field="Turn.session_key")
+        switches = await self._commands.switches(key)
+        return await self._plan(self._get_config(), turn, key, switches)
+
+    async def _plan(
+        self, config: Config, turn: Turn, key: SessionKey, switches: SessionSwitches
+    ) -> RecallPlan:
+        store = await self._supervisor.agent(key.store_agent)
+        session = await store.read(lambda reader: reader.session(key.raw))
+        verdict = decide(config, key, session, switches, trigger=turn.trigger, surface=turn.surface)
+        if not verdict.eligible:
+            return RecallPlan(request=None, status="skipped", reason=verdict.reason)
+        model = self.resolve_model(config, key, turn.model)
+        if model is None:
+            return RecallPlan(
+                request=None,
+                status="skipped",
+                reason="no recall model resolves",
+                paths=verdict.paths,
+            )
+        tools = self.usable_tools(config)
+        if not tools:
+            return RecallPlan(
+                request=None,
+                status="unavailable",
+                reason="no allowed memory tool is available",
+                paths=verdict.paths,
+                model=model,
+            )
+        am = config.active_memory
+        style = resolve_prompt_style(am.query_mode, am.prompt_style)
+        request = RecallRequest(
+            session_key=key.raw,
+            agent=key.agent or key.store_agent,
+            model=model,
+            prompt=system_prompt(
+                style, prompt_append=am.prompt_append, prompt_override=am.prompt_override
+            ),
+            prompt_style=style,
+            query_mode=am.query_mode,
+            context=build_query_text(
+                turn.messages,
+                mode=am.query_mode,
+                recent_user_turns=am.recent_user_turns,
+                recent_assistant_turns=am.recent_assistant_turns,
+                recent_user_chars=am.recent_user_chars,
+                recent_assistant_chars=am.recent_assistant_chars,
+            ),
+            search_query=build_search_query(turn.messages),
+            tools=tools,
+            transcripts=verdict.transcripts and "memory_search" in tools,
+            thinking=am.thinking,
+            fast_mode=am.fast_mode,
+            timeout_ms=am.timeout_ms,
+            setup_grace_timeout_ms=am.setup_grace_timeout_ms,
+            max_summary_chars=am.max_summary_chars,
+        )
+        return RecallPlan(request=request, paths=verdict.paths, model=model)
 
     def resolve_model(
         self, config: Config, key: SessionKey, session_model: str | None
@@ -153,22 +207,18 @@ class Recaller:
         available = _SLOT_TOOLS.get(config.memory_slot, frozenset()) | set(self._tools)
         return tuple(name for name in names if name in available)
 
-    async def _stand_in(
-        self,
-        key: SessionKey,
-        verdict: Eligibility,
-        tools: tuple[str, ...],
-        query: str,
-        details: dict[str, object],
-    ) -> str:
+    async def _stand_in(self, request: RecallRequest, details: dict[str, object]) -> str:
         """The recall step until the runtime lands: one memory_search, the best hit."""
-        if "memory_search" not in tools or not query:
+        if "memory_search" not in request.tools or not request.search_query:
             details["hits"] = 0
             return ""
         searched = anyio.current_time()
         hits: tuple[SearchHit, ...] = ()
-        if verdict.transcripts:  # only the cross-conversation path may read transcripts
-            result = await self._search.search_private(query, caller=key, limit=_SEARCH_HITS)
+        if request.transcripts:  # only the cross-conversation path may read transcripts
+            key = parse_session_key(request.session_key)
+            result = await self._search.search_private(
+                request.search_query, caller=key, limit=_SEARCH_HITS
+            )
             hits = result.results
         details["backend"] = "builtin"
         details["effectiveMode"] = "search"
@@ -182,7 +232,7 @@ class Recaller:
         started: float,
         query_mode: str,
         switches: SessionSwitches,
-        verdict: Eligibility | None = None,
+        paths: tuple[RecallPath, ...] = (),
         *,
         model: str | None = None,
         summary: str = "",
@@ -190,7 +240,6 @@ class Recaller:
         details: Mapping[str, object] | None = None,
     ) -> RecallOutcome:
         elapsed_ms = (anyio.current_time() - started) * 1000
-        paths: tuple[RecallPath, ...] = verdict.paths if verdict else ()
         prefix = hidden_prefix(summary) if status in ("ok", "timeout_partial") else None
         line = status_line(
             status=status,

@@ -107,6 +107,47 @@ class SessionSwitches(msgspec.Struct, frozen=True, kw_only=True):
     trace: TraceMode = "off"
 
 
+class RecallRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """What the recall sub-agent is given (SPEC §4.4-§4.8), built in preflight.
+
+    `prompt` is the system prompt (the style's, or `promptOverride`, then `promptAppend`);
+    `context` the conversation as `query_mode` shows it (injected Active Memory output
+    stripped); `search_query` the short query for memory tools; `tools` the memory tools it
+    may call; `transcripts` whether memory_search may read the agent's other private
+    conversations (cross-conversation recall). `thinking` and `fast_mode` apply to the
+    recall model only.
+    """
+
+    session_key: str
+    agent: str
+    model: str
+    prompt: str
+    prompt_style: str
+    query_mode: str
+    context: str
+    search_query: str
+    tools: tuple[str, ...]
+    transcripts: bool
+    thinking: str = "off"
+    fast_mode: bool | str | None = None
+    timeout_ms: int
+    setup_grace_timeout_ms: int = 0
+    max_summary_chars: int
+
+
+class RecallPlan(msgspec.Struct, frozen=True, kw_only=True):
+    """The preflight's verdict: a `request` to run, or the `status` and `reason` it ends with.
+
+    `status` is None when there is a request to run.
+    """
+
+    request: RecallRequest | None
+    status: RecallStatus | None = None
+    reason: str = ""
+    paths: tuple[RecallPath, ...] = ()
+    model: str | None = None
+
+
 class RecallOutcome(msgspec.Struct, frozen=True, kw_only=True):
     """What `mem.recall(turn)` answers.
 
