@@ -176,3 +176,19 @@ def _check_choice(field: str, value: object, allowed: tuple[str, ...]) -> None:
     if value not in allowed:
         options = ", ".join(repr(a) for a in allowed)
         raise InvalidInputError(f"{field}: {value!r} is not one of {options}")
+
+
+class ToolResult(msgspec.Struct, frozen=True, kw_only=True):
+    """What one memory tool call gave the recall model.
+
+    `content` is the text the model reads (JSON for the built-in tools); `data` the
+    structured fields, when the tool has them; `evidence` whether it counts as recall
+    evidence (SPEC §4.7: non-empty, unless its structured fields say empty or failed);
+    `error` a failure message (never evidence).
+    """
+
+    name: str
+    content: str
+    data: dict[str, object] | None = None
+    evidence: bool = False
+    error: str | None = None

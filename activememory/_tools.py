@@ -1,0 +1,232 @@
+"""The memory tools a recall model may call, and the `RecallModel` protocol (SPEC §4.7-§4.8).
+
+A `RecallTools` is made for one recall run: it knows the tools the run may call, calls
+them, keeps every result (the evidence gate reads it afterwards), records the run's
+transcript lines, and holds the model's latest draft answer (what a timed-out run can still
+offer as a partial answer).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Protocol, runtime_checkable
+
+import anyio
+import msgspec
+
+from .protocol.errors import InvalidInputError
+from .protocol.recall import RecallRequest, ToolResult
+
+ToolHandler = Callable[[Mapping[str, Any]], Awaitable[ToolResult]]
+# A line of the sub-agent transcript (JSONL): {"type": ..., "at": seconds since start, ...}.
+TranscriptSink = Callable[[dict[str, Any]], None]
+
+# JSON schemas of the built-in tools, in the OpenAI function-calling shape.
+TOOL_SCHEMAS: dict[str, dict[str, Any]] = {
+    "memory_search": {
+        "description": (
+            "Search the user's memory notes and, when allowed, the agent's other private "
+            "conversations. Returns the best matching excerpts."
+        ),
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "query": {"type": "string", "description": "What to look for"},
+                "maxResults": {"type": "integer", "minimum": 1, "maximum": 25},
+            },
+            "required": ["query"],
+            "additionalProperties": False,
+        },
+    },
+    "memory_get": {
+        "description": (
+            "Read lines of a memory note, or one message of a conversation, by the path a "
+            "memory_search result gave."
+        ),
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "path": {"type": "string"},
+                "from": {"type": "integer", "minimum": 1},
+                "lines": {"type": "integer", "minimum": 1, "maximum": 200},
+            },
+            "required": ["path"],
+            "additionalProperties": False,
+        },
+    },
+    "memory_recall": {
+        "description": "Search the scoped memory records of the user.",
+        "parameters": {
+            "type": "object",
+            "properties": {"query": {"type": "string"}},
+            "required": ["query"],
+            "additionalProperties": False,
+        },
+    },
+}
+# A host tool without a `schema` attribute takes any object.
+ANY_ARGUMENTS: dict[str, Any] = {"type": "object", "additionalProperties": True}
+MAX_TOOL_CONTENT_CHARS = 16_000  # what one tool call can put in front of the model
+
+_encode = msgspec.json.Encoder().encode
+
+
+class RecallTools:
+    """The tools of one recall run. Model authors call `call` and, optionally, `draft`.
+
+    Cancellation: `call` is cancelled like any await; a tool stuck in a thread keeps the
+    call waiting, but never the bot: the run is abandoned at its budget.
+    """
+
+    def __init__(
+        self,
+        handlers: Mapping[str, ToolHandler],
+        *,
+        schemas: Mapping[str, dict[str, Any]] | None = None,
+        transcript: TranscriptSink | None = None,
+    ) -> None:
+        self._handlers = dict(handlers)
+        self._schemas = dict(schemas or {})
+        self._transcript = transcript
+        self.results: list[ToolResult] = []
+        self.draft_text: str | None = None
+        self.draft_at: float | None = None
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The tools this run may call, in the order `toolsAllow` gave them."""
+        return tuple(self._handlers)
+
+    @property
+    def evidence(self) -> bool:
+        """Has any call of this run returned recall evidence?"""
+        return any(r.evidence for r in self.results)
+
+    def schemas(self) -> list[dict[str, Any]]:
+        """The allowed tools as OpenAI `tools` entries (`{"type": "function", ...}`)."""
+        out = []
+        for name in self._handlers:
+            schema = self._schemas.get(name) or TOOL_SCHEMAS.get(name) or {}
+            out.append(
+                {
+                    "type": "function",
+                    "function": {
+                        "name": name,
+                        "description": schema.get("description", f"The {name} memory tool."),
+                        "parameters": schema.get("parameters", ANY_ARGUMENTS),
+                    },
+                }
+            )
+        return out
+
+    async def call(self, name: str, arguments: Mapping[str, Any] | None = None) -> ToolResult:
+        """Call the memory tool `name` with `arguments`; never raises for a tool's failure.
+
+        A tool that is not allowed, bad arguments, or an exception inside the tool give a
+        `ToolResult` with `error` set (not evidence), so a model can read what went wrong.
+        """
+        args = dict(arguments or {})
+        self._record({"type": "tool_call", "name": name, "arguments": args})
+        handler = self._handlers.get(name)
+        if handler is None:
+            allowed = ", ".join(self._handlers) or "none"
+            result = _failure(name, f"{name} is not an allowed memory tool (allowed: {allowed})")
+        else:
+            try:
+                result = await handler(args)
+            except InvalidInputError as exc:
+                result = _failure(name, str(exc))
+            except anyio.get_cancelled_exc_class():
+                raise
+            except Exception as exc:  # a tool's own bug must not sink the run
+                result = _failure(name, f"{type(exc).__name__}: {exc}")
+        self.results.append(result)
+        self._record(
+            {
+                "type": "tool_result",
+                "name": name,
+                "evidence": result.evidence,
+                "error": result.error,
+                "content": result.content[:2000],
+            }
+        )
+        return result
+
+    def draft(self, text: str) -> None:
+        """Offer `text` as the answer so far: used as a partial answer if the budget ends."""
+        if isinstance(text, str) and text.strip():
+            self.draft_text = text
+            self.draft_at = anyio.current_time()
+            self._record({"type": "draft", "text": text[:2000]})
+
+    def _record(self, line: dict[str, Any]) -> None:
+        if self._transcript is not None:
+            self._transcript(line)
+
+
+@runtime_checkable
+class RecallModel(Protocol):
+    """A recall model: given the request and the run's tools, call tools and answer.
+
+    Return one short note about the user grounded in tool results, or "NONE". The answer is
+    used only if this run's tools returned recall evidence. Raising means `failed`.
+
+    Cancellation: the run is cancelled at its budget; a model that ignores cancellation is
+    abandoned (never awaited past the bound), and what it returns afterwards is dropped.
+    """
+
+    async def recall(self, request: RecallRequest, tools: RecallTools) -> str: ...
+
+
+def _failure(name: str, message: str) -> ToolResult:
+    return ToolResult(
+        name=name, content=json.dumps({"error": message}), error=message, evidence=False
+    )
+
+
+def host_result(name: str, value: object) -> ToolResult:
+    """Turn what a host tool returned into a `ToolResult` with the SPEC §4.7 evidence rule.
+
+    A string is the content; a mapping or list is JSON. Evidence: non-empty content, unless
+    structured fields say the result is empty or a failure (`error`, `ok: false`,
+    `status` of empty/error/failed/unavailable, `empty: true`, an empty `results`/`hits`
+    list, or `count`/`hits` of 0).
+    """
+    data: dict[str, object] | None = None
+    if isinstance(value, str):
+        content = value
+    elif isinstance(value, Mapping):
+        data = {str(k): v for k, v in value.items()}
+        content = _encode_loose(data)
+    elif value is None:
+        content = ""
+    else:
+        content = _encode_loose(value)
+    content = content[:MAX_TOOL_CONTENT_CHARS]
+    error = None
+    empty = not content.strip() or content.strip() in ("[]", "{}", "null")
+    if data is not None:
+        status = str(data.get("status", "")).lower()
+        if data.get("error"):
+            error = str(data["error"])
+        if data.get("ok") is False or status in ("error", "failed", "failure"):
+            error = error or f"{name} reported {status or 'a failure'}"
+        if data.get("empty") is True or status in ("empty", "unavailable", "none"):
+            empty = True
+        for field in ("results", "hits", "items", "memories"):
+            found = data.get(field)
+            if (isinstance(found, list) and not found) or (type(found) is int and found == 0):
+                empty = True
+        if type(data.get("count")) is int and data.get("count") == 0:
+            empty = True
+    return ToolResult(
+        name=name, content=content, data=data, evidence=not empty and error is None, error=error
+    )
+
+
+def _encode_loose(value: object) -> str:
+    try:
+        return _encode(value).decode()
+    except (TypeError, msgspec.EncodeError):
+        return json.dumps(value, default=str, ensure_ascii=False)
