@@ -120,6 +120,11 @@ def turn_text(message: Message) -> str | None:
     return text if text.strip() else None
 
 
+def latest_user_text(messages: Sequence[Message]) -> str:
+    """The latest user message without injected content, stripped ("" when there is none)."""
+    return _split_latest(messages)[0].strip()
+
+
 def _collapse(text: str) -> str:
     return " ".join(text.split())
 

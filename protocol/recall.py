@@ -7,6 +7,7 @@ switches (SPEC §4.3), persisted in the agent database; `RecallOutcome` is the a
 
 from __future__ import annotations
 
+import math
 from typing import Literal, TypeAlias
 
 import msgspec
@@ -115,7 +116,7 @@ class RecallRequest(msgspec.Struct, frozen=True, kw_only=True):
     stripped); `search_query` the short query for memory tools; `tools` the memory tools it
     may call; `transcripts` whether memory_search may read the agent's other private
     conversations (cross-conversation recall). `thinking` and `fast_mode` apply to the
-    recall model only.
+    recall model only. `latest` is the latest user message (stripped of injected text).
     """
 
     session_key: str
@@ -125,6 +126,7 @@ class RecallRequest(msgspec.Struct, frozen=True, kw_only=True):
     prompt_style: str
     query_mode: str
     context: str
+    latest: str = ""
     search_query: str
     tools: tuple[str, ...]
     transcripts: bool
@@ -133,6 +135,9 @@ class RecallRequest(msgspec.Struct, frozen=True, kw_only=True):
     timeout_ms: int
     setup_grace_timeout_ms: int = 0
     max_summary_chars: int
+    # When the recall work must be done, on the `anyio.current_time()` clock (set when the
+    # run starts); a model passes the time left down as its request timeout.
+    deadline: float = math.inf
 
 
 class RecallPlan(msgspec.Struct, frozen=True, kw_only=True):
