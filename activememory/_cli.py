@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import importlib.resources
+import json
 import sys
 import tempfile
 from collections.abc import Awaitable, Callable, Sequence
@@ -93,11 +95,50 @@ def _parser() -> argparse.ArgumentParser:
     stats.add_argument("--json", action="store_true")
     stats.set_defaults(run=_stats)
 
+    simulate = commands.add_parser(
+        "simulate", help="run the deterministic timeout simulations (virtual time) and check them"
+    )
+    simulate.add_argument("--trace", action="store_true", help="print every scenario's trace")
+    simulate.add_argument("--json", action="store_true")
+    simulate.set_defaults(run=_simulate)
+
     bench = commands.add_parser("bench", help="run a benchmark (indexing, locomo, search, cjk)")
     bench.add_argument("name", choices=BENCHMARKS)
     bench.add_argument("bench_args", nargs=argparse.REMAINDER)
     bench.set_defaults(run=_bench)
     return parser
+
+
+def _simulate(args: argparse.Namespace) -> int:
+    from .simulations.timeouts import run_all, table
+
+    results = run_all()
+    failed = [r for r in results if r.problems]
+    if args.json:
+        print(
+            json.dumps(
+                [
+                    {
+                        "scenario": r.scenario.name,
+                        "what": r.scenario.what,
+                        "ok": not r.problems,
+                        "problems": r.problems,
+                        "bound_s": r.bound_s,
+                        "turns": [dataclasses.asdict(t) for t in r.results],
+                        "trace": r.trace,
+                    }
+                    for r in results
+                ],
+                indent=2,
+            )
+        )
+    else:
+        print(table(results))
+        if args.trace:
+            for r in results:
+                print("\n".join(["", *r.trace]))
+        print(f"\n{len(results) - len(failed)} of {len(results)} scenarios as expected")
+    return 1 if failed else 0
 
 
 def _import_format(path: Path, chosen: str | None) -> str:

@@ -11,6 +11,8 @@ from typing import Any, NoReturn, TypeVar
 
 from ._commands import Commands
 from ._config import load_config
+from ._guards import BreakerInfo
+from ._memory_core import MemoryCore
 from ._recall import Recaller
 from ._search import SessionSearch
 from .actors.supervisor import AgentStore, Supervisor, open_supervisor
@@ -48,6 +50,7 @@ from .protocol.transcript import Event, ImportEntry, IndexStats, SessionInfo
 from .storage.db import DURABILITY_LEVELS, Durability
 from .storage.executor import EXECUTOR_KINDS, ExecutorKind
 from .storage.fts_query import MatchMode
+from .storage.run_transcripts import TranscriptPlace
 
 A = TypeVar("A", bound=IndexerAck)
 
@@ -297,6 +300,7 @@ class Memory:
         models: Mapping[str, Any] | None,
         tools: Mapping[str, Any] | None,
         clock: Callable[[], float],
+        transcripts: TranscriptPlace | None = None,
     ) -> None:
         self._supervisor = supervisor
         self.state_dir = supervisor.state_dir
@@ -307,6 +311,8 @@ class Memory:
         search = SessionSearch(supervisor, config.search, on_dirty=AgentStore.poke)
         self.sessions = Sessions(supervisor, clock, search)
         self._commands = Commands(supervisor, lambda: self._config, self._swap_config)
+        self.notes = MemoryCore(supervisor, search, lambda: self._config)
+        self._transcripts = transcripts or TranscriptPlace(supervisor.state_dir)
         self._recaller = Recaller(
             supervisor,
             search,
@@ -314,6 +320,9 @@ class Memory:
             lambda: self._config,
             models=self.models,
             tools=self.tools,
+            pool=supervisor.recall_inbox,
+            core=self.notes,
+            transcripts=self._transcripts,
         )
 
     @property
@@ -368,6 +377,13 @@ class Memory:
         """
         return await self._recaller.plan(turn)
 
+    def breaker_states(self) -> list[BreakerInfo]:
+        """The recall circuit breakers (per agent + recall model) and their state now.
+
+        Cancellation: not a blocking call.
+        """
+        return self._recaller.breaker_states()
+
     async def command(self, session_key: str, text: str, *, sender: Sender) -> str | None:
         """Handle `/active-memory`, `/verbose` or `/trace` (SPEC §4.3); None for other text.
 
@@ -415,8 +431,19 @@ async def open_memory(
     if not isinstance(state_dir, str | os.PathLike):
         raise InvalidInputError(f"state_dir: expected a path, got {type(state_dir).__name__}")
     loaded = load_config(config if config is not None else {})
-    async with open_supervisor(Path(state_dir), executor, durability=durability) as supervisor:
-        yield Memory(supervisor, config=loaded, models=models, tools=tools, clock=clock)
+    transcripts = TranscriptPlace(Path(state_dir))
+    try:
+        async with open_supervisor(Path(state_dir), executor, durability=durability) as supervisor:
+            yield Memory(
+                supervisor,
+                config=loaded,
+                models=models,
+                tools=tools,
+                clock=clock,
+                transcripts=transcripts,
+            )
+    finally:
+        transcripts.close()  # after the recall pool has stopped: no run writes any more
 
 
 async def _submit_to(store: AgentStore, command: IndexerCommand, expect: type[A]) -> A:

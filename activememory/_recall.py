@@ -1,20 +1,30 @@
-"""`mem.recall(turn)`: preflight, a recall step, and the outcome with its diagnostics.
+"""`mem.recall(turn)`: the recall coordinator (SPEC §4.9-§4.11).
 
-The policy half of SPEC §4 lives here: eligibility, model and tool resolution, what the
-recall step sees, and how the outcome is shown. The recall step itself is a stand-in until
-the recall runtime lands (sub-agents, recall models, budget, cache, breaker): one
-`memory_search` over the transcripts the privacy boundary allows, the best hit becoming the
-note. Memory notes (`MEMORY.md`) are not searched yet.
+One recall: a preflight of at most 1500 ms (switches, eligibility, model and tools, what the
+sub-agent sees); the cache and the circuit breaker; then the recall work, run by a
+sub-agent in the supervisor's recall pool (`actors/recall_pool.py`) with a budget of
+`timeoutMs + setupGraceTimeoutMs` that starts when the preflight ends; then the finalize
+window of 1500 ms in which the coordinator still waits for the run's report. The
+coordinator never waits on the run itself, only on its report, so whatever the model,
+tools or disk do, `recall` returns by `timeoutMs + setupGraceTimeoutMs + 3000` ms.
 """
 
 from __future__ import annotations
 
+import itertools
+import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import anyio
+import msgspec
+from anyio.streams.memory import MemoryObjectSendStream
 
 from ._commands import Commands
+from ._guards import BreakerInfo, CircuitBreakers, RecallCache
+from ._local_model import LocalExtractiveModel
+from ._memory_core import MemoryCore
+from ._openai_model import model_from_config
 from ._output import debug_line, hidden_prefix, status_line, summarize
 from ._policy import decide
 from ._query import (
@@ -28,7 +38,9 @@ from ._query import (
     resolve_recall_model,
     system_prompt,
 )
+from ._results import judge
 from ._search import SessionSearch
+from ._tools import RecallModel, RecallTools, ToolHandler, host_result
 from .actors.supervisor import Supervisor
 from .protocol.config import Config
 from .protocol.errors import InvalidInputError
@@ -39,15 +51,19 @@ from .protocol.recall import (
     RecallRequest,
     RecallStatus,
     SessionSwitches,
+    ToolResult,
     Turn,
 )
-from .protocol.search import SearchHit
+from .protocol.recall_pool import RunRecall, RunReport
 from .protocol.session_key import SessionKey, parse_session_key
+from .storage.run_transcripts import SubAgentTranscript, TranscriptPlace
 
 PREFLIGHT_S = 1.5
+FINALIZE_S = 1.5
 # Tools that exist today per memory slot; memory_recall arrives with the records store.
 _SLOT_TOOLS = {"memory-core": frozenset({"memory_search", "memory_get"})}
-_SEARCH_HITS = 5
+_LOG_LINE_CHARS = 500
+log = logging.getLogger("activememory.recall")
 
 
 class Recaller:
@@ -62,6 +78,9 @@ class Recaller:
         *,
         models: Mapping[str, Any],
         tools: Mapping[str, Any],
+        pool: MemoryObjectSendStream[RunRecall],
+        core: MemoryCore,
+        transcripts: TranscriptPlace,
     ) -> None:
         self._supervisor = supervisor
         self._search = search
@@ -69,6 +88,14 @@ class Recaller:
         self._get_config = get_config
         self._models = models
         self._tools = tools
+        self._pool = pool
+        self._core = core
+        self._transcripts = transcripts
+        self._local = LocalExtractiveModel()
+        self._provider_models: dict[tuple[str, str | None, str | None], RecallModel] = {}
+        self.cache = RecallCache()
+        self.breakers = CircuitBreakers()
+        self._run_ids = itertools.count(1)
 
     async def recall(self, turn: Turn) -> RecallOutcome:
         if not isinstance(turn, Turn):
@@ -77,13 +104,14 @@ class Recaller:
         started = anyio.current_time()
         query_mode = config.active_memory.query_mode
         switches = SessionSwitches()
-        with anyio.move_on_after(PREFLIGHT_S) as preflight:
+        plan: RecallPlan | None = None
+        with anyio.move_on_after(PREFLIGHT_S):
             key = parse_session_key(turn.session_key, field="Turn.session_key")
             switches = await self._commands.switches(key)
             plan = await self._plan(config, turn, key, switches)
-        if preflight.cancelled_caught:
+        if plan is None:  # the preflight ran out of time: no recall, and no recall time lost
             return self._finish(
-                "skipped", started, query_mode, switches, reason="preflight over budget"
+                "skipped", started, query_mode, switches, reason="preflight over 1500 ms"
             )
         request = plan.request
         if request is None:
@@ -97,24 +125,235 @@ class Recaller:
                 model=plan.model,
                 reason=plan.reason,
             )
-        budget = (request.timeout_ms + request.setup_grace_timeout_ms) / 1000
-        details: dict[str, object] = {}
-        summary = ""
-        with anyio.move_on_after(budget) as work:
-            summary = await self._stand_in(request, details)
-        status: RecallStatus = "ok" if summary else "no_relevant_memory"
-        if work.cancelled_caught:
-            status, summary = "timeout", ""
-        return self._finish(
-            status,
+        return await self._run(config, key, request, plan.paths, switches, started)
+
+    async def _run(
+        self,
+        config: Config,
+        key: SessionKey,
+        request: RecallRequest,
+        paths: tuple[RecallPath, ...],
+        switches: SessionSwitches,
+        started: float,
+    ) -> RecallOutcome:
+        am = config.active_memory
+        cache_key = RecallCache.key(
+            request.agent,
+            request.session_key,
+            request.context,
+            request.search_query,
+            request.model,
+            request.tools,
+            config.memory_slot,
+            request.transcripts,
+            request.prompt,
+            paths,
+        )
+        now = anyio.current_time()
+        cached = self.cache.get(cache_key, now)
+        if cached is not None:
+            return self._finish(
+                "ok",
+                started,
+                request.query_mode,
+                switches,
+                paths,
+                model=request.model,
+                summary=cached.summary or "",
+                cached=True,
+                details={"cached": "yes"},
+            )
+        breaker = (request.agent, request.model)
+        if not self.breakers.allow(breaker, now):
+            return self._finish(
+                "timeout",
+                started,
+                request.query_mode,
+                switches,
+                paths,
+                model=request.model,
+                reason="circuit breaker open",
+                circuit_breaker=True,
+                elapsed_ms=0.0,
+            )
+        model = self._model(config, request.model)
+        if model is None:
+            self.breakers.record_failed(breaker)
+            return self._finish(
+                "failed",
+                started,
+                request.query_mode,
+                switches,
+                paths,
+                model=request.model,
+                reason=f"recall model {request.model} cannot be built",
+            )
+        run_id = f"recall-{next(self._run_ids):06d}"
+        budget_s = (request.timeout_ms + request.setup_grace_timeout_ms) / 1000
+        request = msgspec.structs.replace(request, deadline=now + budget_s)
+        finalize_deadline = request.deadline + FINALIZE_S
+        transcript = self._open_transcript(
+            am.persist_transcripts, am.transcript_dir, run_id, request
+        )
+        tools = self._run_tools(request, key, transcript)
+        if am.logging:
+            _log(
+                f"active-memory: start run={run_id} agent={request.agent} session={key.raw} "
+                f"model={request.model} query={request.query_mode} "
+                f"chars={len(request.context)} tools={','.join(request.tools)}",
+                self._search,
+            )
+        report = await self._submit_and_wait(
+            run_id, request, finalize_deadline, model, tools, transcript
+        )
+        verdict = judge(report, deadline=request.deadline, finalize_deadline=finalize_deadline)
+        if verdict.status in ("timeout", "timeout_partial"):
+            self.breakers.record_timeout(
+                breaker,
+                anyio.current_time(),
+                max_timeouts=am.circuit_breaker_max_timeouts,
+                cooldown_s=am.circuit_breaker_cooldown_ms / 1000,
+            )
+            if am.logging:
+                _log(
+                    f"active-memory: timeout after {budget_s * 1000:.0f}ms run={run_id}",
+                    self._search,
+                )
+        elif verdict.status == "failed":
+            self.breakers.record_failed(breaker)
+        else:
+            self.breakers.record_completed(breaker)
+        details: dict[str, object] = _search_details(tools)
+        if transcript.failed:
+            details["transcript"] = transcript.failed
+        summary = summarize(verdict.text, request.max_summary_chars)
+        outcome = self._finish(
+            verdict.status,
             started,
-            query_mode,
+            request.query_mode,
             switches,
-            plan.paths,
+            paths,
             model=request.model,
-            summary=summarize(summary, request.max_summary_chars),
+            summary=summary,
+            reason=verdict.reason if verdict.status != "ok" else "",
             details=details,
         )
+        if verdict.status == "ok":
+            self.cache.put(
+                cache_key, outcome, now=anyio.current_time(), ttl_s=am.cache_ttl_ms / 1000
+            )
+        if am.logging:
+            _log(
+                f"active-memory: done run={run_id} agent={request.agent} session={key.raw} "
+                f"model={request.model} status={outcome.status} "
+                f"elapsed={outcome.elapsed_ms:.0f}ms summary={len(summary)} chars "
+                f"tools={len(tools.results)}",
+                self._search,
+            )
+        return outcome
+
+    async def _submit_and_wait(
+        self,
+        run_id: str,
+        request: RecallRequest,
+        finalize_deadline: float,
+        model: RecallModel,
+        tools: RecallTools,
+        transcript: SubAgentTranscript,
+    ) -> RunReport | None:
+        """Hand the run to the pool; wait for its report until the finalize deadline.
+
+        The caller waits on the report, never on the run: a run that ignores cancellation
+        is left to the pool, and this returns None at the finalize deadline.
+        """
+        send, receive = anyio.create_memory_object_stream[RunReport](1)
+        job = RunRecall(
+            run_id=run_id,
+            request=request,
+            finalize_deadline=finalize_deadline,
+            model=model,
+            tools=tools,
+            transcript=transcript,
+            reply=send,
+        )
+        with receive, anyio.move_on_after(max(0.0, finalize_deadline - anyio.current_time())):
+            try:
+                self._pool.send_nowait(job)
+            except anyio.WouldBlock:
+                await self._pool.send(job)  # the pool is backed up: bounded by the deadline
+            except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+                return None
+            return await receive.receive()
+        return None
+
+    def _open_transcript(
+        self, persist: bool, transcript_dir: str, run_id: str, request: RecallRequest
+    ) -> SubAgentTranscript:
+        path = None
+        if persist:
+            path = self._transcripts.kept_path(request.agent, transcript_dir, run_id)
+        keep = path is not None
+        if path is None:
+            path = self._transcripts.temp_dir() / f"{run_id}.jsonl"
+        transcript = SubAgentTranscript(path, keep=keep, started=anyio.current_time())
+        transcript.write(
+            {
+                "type": "prompt",
+                "model": request.model,
+                "prompt": request.prompt,
+                "context": request.context,
+                "search_query": request.search_query,
+                "tools": list(request.tools),
+            },
+            at=anyio.current_time(),
+        )
+        return transcript
+
+    def _run_tools(
+        self, request: RecallRequest, key: SessionKey, transcript: SubAgentTranscript
+    ) -> RecallTools:
+        handlers: dict[str, ToolHandler] = {}
+        core, agent, transcripts = self._core, request.agent, request.transcripts
+        for name in request.tools:
+            if name == "memory_search":
+
+                async def search(args: Mapping[str, Any]) -> ToolResult:
+                    return await core.search(agent, args, caller=key, transcripts=transcripts)
+
+                handlers[name] = search
+            elif name == "memory_get":
+
+                async def get(args: Mapping[str, Any]) -> ToolResult:
+                    return await core.get(agent, args, caller=key, transcripts=transcripts)
+
+                handlers[name] = get
+            elif name in self._tools:
+                handlers[name] = _host_handler(name, self._tools[name])
+        schemas = {name: fn.schema for name, fn in self._tools.items() if hasattr(fn, "schema")}
+        return RecallTools(
+            handlers,
+            schemas=schemas,
+            transcript=lambda line: transcript.write(line, at=anyio.current_time()),
+        )
+
+    def _model(self, config: Config, ref: str) -> RecallModel | None:
+        if ref in self._models:
+            return self._models[ref]  # type: ignore[no-any-return]
+        if ref == LOCAL_MODEL:
+            return self._local
+        provider_name, _, _ = ref.partition("/")
+        provider = config.providers.get(provider_name)
+        if provider is None or not provider.serves_recall:
+            return None
+        cache_key = (ref, provider.base_url, provider.api_key)
+        model = self._provider_models.get(cache_key)
+        if model is None:
+            model = self._provider_models[cache_key] = model_from_config(ref, provider)
+        return model
+
+    def breaker_states(self) -> list[BreakerInfo]:
+        """Every circuit breaker the coordinator knows, with its state now."""
+        return self.breakers.info(anyio.current_time())
 
     async def plan(self, turn: Turn) -> RecallPlan:
         """The preflight alone: eligibility, model, tools and what the sub-agent would see."""
@@ -209,25 +448,6 @@ class Recaller:
         available = _SLOT_TOOLS.get(config.memory_slot, frozenset()) | set(self._tools)
         return tuple(name for name in names if name in available)
 
-    async def _stand_in(self, request: RecallRequest, details: dict[str, object]) -> str:
-        """The recall step until the runtime lands: one memory_search, the best hit."""
-        if "memory_search" not in request.tools or not request.search_query:
-            details["hits"] = 0
-            return ""
-        searched = anyio.current_time()
-        hits: tuple[SearchHit, ...] = ()
-        if request.transcripts:  # only the cross-conversation path may read transcripts
-            key = parse_session_key(request.session_key)
-            result = await self._search.search_private(
-                request.search_query, caller=key, limit=_SEARCH_HITS
-            )
-            hits = result.results
-        details["backend"] = "builtin"
-        details["effectiveMode"] = "search"
-        details["hits"] = len(hits)
-        details["searchMs"] = round((anyio.current_time() - searched) * 1000)
-        return hits[0].snippet if hits else ""
-
     def _finish(
         self,
         status: RecallStatus,
@@ -240,14 +460,20 @@ class Recaller:
         summary: str = "",
         reason: str = "",
         details: Mapping[str, object] | None = None,
+        cached: bool = False,
+        circuit_breaker: bool = False,
+        elapsed_ms: float | None = None,
     ) -> RecallOutcome:
-        elapsed_ms = (anyio.current_time() - started) * 1000
+        if elapsed_ms is None:
+            elapsed_ms = (anyio.current_time() - started) * 1000
         prefix = hidden_prefix(summary) if status in ("ok", "timeout_partial") else None
         line = status_line(
             status=status,
             elapsed_ms=elapsed_ms,
             query_mode=query_mode,
             summary_chars=len(summary),
+            cached=cached,
+            circuit_breaker=circuit_breaker,
         )
         shown = dict(details or {})
         if reason:
@@ -268,8 +494,36 @@ class Recaller:
             status_line=line,
             debug_line=debug,
             followups=tuple(followups),
+            cached=cached,
             query_mode=query_mode,
             model=model,
             paths=paths,
             reason=reason,
         )
+
+
+def _host_handler(name: str, fn: Callable[[Mapping[str, Any]], Any]) -> ToolHandler:
+    async def call(args: Mapping[str, Any]) -> ToolResult:
+        return host_result(name, await fn(args))
+
+    return call
+
+
+def _search_details(tools: RecallTools) -> dict[str, object]:
+    """The debug fields of the run's last memory_search (SPEC §4.7)."""
+    details: dict[str, object] = {"tools": len(tools.results)}
+    for result in reversed(tools.results):
+        if result.name == "memory_search" and result.data is not None:
+            for field in ("backend", "effectiveMode", "fallback", "searchMs", "hits"):
+                if field in result.data:
+                    details[field] = result.data[field]
+            break
+    return details
+
+
+def _log(line: str, search: SessionSearch) -> None:
+    """One structured, redacted, single-line log record, capped."""
+    text = " ".join(search.redactor.redact(line).split())
+    if len(text) > _LOG_LINE_CHARS:
+        text = text[: _LOG_LINE_CHARS - 1] + "…"
+    log.info(text)

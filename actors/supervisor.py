@@ -31,6 +31,8 @@ from ..storage.db import (
 from ..storage.executor import Executor, ExecutorKind, make_executor
 from ..storage.transcripts import TranscriptReader, TranscriptWriter, agent_db_path
 from .indexer import MAX_BATCH, Call, Indexer, open_inbox
+from .recall_pool import RecallPool
+from .recall_pool import open_inbox as recall_pool_inbox
 from .reconciler import ReadDirty, Reconciler, Submit
 from .reconciler import open_inbox as reconciler_inbox
 
@@ -113,6 +115,16 @@ class Supervisor:
         self._agents: dict[str, AgentStore] = {}
         self._opening = anyio.Lock()
         self._closed = False
+        self.recall_inbox, recall_receive = recall_pool_inbox()
+        self.recall_pool = RecallPool(recall_receive)
+        self._recall_pool_stopped = anyio.Event()
+        task_group.start_soon(self._run_recall_pool, name="recall-pool")
+
+    async def _run_recall_pool(self) -> None:
+        try:
+            await self.recall_pool.run()
+        finally:
+            self._recall_pool_stopped.set()
 
     async def agent(self, agent: str) -> AgentStore:
         """The open store of `agent`, opening it on first use."""
@@ -214,6 +226,9 @@ class Supervisor:
         """
         async with self._opening:
             self._closed = True
+        # Recall runs read the agent databases: they end first (cancelled if still running).
+        await self.recall_inbox.aclose()
+        await self._recall_pool_stopped.wait()
         # The reconciler writes through the indexer, so it stops first (after its chunk).
         for store in self._agents.values():
             store.reconciler.stopping = True

@@ -7,6 +7,7 @@ transaction holding it has committed (or with `Rejected` when it changed nothing
 
 from __future__ import annotations
 
+import re
 from typing import Literal, TypeAlias
 
 import msgspec
@@ -97,6 +98,67 @@ class SetSwitches(_Command, tag="switches", frozen=True, kw_only=True):
     trace: TraceMode | None = None
 
 
+# A memory note's path inside the agent workspace (SPEC §4.7): `MEMORY.md` or
+# `memory/<name>.md`, one level only, no hidden files, no separators or control characters.
+NOTE_PATH = re.compile(r"MEMORY\.md|memory/[^./\\\x00-\x1f\x7f][^/\\\x00-\x1f\x7f]*\.md")
+
+
+class NoteChunk(msgspec.Struct, frozen=True, kw_only=True):
+    """One indexed piece of a memory note: 1-based inclusive lines, its text, its heading.
+
+    `heading` is the trail of headings above the chunk (indexed as low-weight context);
+    None when the chunk starts with its own heading or has none above it.
+    """
+
+    start_line: int
+    end_line: int
+    text: str
+    heading: str | None = None
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.start_line <= self.end_line:
+            raise ValueError(f"lines {self.start_line}-{self.end_line} are not 1-based and ordered")
+
+
+class NoteFile(msgspec.Struct, frozen=True, kw_only=True):
+    """A memory note as last read: its stat, its content digest and its chunks.
+
+    `chunks` None means the content is unchanged (same `digest` as indexed): only the stat
+    is updated, so a touched file is not read again by the next scan.
+    """
+
+    path: str
+    mtime_ns: int
+    size: int
+    digest: str
+    chunks: tuple[NoteChunk, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if NOTE_PATH.fullmatch(self.path) is None:
+            raise ValueError(f"path: {self.path!r} is not MEMORY.md or memory/<name>.md")
+
+
+class SyncNotes(msgspec.Struct, frozen=True, kw_only=True, tag_field="op", tag="sync_notes"):
+    """Memory core → indexer: mirror the agent workspace's memory notes (SPEC §4.7).
+
+    In one transaction: each of `files` replaces its chunks (or only its stat), each of
+    `removed` loses its chunks and its file row. Not a session command: the database is
+    the agent's, so `agent` (for messages and logs) stands where others have a `key`.
+    """
+
+    agent: str
+    files: tuple[NoteFile, ...] = ()
+    removed: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        paths = [f.path for f in self.files] + list(self.removed)
+        if len(set(paths)) != len(paths):
+            raise ValueError("a note path appears twice in files/removed")
+        for path in self.removed:
+            if NOTE_PATH.fullmatch(path) is None:
+                raise ValueError(f"removed: {path!r} is not MEMORY.md or memory/<name>.md")
+
+
 IndexerCommand: TypeAlias = (
     CreateSession
     | AppendMessage
@@ -107,6 +169,7 @@ IndexerCommand: TypeAlias = (
     | RebuildIndex
     | ReindexChunk
     | SetSwitches
+    | SyncNotes
 )
 
 
@@ -181,6 +244,18 @@ class SwitchesSet(_Ack, tag="switches_set", frozen=True, kw_only=True):
     switches: SessionSwitches
 
 
+class NotesSynced(_Ack, tag="notes_synced", frozen=True, kw_only=True):
+    """Indexer → memory core: the notes are mirrored.
+
+    `files` rows written (stat-only updates included), `removed` files dropped, `chunks`
+    chunks inserted.
+    """
+
+    files: int
+    removed: int
+    chunks: int
+
+
 RejectReason: TypeAlias = Literal["not_found", "invalid", "storage", "closed"]
 
 
@@ -201,5 +276,6 @@ IndexerAck: TypeAlias = (
     | Rebuilt
     | Reindexed
     | SwitchesSet
+    | NotesSynced
     | Rejected
 )

@@ -117,7 +117,40 @@ def _v3_session_switches(conn: apsw.Connection) -> None:
     )
 
 
-MIGRATIONS: tuple[Migration, ...] = (_v1_transcripts, _v2_context_and_cjk, _v3_session_switches)
+def _v4_memory_notes(conn: apsw.Connection) -> None:
+    # The index of the workspace's memory notes (storage/notes.py): the stat and digest of
+    # each file (so an unchanged file is never read again), its chunks, and an FTS table
+    # with the same tokenizer and columns as `message_fts` (`context`: the chunk's heading).
+    conn.execute(
+        f"""
+        CREATE TABLE note_files(
+            path TEXT PRIMARY KEY,
+            mtime_ns INTEGER NOT NULL,
+            size INTEGER NOT NULL,
+            digest TEXT NOT NULL
+        ) STRICT, WITHOUT ROWID;
+        CREATE TABLE note_chunks(
+            id INTEGER PRIMARY KEY,
+            path TEXT NOT NULL,
+            start_line INTEGER NOT NULL,
+            end_line INTEGER NOT NULL,
+            text TEXT NOT NULL
+        ) STRICT;
+        CREATE INDEX note_chunks_path ON note_chunks(path);
+        CREATE VIRTUAL TABLE note_fts USING fts5(
+            words, grams, context, content='', contentless_delete=1, tokenize='{TOKENIZE}'
+        );
+        INSERT INTO note_fts(note_fts, rank) VALUES ('rank', '{RANK}');
+        """
+    )
+
+
+MIGRATIONS: tuple[Migration, ...] = (
+    _v1_transcripts,
+    _v2_context_and_cjk,
+    _v3_session_switches,
+    _v4_memory_notes,
+)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -40,12 +40,14 @@ from ..protocol.indexer import (
     Rewound,
     SetSwitches,
     SwitchesSet,
+    SyncNotes,
 )
 from ..protocol.recall import SessionSwitches
 from ..protocol.session_key import SessionKey
 from ..protocol.transcript import Event, IndexStats, SessionInfo
 from .db import describe
 from .fts_query import index_row
+from .notes import apply_sync_notes
 
 _INSERT_MESSAGE = (
     "INSERT INTO events(id, session_id, parent_id, seq, depth, ts, kind, role, content, text)"
@@ -167,6 +169,8 @@ class TranscriptWriter:
                 return self._reindex_chunk(cmd)
             case SetSwitches():
                 return self._set_switches(cmd)
+            case SyncNotes():
+                return apply_sync_notes(self.conn, cmd)
 
     def _flush_rows(self) -> None:
         """Write the rows appends have queued, a statement per table for the whole batch."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import json5
@@ -139,10 +140,14 @@ async def test_verbose_and_trace_add_followups_after_the_reply(tmp_path: Path) -
         out = await mem.recall(question)
         assert out.status == "ok"
         assert out.followups == (out.status_line,)
-        assert out.status_line.startswith("🧩 Active Memory: status=ok elapsed=")
-        assert out.status_line.endswith(f"ms query=recent summary={len(out.summary or '')} chars")
+        chars = len(out.summary or "")
+        assert re.fullmatch(
+            rf"🧩 Active Memory: status=ok elapsed=\d+ms query=recent summary={chars} chars( cached)?",
+            out.status_line,
+        )
         assert await mem.command(DM, "/trace on", sender=USER) == "Trace: on for this session."
         out = await mem.recall(question)
+        assert out.cached and out.status_line.endswith(" cached")  # same turn within the TTL
         assert out.followups == (out.status_line, out.debug_line)
         assert out.debug_line.startswith("🔎 Active Memory Debug: ")
         assert "Lisbon" in out.debug_line

@@ -10,7 +10,6 @@ import pytest
 
 import activememory as am
 from activememory._output import PREFIX_HEADER
-from activememory._recall import Recaller
 
 pytestmark = pytest.mark.anyio
 
@@ -123,37 +122,43 @@ async def test_host_tool_makes_recall_available(tmp_path: Path) -> None:
     assert out.status == "no_relevant_memory"
 
 
+class GatedModel:
+    """Searches, then waits for the test to let it answer with a long grounded note."""
+
+    def __init__(self) -> None:
+        self.entered = anyio.Event()
+        self.release = anyio.Event()
+
+    async def recall(self, request: am.RecallRequest, tools: Any) -> str:
+        await tools.call("memory_search", {"query": request.search_query})
+        self.entered.set()
+        await self.release.wait()
+        return "The user is moving to Lisbon " + "and has a lot to say about it " * 10
+
+
 async def test_reload_applies_to_the_next_turn_only(tmp_path: Path) -> None:
-    release = anyio.Event()
-    entered = anyio.Event()
-    original = Recaller._stand_in
-
-    async def slow_stand_in(self: Recaller, *args: Any) -> str:
-        entered.set()
-        await release.wait()
-        return await original(self, *args)
-
-    async with am.open_memory(tmp_path / "s", config=config({"maxSummaryChars": 1000})) as mem:
-        await mem.sessions.append(
-            SOURCE, am.Message(role="user", content="Lisbon " + "long text " * 50)
-        )
+    model = GatedModel()
+    settings = {"model": "test/gated", "maxSummaryChars": 1000, "cacheTtlMs": 1000}
+    async with am.open_memory(
+        tmp_path / "s", config=config(settings), models={"test/gated": model}
+    ) as mem:
+        await mem.sessions.append(SOURCE, am.Message(role="user", content="Lisbon move soon"))
         outcomes: list[am.RecallOutcome] = []
 
         async def in_flight() -> None:
-            outcomes.append(await mem.recall(turn("Lisbon?")))
+            outcomes.append(await mem.recall(turn("Lisbon move?")))
 
-        Recaller._stand_in = slow_stand_in  # type: ignore[method-assign]
-        try:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(in_flight)
-                await entered.wait()
-                mem.reload_config({"plugins": {"entries": {"active-memory": {"config": {
-                    "maxSummaryChars": 40, "queryMode": "message"}}}}})  # fmt: skip
-                release.set()
-        finally:
-            Recaller._stand_in = original  # type: ignore[method-assign]
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(in_flight)
+            await model.entered.wait()
+            mem.reload_config(
+                {"plugins": {"entries": {"active-memory": {"config": {
+                    **settings, "maxSummaryChars": 40, "queryMode": "message"}}}}}
+            )  # fmt: skip
+            model.release.set()
         old = outcomes[0]
-        new = await mem.recall(turn("Lisbon?"))
+        new = await mem.recall(turn("Lisbon move, again?"))
+    assert old.status == "ok" and new.status == "ok"
     assert old.query_mode == "recent" and len(old.summary or "") > 40
     assert new.query_mode == "message" and len(new.summary or "") <= 40
     assert mem.config.active_memory.max_summary_chars == 40

@@ -1,0 +1,534 @@
+"""`local/extractive`: the embedded recall model (SPEC §4.8). No network, no clock, no randomness.
+
+One recall is one memory-tool call and a pure function of what it returned:
+
+1. **Search.** `memory_search` if allowed, else `memory_recall`, else the first allowed tool,
+   with `{"query": request.search_query}`. An empty search query gives NONE without a call.
+2. **Candidates.** Every result's text (`snippet`, `content` or `text`; a host tool's plain
+   content line by line) is cut into lines and sentences; each piece keeps the search rank
+   `r` (0 = best) of the result it came from. A failed or empty result gives no candidate.
+3. **Score.** Terms are the index's own: the Porter stems of the unicode61 tokens (CJK runs
+   as bigrams, `storage/fts_query.py`), without English function words (`STOPWORDS`),
+   conversational filler ("lol", "thanks", "remind", …) and contraction fragments. With `n`
+   candidates, `df(t)` of them holding term `t`, a term weighs
+
+       w(t) = (1 + ln((n + 1) / (df(t) + 1))) · (½ for a weak word)
+
+   so a word every candidate has counts least, and a word of the message no candidate has
+   counts most (it is what the evidence fails to cover). Weak words are everyday words
+   that name no topic ("like", "get", "good", …: `WEAK_WORD_WEIGHT`). For the latest
+   message's terms `L` (a leading greeting dropped) and a candidate's terms `T`:
+
+       coverage = Σ w(L ∩ T) / Σ w(L)
+       score    = 0.9 · coverage + 0.1 / (1 + r)      (0 when L ∩ T is empty)
+
+   `contextual` also reads the conversation tail (`request.context` before the latest
+   message, its last `CONTEXT_TAIL_CHARS`): its other terms `K` count at `CONTEXT_WEIGHT`
+   (0.5), only when matched, so context can lift a candidate but never sink one, and a
+   candidate must still share a term with the latest message (a topic shift follows the
+   new topic):
+
+       coverage = (Σ w(L ∩ T) + ½ Σ w(K ∩ T)) / (Σ w(L) + ½ Σ w(K ∩ T))
+
+   `recall-heavy` scores the best candidate with the union of the two best candidates'
+   terms (evidence split over two notes still counts), and writes the note from the best.
+   Sums use `math.fsum`, so the score does not depend on set order. Ties go to the
+   candidate sharing more of the conversation tail (`balanced`, `contextual`), then the
+   better search rank.
+4. **Gate.** The best score must reach `STYLE_THRESHOLDS[style]`. `preference-only` keeps
+   only candidates stating a preference, habit or recurring personal fact and none naming a
+   one-off event (`is_preference`). `strict` also needs the latest message to ask for memory
+   (`asks_for_memory`: a question, a mention of the user, or of the past).
+5. **Note.** One line from the best candidate's own words: first-person user statements
+   become third person ("I like X" → "The user likes X"), anything else is "Noted: …"; cut to
+   `max_summary_chars` at a word boundary. It is offered with `tools.draft` and returned.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import threading
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from typing import NamedTuple
+
+import apsw
+
+from ._output import ELLIPSIS, one_line, summarize
+from ._query import FULL_HEADING, LATEST_HEADING, RECENT_HEADING, STYLE_THRESHOLDS
+from ._tools import RecallTools
+from .protocol.recall import RecallRequest, ToolResult
+from .storage.fts_query import STOPWORDS, TOKENIZE, index_columns, tokens
+
+NONE = "NONE"
+"""What the model answers when no evidence passes its style's gate."""
+
+CONTEXT_WEIGHT = 0.5
+"""How much a conversation-tail term counts against a latest-message term (`contextual`)."""
+RANK_WEIGHT = 0.1
+"""The share of the score that the search rank gives: `RANK_WEIGHT / (1 + rank)`."""
+CONTEXT_TAIL_CHARS = 600
+"""How much of the conversation before the latest message `contextual` reads, from its end."""
+WEAK_WORD_WEIGHT = 0.5
+"""What a weak word ("like", "get", "good", …: everyday words that name no topic) weighs,
+relative to its rarity weight."""
+MAX_CANDIDATES = 400
+"""Pieces of evidence scored per recall, so a huge tool answer cannot eat the budget…"""
+MAX_EVIDENCE_CHARS = 64_000
+"""…and characters of evidence, whatever a host tool puts in its structured fields."""
+
+# The tools tried first, in order; else the first allowed tool.
+_SEARCH_TOOLS = ("memory_search", "memory_recall")
+_RESULT_FIELDS = ("results", "items", "memories", "hits")
+_TEXT_FIELDS = ("snippet", "content", "text")
+
+
+def _word_set(words: str) -> frozenset[str]:
+    return frozenset(words.split())
+
+
+# Words a chat message carries that say nothing a memory could match.
+_FILLER = _word_set(
+    """
+    ok okay k lol lmao haha hahaha hehe hmm hm um uh oh ah yes yeah yep yup nope nah sure
+    thanks thank thx ty please pls cool nice great awesome wow hi hello hey bye
+    remind remember recall tell know think kind sort thing things something anything
+    really actually maybe just also anyway user assistant don doesn didn isn aren wasn
+    weren won wouldn couldn shouldn haven hasn hadn cannot
+    """
+)
+
+# Everyday words that name no topic: "what's the weather like" is not about what anyone likes.
+_WEAK_WORDS = "like get go make take good new want need use time day way lot"
+
+_CUE_DAYS = r"(?:mon|tues|wednes|thurs|fri|satur|sun)day"
+_MONTHS = (
+    r"(?:jan(?:uary)?|feb(?:ruary)?|mar(?:ch)?|apr(?:il)?|may|june?|july?|aug(?:ust)?"
+    r"|sep(?:t(?:ember)?)?|oct(?:ober)?|nov(?:ember)?|dec(?:ember)?)"
+)
+_PREFERENCE_CUES = re.compile(
+    r"\b(?:"
+    r"likes?|loves?|enjoys?|prefers?|preferred|favou?rites?|always|usually|normally|"
+    r"generally|typically|often|never|hates?|dislikes?|can['’]?t stand|cannot stand|"
+    r"allergic|intolerant|vegetarian|vegan|go-to|routine|habits?|"
+    r"tends? to|daily|weekly|nightly|each (?:day|morning|evening|night|week|month)|"
+    r"every (?:day|morning|evening|night|week|weekend|month|year|"
+    + _CUE_DAYS
+    + r")|on "
+    + _CUE_DAYS
+    + r"s|on weekends|weekdays|fan of|into (?:\w+ )?(?:music|food|books|films|movies)"
+    r")\b",
+    re.IGNORECASE,
+)
+_EVENT_CUES = re.compile(
+    r"\b(?:"
+    r"yesterday|today|tonight|tomorrow|this (?:morning|afternoon|evening|weekend)|"
+    r"last (?:night|week|weekend|month|year|time|"
+    + _CUE_DAYS
+    + r")|next (?:week|weekend|month|year|time|"
+    + _CUE_DAYS
+    + r")|on "
+    + _CUE_DAYS
+    + r"(?!s)|on (?:the )?\d{1,2}(?:st|nd|rd|th)?\b|on "
+    + _MONTHS
+    + r"\.? \d{1,2}|"
+    + _MONTHS
+    + r"\.? \d{1,2}(?:st|nd|rd|th)?,? \d{4}|\d{4}-\d{2}-\d{2}|\d{1,2}/\d{1,2}(?:/\d{2,4})?|"
+    r"once|ago|booked|bought|ordered|reserved|scheduled|cancell?ed|happened|"
+    r"just (?:got|did|had|finished)"
+    r")\b",
+    re.IGNORECASE,
+)
+
+# `strict`: a message asks for memory when it is a question, names the user, or the past.
+_QUESTION_WORDS = _word_set(
+    """
+    what which who whom whose where when why how do does did is are am was were can could
+    should would will shall have has had any remind remember recall tell
+    """
+)
+_ASKS_FOR_MEMORY = re.compile(
+    r"\?|\b(?:i|me|my|mine|myself|we|us|our|ours)\b|\bi(?:'|’)(?:m|ve|d|ll)\b|"
+    r"\b(?:remember|remind|recall|last time|before|earlier|again|usual|usually|always|ago)\b",
+    re.IGNORECASE,
+)
+# A greeting at the start of a message is not a topic: "good morning!" is not about mornings.
+_GREETING = re.compile(
+    r"^\W*(?:good (?:morning|afternoon|evening|night)|(?:hi|hello|hey|howdy)(?: there)?)\b\W*",
+    re.IGNORECASE,
+)
+_FIRST_WORD = re.compile(r"[^\W\d_]+")
+
+# Markdown list markers, headings, quotes and checkboxes at the start of a memory line.
+_LINE_MARKER = re.compile(r"^(?:[#>*+\-•]+|\d+[.)]|\[[ xX]\])\s+")
+_ROLE_PREFIX = re.compile(r"^(user|assistant|human|ai|bot)\s*:\s*", re.IGNORECASE)
+# A sentence ends at . ! ? before a capital, but not after an initial ("Ursula K. Le Guin")
+# or a title ("Dr. Patel").
+_SENTENCE_END = re.compile(
+    r"(?<=[.!?])(?<!\b[A-Z]\.)(?<!\b(?:Mr|Dr|Ms|St)\.)(?<!\bMrs\.)\s+(?=[\"'“‘(]?[A-Z0-9])"
+)
+_SECOND_PERSON = re.compile(r"\b(?:you|your|yours|yourself|you're|you’re)\b", re.IGNORECASE)
+_THIRD_PERSON_START = re.compile(r"^(?:the )?user(?:'s|’s)?\b", re.IGNORECASE)
+_ADVERBS = (
+    "always|usually|normally|generally|typically|often|sometimes|never|rarely|really|"
+    "also|still|just|only|mostly|actually|absolutely|definitely|truly|totally|once|first|"
+    "recently|already|finally|even|almost|nearly|occasionally|frequently|seldom|hardly"
+)
+# One left-to-right pass: a contraction, `I` with its verb, or an object/possessive form.
+_FIRST_PERSON = re.compile(
+    r"(?<![\w'’.])(?P<contracted>[Ii])['’](?P<suffix>m|ve|d|ll)\b"
+    r"|(?<![\w'’.])(?P<subject>[Ii])(?![\w'’.-])"
+    rf"(?P<adverbs>(?:\s+(?:{_ADVERBS}))*)(?:\s+(?P<verb>[A-Za-z]+?(?:n['’]t)?)\b)?"
+    r"|\b(?P<object>(?i:my|mine|myself|me))\b"
+)
+_CONTRACTIONS = {"m": "is", "ve": "has", "d": "would", "ll": "will"}
+_CONJUGATED = {
+    "am": "is",
+    "have": "has",
+    "do": "does",
+    "don't": "doesn't",
+    "don’t": "doesn’t",
+    "haven't": "hasn't",
+    "haven’t": "hasn’t",
+    "aren't": "isn't",
+    "aren’t": "isn’t",
+}
+_NOT_CONJUGATED = _word_set(
+    """
+    can could will would shall should may might must was did had got went ate bought
+    brought came drank drove flew forgot found gave heard held kept knew left lost made met
+    paid put ran read said saw sent sat slept spent stood swam thought took told understood
+    woke wore won wrote began became broke chose caught fell felt fought hung hid let lay
+    rode rang rose sang sold shot shut stole struck taught threw and or but to not
+    """
+)
+
+
+class Candidate(NamedTuple):
+    """One piece of evidence: a line or sentence of a tool result, with its search rank."""
+
+    text: str
+    rank: int  # position of its result in the tool's answer, 0 = best
+    role: str | None = None  # "user" or "assistant" when the result or a prefix says so
+
+
+class LocalExtractiveModel:
+    """`local/extractive`: the embedded default `RecallModel` (SPEC §4.8).
+
+    It searches memory once with the request's search query, scores every piece of
+    evidence against the latest user message (the formula is in the module docstring),
+    applies the prompt style's threshold and gates, and answers one third-person note built
+    from the best piece, or "NONE". Same request and tool answers, same result.
+
+    Cancellation: the only wait is the memory-tool call; cancelled there, nothing is left
+    behind and no draft is offered. Everything after it is synchronous, bounded work
+    (at most `MAX_CANDIDATES` pieces, `MAX_EVIDENCE_CHARS` characters; milliseconds), so a
+    cancellation arriving then takes effect at the caller's next await, and the draft,
+    if any, is the returned note.
+    """
+
+    async def recall(self, request: RecallRequest, tools: RecallTools) -> str:
+        """Search, score, gate and answer: one note grounded in a tool result, or "NONE"."""
+        if not request.search_query.strip():
+            return NONE
+        name = search_tool(tools.names)
+        if name is None:
+            return NONE
+        result = await tools.call(name, {"query": request.search_query})
+        note = extract_note(request, candidates_of(result))
+        if note is None:
+            return NONE
+        tools.draft(note)
+        return note
+
+
+def search_tool(names: Sequence[str]) -> str | None:
+    """The tool the model searches with: `memory_search`, `memory_recall`, else the first."""
+    for name in _SEARCH_TOOLS:
+        if name in names:
+            return name
+    return names[0] if names else None
+
+
+def candidates_of(result: ToolResult) -> list[Candidate]:
+    """The pieces of evidence in one tool result, best search rank first.
+
+    Structured results are read from `data["results"]` (or `items`/`memories`/`hits`); each
+    entry's `snippet`, `content` or `text` is cut into lines and sentences. Without such a
+    list, the plain content is read line by line, each line its own rank. A result with an
+    `error`, or that is not recall evidence, gives none.
+    """
+    if result.error is not None or not result.evidence:
+        return []
+    entries = _entries(result.data)
+    if entries is None:
+        lines = [line for line in result.content.splitlines() if line.strip()]
+        entries = [(line, None) for line in lines]
+    found: list[Candidate] = []
+    room = MAX_EVIDENCE_CHARS
+    for rank, (text, role) in enumerate(entries):
+        for piece, piece_role in _pieces(text[:room]):
+            found.append(Candidate(piece, rank, piece_role or role))
+            if len(found) >= MAX_CANDIDATES:
+                return found
+        room -= len(text)
+        if room <= 0:
+            break
+    return found
+
+
+def _entries(data: Mapping[str, object] | None) -> list[tuple[str, str | None]] | None:
+    if data is None:
+        return None
+    for field in _RESULT_FIELDS:
+        listed = data.get(field)
+        if isinstance(listed, list):
+            return [entry for item in listed if (entry := _entry(item)) is not None]
+    return None
+
+
+def _entry(item: object) -> tuple[str, str | None] | None:
+    if isinstance(item, str):
+        return item, None
+    if not isinstance(item, Mapping) or item.get("status") == "invalid":
+        return None
+    role = item.get("role")
+    for field in _TEXT_FIELDS:
+        text = item.get(field)
+        if isinstance(text, str) and text.strip():
+            return text, role if isinstance(role, str) else None
+    record = item.get("record")  # a records-store result nests its record
+    return _entry(record) if isinstance(record, Mapping) else None
+
+
+def _pieces(text: str) -> Iterable[tuple[str, str | None]]:
+    """Lines, then sentences, without list markers, snippet ellipses or role prefixes."""
+    for line in text.splitlines():
+        line = line.strip().strip(ELLIPSIS).strip()
+        while (marker := _LINE_MARKER.match(line)) is not None:
+            line = line[marker.end() :]
+        role = None
+        if (prefix := _ROLE_PREFIX.match(line)) is not None:
+            role = "user" if prefix.group(1).lower() in ("user", "human") else "assistant"
+            line = line[prefix.end() :]
+        for sentence in _SENTENCE_END.split(line):
+            sentence = sentence.strip()
+            if sentence and any(ch.isalnum() for ch in sentence):
+                yield sentence, role
+
+
+class _Stemmer(threading.local):
+    """The index's tokenizer (`TOKENIZE`), one per thread: apsw tokenizers hang off a
+    connection."""
+
+    def __init__(self) -> None:
+        name, *args = TOKENIZE.split()
+        self.conn = apsw.Connection(":memory:")
+        self.tokenize = self.conn.fts5_tokenizer(name, args)
+
+
+_stemmer = _Stemmer()
+
+
+def terms(text: str) -> frozenset[str]:
+    """The content terms of `text` as the index stems them (CJK runs as bigrams), without
+    function words, chat filler and contraction fragments."""
+    words, grams = index_columns(text)
+    data = words.encode("utf-8")
+    found: set[str] = set()
+    for start, end, stem in tokens(_stemmer.tokenize, data, apsw.FTS5_TOKENIZE_DOCUMENT):
+        word = data[start:end].decode("utf-8", "replace").casefold()
+        if word in STOPWORDS or word in _FILLER or (len(word) == 1 and not word.isdigit()):
+            continue
+        found.add(stem)
+    if grams:
+        found.update(grams.split())
+    return frozenset(found)
+
+
+_WEAK_STEMS = terms(_WEAK_WORDS)
+
+
+def is_preference(text: str) -> bool:
+    """Whether `text` states a preference, habit, routine, taste or recurring personal fact
+    (a cue such as "prefer", "always", "every Sunday", "allergic") and names no one-off
+    event ("yesterday", "last week", "on Friday", "booked", "once", a date, …)."""
+    return _PREFERENCE_CUES.search(text) is not None and _EVENT_CUES.search(text) is None
+
+
+def asks_for_memory(text: str) -> bool:
+    """Whether a message calls for memory (`strict`): it has a `?` or starts with a question
+    word ("what", "do", "remind", …), names the user ("I", "my", "we", …), or the past or a
+    habit ("remember", "last time", "before", "usually", …)."""
+    first = _FIRST_WORD.search(text)
+    if first is not None and first.group().casefold() in _QUESTION_WORDS:
+        return True
+    return _ASKS_FOR_MEMORY.search(text) is not None
+
+
+def conversation_tail(context: str, latest: str) -> str:
+    """The conversation before the latest message in a `request.context`, its last
+    `CONTEXT_TAIL_CHARS`, without the layout's headings."""
+    cut = context.rfind(LATEST_HEADING)
+    if cut >= 0:
+        context = context[:cut]
+    elif latest and context.rstrip().endswith(latest.strip()):
+        context = context.rstrip()[: -len(latest.strip())]
+    lines = [
+        line for line in context.splitlines() if line.strip() not in (RECENT_HEADING, FULL_HEADING)
+    ]
+    tail = " ".join(" ".join(lines).split())
+    return tail[-CONTEXT_TAIL_CHARS:]
+
+
+class _Scored(NamedTuple):
+    score: float
+    context: float
+    candidate: Candidate
+    terms: frozenset[str]
+
+
+def extract_note(request: RecallRequest, candidates: Sequence[Candidate]) -> str | None:
+    """The note for `request` from `candidates`, or None when nothing passes the style.
+
+    Pure and deterministic: the whole of `LocalExtractiveModel` after its tool call. An
+    unknown style is held to the `balanced` threshold. Without `request.latest`, the
+    search query stands in for the latest message.
+    """
+    style = request.prompt_style
+    threshold = STYLE_THRESHOLDS.get(style, STYLE_THRESHOLDS["balanced"])
+    latest = request.latest.strip() or request.search_query.strip()
+    if style == "strict" and not asks_for_memory(latest):
+        return None
+    if style == "preference-only":
+        candidates = [c for c in candidates if is_preference(c.text)]
+    asked = terms(_GREETING.sub("", latest))
+    if not asked or not candidates:
+        return None
+    uses_context = style in ("balanced", "contextual")
+    context = terms(conversation_tail(request.context, latest)) - asked if uses_context else None
+    held = [terms(c.text) for c in candidates]
+    weight = _Idf(held)
+    ranked = _rank(asked, context, candidates, held, weight, lift=style == "contextual")
+    if not ranked:
+        return None
+    best = ranked[0]
+    score = best.score
+    if style == "recall-heavy" and len(ranked) > 1:
+        union = best.terms | ranked[1].terms
+        score = max(score, _score(asked, frozenset(), union, best.candidate.rank, weight))
+    if score < threshold:
+        return None
+    return summarize(third_person(best.candidate), max(1, request.max_summary_chars))
+
+
+def _rank(
+    asked: frozenset[str],
+    context: frozenset[str] | None,
+    candidates: Sequence[Candidate],
+    held: Sequence[frozenset[str]],
+    weight: Mapping[str, float],
+    *,
+    lift: bool,
+) -> list[_Scored]:
+    """The candidates sharing a term with the latest message, best first."""
+    shown = context or frozenset()
+    scored = []
+    for candidate, its_terms in zip(candidates, held, strict=True):
+        if asked.isdisjoint(its_terms):
+            continue
+        score = _score(asked, shown if lift else frozenset(), its_terms, candidate.rank, weight)
+        overlap = math.fsum(weight[t] for t in shown & its_terms)
+        scored.append(_Scored(score, overlap, candidate, its_terms))
+    # Stable sort: equal keys keep the tool's order.
+    scored.sort(key=lambda s: (-s.score, -s.context, s.candidate.rank))
+    return scored
+
+
+class _Idf(dict[str, float]):
+    """w(t) = (1 + ln((n + 1) / (df(t) + 1))) · (WEAK_WORD_WEIGHT for a weak word) over the
+    candidate set; a term no candidate holds has df 0."""
+
+    def __init__(self, term_sets: Sequence[frozenset[str]]) -> None:
+        super().__init__()
+        self._n = len(term_sets)
+        self._df = Counter(t for held in term_sets for t in held)
+
+    def __missing__(self, term: str) -> float:
+        value = 1.0 + math.log((self._n + 1) / (self._df[term] + 1))
+        if term in _WEAK_STEMS:
+            value *= WEAK_WORD_WEIGHT
+        self[term] = value
+        return value
+
+
+def _score(
+    asked: frozenset[str],
+    context: frozenset[str],
+    held: frozenset[str],
+    rank: int,
+    weight: Mapping[str, float],
+) -> float:
+    if asked.isdisjoint(held):
+        return 0.0
+    lifted = CONTEXT_WEIGHT * math.fsum(weight[t] for t in context & held)
+    matched = math.fsum(weight[t] for t in asked & held) + lifted
+    total = math.fsum(weight[t] for t in asked) + lifted
+    coverage = matched / total
+    return (1.0 - RANK_WEIGHT) * coverage + RANK_WEIGHT / (1 + rank)
+
+
+def third_person(candidate: Candidate) -> str:
+    """The note for one piece of evidence, in its own words, on one line.
+
+    A user's first-person statement is rewritten to the third person ("I always take X" →
+    "The user always takes X", "my" → "the user's", then "their"; "I'm" → "the user is");
+    text already about "the user" is kept; anything else (assistant turns, text addressing
+    "you", notes) becomes "Noted: <text>".
+    """
+    text = one_line(candidate.text)
+    if candidate.role == "assistant" or _SECOND_PERSON.search(text):
+        return f"Noted: {text}"
+    if _THIRD_PERSON_START.match(text):
+        return text[0].upper() + text[1:]
+    if _FIRST_PERSON.search(text) is None:
+        return f"Noted: {text}"
+    named = False
+
+    def rewrite(match: re.Match[str]) -> str:
+        nonlocal named
+        if match.group("contracted") is not None:
+            named = True
+            return f"the user {_CONTRACTIONS[match.group('suffix').lower()]}"
+        if match.group("subject") is not None:
+            named = True
+            verb = match.group("verb")
+            return "the user" + match.group("adverbs") + (f" {_conjugate(verb)}" if verb else "")
+        word = match.group("object").lower()
+        first, later = {
+            "my": ("the user's", "their"),
+            "mine": ("the user's", "theirs"),
+            "myself": ("the user", "themselves"),
+            "me": ("the user", "them"),
+        }[word]
+        chosen = later if named else first
+        named = True
+        return chosen
+
+    rewritten = _FIRST_PERSON.sub(rewrite, text)
+    return rewritten[0].upper() + rewritten[1:]
+
+
+def _conjugate(verb: str) -> str:
+    """The third-person singular of a present-tense verb; past tenses and modals unchanged."""
+    lower = verb.lower()
+    if lower in _CONJUGATED:
+        return _CONJUGATED[lower]
+    if lower in _NOT_CONJUGATED or lower.endswith(("ed", "n't", "n’t")):
+        return verb
+    if lower.endswith(("s", "sh", "ch", "x", "z", "o")):
+        return verb + "es"
+    if len(lower) > 1 and lower.endswith("y") and lower[-2] not in "aeiou":
+        return verb[:-1] + "ies"
+    return verb + "s"

@@ -1,0 +1,593 @@
+"""The memory-core memory tools: `memory_search` and `memory_get` (SPEC §4.7).
+
+Memory notes are `MEMORY.md` and `memory/*.md` (one level, no hidden files) in the agent's
+workspace (`Config.workspace`). A person edits them; the index follows: before a search the
+workspace is rescanned (a `stat` per file) at most once per `RESCAN_S` seconds per agent,
+and always on an agent's first search, so an edit in place shows up in searches within a
+second. Only files whose mtime or size changed are read, hashed and chunked; the changes go
+to the indexer as one `SyncNotes` command (storage/notes.py). A file edited twice within one
+filesystem timestamp tick, the second time keeping its size, is caught too: a file read
+less than two seconds after it was written is hashed again by the next scans until it is
+older than that.
+
+Notes are redacted before they are chunked, as whole files, so a secret spanning lines (a
+PEM block) is masked even where chunks cut it; the masked lines keep their numbers. Every
+snippet and every `memory_get` text is redacted again when shown (new `redactPatterns` apply
+at once). Files over 1 MiB, unreadable files and symlinks leading out of the workspace are
+not indexed; `memory_search` lists them under `ignored` in its debug fields.
+
+Ranking across sources: notes (BM25 of `note_fts`) and the agent's other private
+conversations (`SessionSearch.search_private`, BM25 with conversational reranking) score on
+different scales, so each source's scores are divided by that source's best: the best hit
+of each scores 1.0, and the rest keep their relative distance to it. Ties go to notes (a
+person wrote them to be remembered). A conversation result's path is
+`session:<session_key>#<message_id>` and its lines are those of its snippet.
+
+Debug fields of `memory_search` beyond SPEC §4.7's (`backend`, `effectiveMode`, `fallback`,
+`searchMs`, `hits`), each present only when it applies: `indexing` and `warning` (the
+transcript index is being rebuilt: results may be incomplete), `ignored` (notes not
+indexed, and why), `syncError` (the rescan could not be written: the notes indexed before
+still answer) and `truncated` (results dropped to keep the answer within 16 000 characters).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import hashlib
+import json
+import os
+import stat
+import time
+from collections.abc import Callable, Mapping, Sequence
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from ._redaction import Redactor
+from ._search import SessionSearch, make_snippet
+from ._tools import MAX_TOOL_CONTENT_CHARS
+from .actors.supervisor import AgentStore, Supervisor
+from .protocol.config import Config
+from .protocol.errors import InvalidInputError, MemoryClosedError, StorageError
+from .protocol.indexer import NOTE_PATH, NoteFile, Rejected, SyncNotes
+from .protocol.recall import ToolResult
+from .protocol.search import MAX_QUERY_CHARS, SearchHit
+from .protocol.session_key import AGENT_ID, SessionKey, parse_session_key
+from .storage.fts_query import plan_match, query_terms
+from .storage.notes import (
+    MAX_CHUNK_CHARS,
+    NoteHit,
+    chunk_note,
+    indexed_note_files,
+    note_lines,
+    search_notes,
+)
+from .storage.search import _PRIVATE
+from .storage.transcripts import TranscriptReader
+
+RESCAN_S = 1.0
+"""A workspace is rescanned for edited notes at most this often (seconds, per agent)."""
+
+MAX_NOTE_BYTES = 1024 * 1024
+"""Notes larger than this are not indexed nor served (listed under `ignored`)."""
+
+DEFAULT_RESULTS = 6
+MAX_RESULTS = 25
+DEFAULT_GET_LINES = 40
+MAX_GET_LINES = 200
+MAX_SNIPPET_CHARS = MAX_CHUNK_CHARS
+SESSION_PREFIX = "session:"
+
+# A file read this soon after its mtime may change again within the same timestamp tick
+# without its stat changing ("racy git"): it is hashed again until it is older.
+_RACY_NS = 2_000_000_000
+_NOT_AVAILABLE = (
+    "path: {path!r} is not available (only the agent's other private conversations can be "
+    "read, and only when cross-conversation recall is on)"
+)
+_SEARCH_ARGS = ("query", "maxResults")
+_GET_ARGS = ("path", "from", "lines")
+# The message behind a `session:<key>#<id>` path, if it lies inside the caller's private
+# scope: the same predicate as the transcript search (storage/search.py), applied again
+# here because a path is model output and proves nothing.
+_PRIVATE_MESSAGE = (
+    "SELECT e.role, e.ts, e.text FROM events e"
+    " JOIN sessions s ON s.id = e.session_id"
+    " JOIN active_branch a ON a.session_id = e.session_id AND a.event_id = e.id"
+    " WHERE e.id = ? AND s.key = ? AND e.kind = 'message' AND e.text IS NOT NULL"
+    f" AND e.session_id IN (SELECT id FROM ({_PRIVATE}))"
+)
+
+
+def _read_bytes(path: Path) -> bytes:
+    """Read a note file (one place, so tests can count reads)."""
+    return path.read_bytes()
+
+
+@dataclasses.dataclass(frozen=True)
+class _SyncPlan:
+    """What one scan found: the files to (re)index, the paths to drop, what was skipped."""
+
+    files: tuple[NoteFile, ...]
+    removed: tuple[str, ...]
+    changed: int  # files whose content changed, appeared or went away
+    ignored: tuple[tuple[str, str], ...]  # (path, why)
+    racy: frozenset[str]
+
+
+class MemoryCore:
+    """The `memory_search` and `memory_get` tools over memory notes and private transcripts.
+
+    One per `Memory`; keeps, per agent, when the workspace was last scanned and which notes
+    it had to skip. The index itself lives in the agent database and is written only by
+    the indexer.
+    """
+
+    def __init__(
+        self,
+        supervisor: Supervisor,
+        search: SessionSearch,
+        get_config: Callable[[], Config],
+    ) -> None:
+        self._supervisor = supervisor
+        self._search = search
+        self._get_config = get_config
+        self._scanned_at: dict[str, float] = {}
+        self._locks: dict[str, anyio.Lock] = {}
+        self._ignored: dict[str, tuple[tuple[str, str], ...]] = {}
+        self._racy: dict[str, frozenset[str]] = {}
+
+    def workspace(self, agent: str) -> Path:
+        """The workspace folder whose notes `agent`'s tools read (from the current config)."""
+        return self._get_config().workspace(agent, self._supervisor.state_dir)
+
+    async def sync_notes(self, agent: str) -> int:
+        """Bring the note index of `agent` up to date with its workspace, now.
+
+        Returns how many note files changed (added, edited or removed). A missing workspace
+        holds no notes. Raises `StorageError` if the index cannot be written.
+
+        Cancellation: if cancelled during the scan nothing was sent; if cancelled while the
+        `SyncNotes` command is queued it may still commit. Either way the index is whole,
+        and the next scan compares the files with what did commit.
+        """
+        store = await self._store(agent)
+        async with self._lock(agent):
+            return await self._sync(store)
+
+    async def _refresh(self, store: AgentStore) -> None:
+        """`sync_notes` unless the workspace was scanned less than `RESCAN_S` ago."""
+        if not self._stale(store.agent):
+            return
+        async with self._lock(store.agent):
+            if self._stale(store.agent):  # another search may have scanned while we waited
+                await self._sync(store)
+
+    def _stale(self, agent: str) -> bool:
+        last = self._scanned_at.get(agent)
+        return last is None or anyio.current_time() - last >= RESCAN_S
+
+    def _lock(self, agent: str) -> anyio.Lock:
+        return self._locks.setdefault(agent, anyio.Lock())
+
+    async def _sync(self, store: AgentStore) -> int:
+        agent = store.agent
+        started = anyio.current_time()
+        scan = partial(
+            _plan_sync,
+            root=self.workspace(agent),
+            racy=self._racy.get(agent, frozenset()),
+            redactor=self._search.redactor,
+        )
+        try:
+            plan = await store.read(scan)
+            if plan.files or plan.removed:
+                command = SyncNotes(agent=agent, files=plan.files, removed=plan.removed)
+                ack = await store.submit(command)
+                if isinstance(ack, Rejected):
+                    error = MemoryClosedError if ack.reason == "closed" else StorageError
+                    raise error(f"memory notes of {agent!r}: {ack.message}")
+        except StorageError:
+            self._scanned_at[agent] = started  # retried after RESCAN_S, not on every search
+            raise
+        self._racy[agent] = plan.racy
+        self._ignored[agent] = plan.ignored
+        self._scanned_at[agent] = started
+        return plan.changed
+
+    async def _store(self, agent: str) -> AgentStore:
+        if not isinstance(agent, str) or not AGENT_ID.fullmatch(agent):
+            raise InvalidInputError(f"agent: {agent!r} is not an agent id")
+        return await self._supervisor.agent(agent)
+
+    async def search(
+        self, agent: str, args: Mapping[str, Any], *, caller: SessionKey, transcripts: bool
+    ) -> ToolResult:
+        """The `memory_search` tool: the best note chunks and, if allowed, conversation excerpts.
+
+        `args`: `query` (1 to 4096 characters) and `maxResults` (1 to 25, default 6); bad
+        arguments raise `InvalidInputError` naming the argument. Conversation excerpts come
+        only when `transcripts` is true and only from `caller`'s agent's other private
+        conversations (SPEC §4.2). Snippets are redacted and at most 700 characters.
+
+        Cancellation: nothing is written by a search except a note rescan's `SyncNotes`
+        (see `sync_notes`); reads already started finish on their worker.
+        """
+        query, limit = _search_args(args)
+        started = anyio.current_time()
+        store = await self._store(agent)
+        sync_error = None
+        try:
+            await self._refresh(store)
+        except StorageError as exc:  # the notes indexed before still answer
+            sync_error = str(exc)
+        redactor = self._search.redactor
+        plan = plan_match(query)
+        notes: list[NoteHit] = []
+        if plan is not None:
+            notes = await store.read(lambda reader: search_notes(reader.conn, plan, limit))
+        terms = query_terms(query)
+        found: list[tuple[float, dict[str, Any]]] = []
+        for hit in notes:
+            snippet, _ = make_snippet(redactor.redact(hit.text), terms, MAX_SNIPPET_CHARS)
+            found.append(
+                (hit.score, _result("memory", hit.path, hit.start_line, hit.end_line, snippet))
+            )
+        sessions = None
+        if transcripts and caller.agent == agent:
+            sessions = await self._search.search_private(query, caller=caller, limit=limit)
+        messages = (
+            [(h.score, _session_result(h, redactor)) for h in sessions.results] if sessions else []
+        )
+        results = _merge([found, messages], limit)
+        data: dict[str, Any] = {
+            "results": results,
+            "backend": "builtin",
+            "effectiveMode": "search",
+            "fallback": None,
+            "searchMs": 0.0,
+            "hits": len(results),
+        }
+        if sessions is not None and sessions.indexing:
+            data["indexing"] = True
+            data["warning"] = sessions.warning
+        if sync_error is not None:
+            data["syncError"] = sync_error
+        if ignored := self._ignored.get(agent):
+            data["ignored"] = [{"path": path, "reason": why} for path, why in ignored]
+        data["searchMs"] = round((anyio.current_time() - started) * 1000, 1)
+        content = _dumps(data)
+        while len(content) > MAX_TOOL_CONTENT_CHARS and results:
+            results.pop()  # the worst hit goes first
+            data["hits"], data["truncated"] = len(results), True
+            content = _dumps(data)
+        return ToolResult(name="memory_search", content=content, data=data, evidence=bool(results))
+
+    async def get(
+        self, agent: str, args: Mapping[str, Any], *, caller: SessionKey, transcripts: bool
+    ) -> ToolResult:
+        """The `memory_get` tool: lines of a memory note, or one conversation message.
+
+        `args`: `path` (`MEMORY.md`, `memory/<name>.md`, or `session:<session_key>#<id>`
+        from a `memory_search` result), `from` (1-based first line, default 1) and `lines`
+        (1 to 200, default 40). A note path that is malformed or leads out of the workspace
+        raises `InvalidInputError` naming `path`. A message is served only when
+        `transcripts` is true and its session is one of `caller`'s agent's other private
+        conversations (checked again in SQL); otherwise the result is an error saying it is
+        not available. The text is redacted.
+
+        Cancellation: reads only; a read already started finishes on its worker.
+        """
+        path, first, count = _get_args(args)
+        store = await self._store(agent)
+        redactor = self._search.redactor
+        if path.startswith(SESSION_PREFIX):
+            return await self._get_message(store, path, first, count, caller, transcripts)
+        if NOTE_PATH.fullmatch(path) is None:
+            raise InvalidInputError(
+                f"path: {path!r} is not MEMORY.md, memory/<name>.md or "
+                "session:<session_key>#<message_id>"
+            )
+        read = partial(_read_note, self.workspace(agent), path, first, count, redactor)
+        return await store.read_executor.run(read)
+
+    async def _get_message(
+        self,
+        store: AgentStore,
+        path: str,
+        first: int,
+        count: int,
+        caller: SessionKey,
+        transcripts: bool,
+    ) -> ToolResult:
+        key_text, sep, ident = path.removeprefix(SESSION_PREFIX).rpartition("#")
+        if not sep or not ident.isascii() or not ident.isdigit() or not key_text:
+            raise InvalidInputError(f"path: {path!r} is not session:<session_key>#<message_id>")
+        key = parse_session_key(key_text, field="path")
+        refused = _failure("memory_get", _NOT_AVAILABLE.format(path=path))
+        if not transcripts or not caller.is_private or caller.agent is None:
+            return refused
+        if key.agent != caller.agent or store.agent != caller.agent:
+            return refused  # another agent's transcripts are never eligible
+        params = (int(ident), key.raw, caller.agent, caller.raw)
+        row = await store.read(
+            lambda reader: reader.conn.execute(_PRIVATE_MESSAGE, params).fetchone()
+        )
+        if row is None:
+            return refused  # the same answer whether absent or forbidden: no oracle
+        role, ts, text = row
+        lines = redact_lines(self._search.redactor, note_lines(str(text)))
+        data: dict[str, Any] = {"path": path, "role": str(role), "timestamp": float(ts)}
+        return _excerpt("memory_get", data, lines, first, count)
+
+
+def _plan_sync(
+    reader: TranscriptReader, *, root: Path, racy: frozenset[str], redactor: Redactor
+) -> _SyncPlan:
+    """Runs on the reader's executor: stat the workspace, read what changed, chunk it."""
+    known = indexed_note_files(reader.conn)
+    found, ignored = _list_notes(root)
+    files: list[NoteFile] = []
+    kept: set[str] = set()
+    still_racy: set[str] = set()
+    changed = 0
+    for rel, (path, mtime_ns, size) in found.items():
+        old = known.get(rel)
+        same_stat = old is not None and (old.mtime_ns, old.size) == (mtime_ns, size)
+        if same_stat and rel not in racy:
+            kept.add(rel)
+            continue
+        try:
+            data = _read_bytes(path)
+        except OSError as exc:
+            ignored.append((rel, f"unreadable ({exc.strerror or exc})"))
+            continue
+        if len(data) > MAX_NOTE_BYTES:  # grew between stat and read
+            ignored.append((rel, "larger than 1 MiB"))
+            continue
+        kept.add(rel)
+        if time.time_ns() - mtime_ns < _RACY_NS:
+            still_racy.add(rel)
+        digest = hashlib.sha256(data).hexdigest()
+        if old is not None and old.digest == digest:
+            if not same_stat:  # touched, same content: only the stat moves
+                files.append(NoteFile(path=rel, mtime_ns=mtime_ns, size=size, digest=digest))
+            continue
+        lines = redact_lines(redactor, note_lines(data.decode("utf-8-sig", errors="replace")))
+        chunks = chunk_note(lines)
+        files.append(NoteFile(path=rel, mtime_ns=mtime_ns, size=size, digest=digest, chunks=chunks))
+        changed += 1
+    removed = tuple(sorted(rel for rel in known if rel not in kept))
+    return _SyncPlan(
+        files=tuple(files),
+        removed=removed,
+        changed=changed + len(removed),
+        ignored=tuple(sorted(ignored)),
+        racy=frozenset(still_racy),
+    )
+
+
+def _list_notes(root: Path) -> tuple[dict[str, tuple[Path, int, int]], list[tuple[str, str]]]:
+    """The workspace's note files as {relative path: (real path, mtime_ns, size)}, and
+    those skipped with why. A missing workspace has none."""
+    try:
+        real_root = root.resolve(strict=True)
+    except (OSError, RuntimeError):
+        return {}, []
+    if not real_root.is_dir():
+        return {}, []
+    candidates = ["MEMORY.md"]
+    try:
+        with os.scandir(real_root / "memory") as entries:
+            names = sorted(entry.name for entry in entries)
+    except OSError:  # no memory/ folder (or not a folder)
+        names = []
+    candidates += [f"memory/{name}" for name in names if NOTE_PATH.fullmatch(f"memory/{name}")]
+    found: dict[str, tuple[Path, int, int]] = {}
+    ignored: list[tuple[str, str]] = []
+    for rel in candidates:
+        target = _inside(real_root, rel)
+        if target is None:
+            ignored.append((rel, "a link leading outside the workspace"))
+            continue
+        try:
+            st = target.stat()
+        except OSError:
+            continue  # MEMORY.md absent, or a dangling link
+        if not stat.S_ISREG(st.st_mode):
+            continue
+        if st.st_size > MAX_NOTE_BYTES:
+            ignored.append((rel, "larger than 1 MiB"))
+            continue
+        found[rel] = (target, st.st_mtime_ns, st.st_size)
+    return found, ignored
+
+
+def _inside(real_root: Path, rel: str) -> Path | None:
+    """`rel` resolved (links followed), or None if that leaves the workspace."""
+    try:
+        target = (real_root / rel).resolve()
+    except (OSError, RuntimeError):  # a link loop
+        return None
+    return target if target.is_relative_to(real_root) else None
+
+
+def _read_note(root: Path, rel: str, first: int, count: int, redactor: Redactor) -> ToolResult:
+    """Runs on the reader's executor: lines `first`.. of one note, redacted."""
+    try:
+        real_root = root.resolve(strict=True)
+    except (OSError, RuntimeError):
+        return _failure("memory_get", f"path: no note {rel!r} (the workspace does not exist)")
+    target = _inside(real_root, rel)
+    if target is None:
+        raise InvalidInputError(f"path: {rel!r} leads outside the workspace")
+    try:
+        st = target.stat()
+        if not stat.S_ISREG(st.st_mode):
+            return _failure("memory_get", f"path: {rel!r} is not a file")
+        if st.st_size > MAX_NOTE_BYTES:
+            return _failure("memory_get", f"path: {rel!r} is larger than 1 MiB; it is ignored")
+        data = _read_bytes(target)
+    except FileNotFoundError:
+        return _failure("memory_get", f"path: no note {rel!r} in the workspace")
+    except OSError as exc:
+        return _failure("memory_get", f"path: cannot read {rel!r} ({exc.strerror or exc})")
+    lines = redact_lines(redactor, note_lines(data.decode("utf-8-sig", errors="replace")))
+    return _excerpt("memory_get", {"path": rel}, lines, first, count)
+
+
+def redact_lines(redactor: Redactor, lines: Sequence[str]) -> list[str]:
+    """`lines` redacted as one text, each redacted line kept at its original number.
+
+    A secret spanning lines (a PEM block) is masked whole; the lines it covered beyond the
+    mask come back empty. Nothing of the unredacted text is ever returned.
+    """
+    text = "\n".join(lines)
+    redacted = redactor.redact(text)
+    if redacted == text:
+        return list(lines)
+    out = redacted.split("\n")
+    if len(out) == len(lines):
+        return out
+    # Align the redacted lines with the original ones; only redacted text is emitted.
+    aligned: list[str] = []
+    pending: list[str] = []  # redacted lines before the first original one
+    matcher = difflib.SequenceMatcher(None, list(lines), out, autojunk=False)
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        span, got = i2 - i1, out[j1:j2]
+        if span == 0:  # extra redacted lines: joined onto the line before
+            if aligned:
+                aligned[-1] = " ".join([aligned[-1], *got])
+            else:
+                pending += got
+            continue
+        if pending:
+            got, pending = [" ".join([*pending, *got[:1]]), *got[1:]], []
+        if tag == "equal" or len(got) == span:
+            aligned += got
+        elif len(got) < span:
+            aligned += got + [""] * (span - len(got))
+        else:
+            aligned += [*got[: span - 1], " ".join(got[span - 1 :])]
+    return aligned
+
+
+def _excerpt(
+    name: str, data: dict[str, Any], lines: Sequence[str], first: int, count: int
+) -> ToolResult:
+    """`count` lines from line `first` (1-based) as the tool result `data` plus the text."""
+    chosen = lines[first - 1 : first - 1 + count]
+    text = "\n".join(chosen)
+    truncated = len(text) > MAX_TOOL_CONTENT_CHARS // 2
+    if truncated:  # room for the JSON escaping around it
+        text = text[: MAX_TOOL_CONTENT_CHARS // 2] + "…"
+    data = {
+        **data,
+        "from": first,
+        "to": first + len(chosen) - 1 if chosen else first - 1,
+        "totalLines": len(lines),
+        "text": text,
+        "truncated": truncated,
+    }
+    return ToolResult(name=name, content=_dumps(data), data=data, evidence=bool(text.strip()))
+
+
+def _result(source: str, path: str, start: int, end: int, snippet: str) -> dict[str, Any]:
+    return {
+        "source": source,
+        "path": path,
+        "startLine": start,
+        "endLine": end,
+        "score": 0.0,
+        "snippet": snippet,
+    }
+
+
+def _session_result(hit: SearchHit, redactor: Redactor) -> dict[str, Any]:
+    snippet = redactor.redact(hit.snippet)  # already redacted; idempotent, and cheap
+    path = f"{SESSION_PREFIX}{hit.session_key}#{hit.message_id}"
+    return _result("sessions", path, 1, snippet.count("\n") + 1, snippet)
+
+
+def _merge(
+    sources: Sequence[list[tuple[float, dict[str, Any]]]], limit: int
+) -> list[dict[str, Any]]:
+    """One list, best first: each source's scores divided by its best (see the module doc).
+
+    A source whose best score is not positive (every term common: ranked by recency) is
+    scored by position instead, 1/(1 + i).
+    """
+    merged: list[tuple[float, int, int, dict[str, Any]]] = []
+    for order, hits in enumerate(sources):
+        if not hits:
+            continue
+        best = max(score for score, _ in hits)
+        for i, (score, result) in enumerate(hits):
+            norm = score / best if best > 0 else 1.0 / (1 + i)
+            merged.append((norm, order, i, result))
+    merged.sort(key=lambda m: (-m[0], m[1], m[2]))
+    results = []
+    for norm, _, _, result in merged[:limit]:
+        result["score"] = round(norm, 4)
+        results.append(result)
+    return results
+
+
+def _check_args(args: Mapping[str, Any], allowed: tuple[str, ...], tool: str) -> None:
+    if not isinstance(args, Mapping):
+        raise InvalidInputError(f"arguments: expected an object, got {type(args).__name__}")
+    for name in args:
+        if name not in allowed:
+            raise InvalidInputError(f"{name}: unknown argument; {tool} takes {', '.join(allowed)}")
+
+
+def _int_arg(args: Mapping[str, Any], name: str, default: int, low: int, high: int | None) -> int:
+    value = args.get(name, default)
+    if (
+        not isinstance(value, int)
+        or isinstance(value, bool)
+        or value < low
+        or (high is not None and value > high)
+    ):
+        upper = f"from {low} to {high}" if high is not None else f"of at least {low}"
+        raise InvalidInputError(f"{name}: {value!r} is not an integer {upper}")
+    return value
+
+
+def _search_args(args: Mapping[str, Any]) -> tuple[str, int]:
+    _check_args(args, _SEARCH_ARGS, "memory_search")
+    if "query" not in args:
+        raise InvalidInputError("query: required")
+    query = args["query"]
+    if not isinstance(query, str):
+        raise InvalidInputError(f"query: expected a string, got {type(query).__name__}")
+    if not query.strip():
+        raise InvalidInputError("query: must not be blank")
+    if len(query) > MAX_QUERY_CHARS:
+        raise InvalidInputError(
+            f"query: {len(query)} characters is over the maximum {MAX_QUERY_CHARS}"
+        )
+    return query, _int_arg(args, "maxResults", DEFAULT_RESULTS, 1, MAX_RESULTS)
+
+
+def _get_args(args: Mapping[str, Any]) -> tuple[str, int, int]:
+    _check_args(args, _GET_ARGS, "memory_get")
+    if "path" not in args:
+        raise InvalidInputError("path: required")
+    path = args["path"]
+    if not isinstance(path, str):
+        raise InvalidInputError(f"path: expected a string, got {type(path).__name__}")
+    first = _int_arg(args, "from", 1, 1, None)
+    count = _int_arg(args, "lines", DEFAULT_GET_LINES, 1, MAX_GET_LINES)
+    return path, first, count
+
+
+def _failure(name: str, message: str) -> ToolResult:
+    return ToolResult(name=name, content=_dumps({"error": message}), error=message, evidence=False)
+
+
+def _dumps(data: Mapping[str, Any]) -> str:
+    return json.dumps(data, ensure_ascii=False)
