@@ -27,6 +27,7 @@ from .protocol.recall import RecallPlan as RecallPlan
 from .protocol.recall import RecallRequest as RecallRequest
 from .protocol.recall import Sender as Sender
 from .protocol.recall import SessionSwitches as SessionSwitches
+from .protocol.recall import ToolResult as ToolResult
 from .protocol.recall import Turn as Turn
 from .protocol.search import SearchHit as SearchHit
 from .protocol.search import SearchResult as SearchResult
@@ -40,6 +41,9 @@ from .protocol.transcript import SessionInfo as SessionInfo
 from ._config import ConfigError as ConfigError  # isort: skip
 from ._config import ConfigWarning as ConfigWarning  # isort: skip
 from ._config import load_config as load_config  # isort: skip
+from ._guards import BreakerInfo as BreakerInfo  # isort: skip
+from ._tools import RecallModel as RecallModel  # isort: skip
+from ._tools import RecallTools as RecallTools  # isort: skip
 from ._memory import Memory as Memory  # isort: skip
 from ._memory import Sessions as Sessions  # isort: skip
 from ._memory import open_memory as open_memory  # isort: skip

@@ -9,6 +9,8 @@ from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
+import anyio
+
 from ._commands import Commands
 from ._config import load_config
 from ._guards import BreakerInfo
@@ -432,9 +434,10 @@ async def open_memory(
         raise InvalidInputError(f"state_dir: expected a path, got {type(state_dir).__name__}")
     loaded = load_config(config if config is not None else {})
     transcripts = TranscriptPlace(Path(state_dir))
+    memory: Memory | None = None
     try:
         async with open_supervisor(Path(state_dir), executor, durability=durability) as supervisor:
-            yield Memory(
+            memory = Memory(
                 supervisor,
                 config=loaded,
                 models=models,
@@ -442,8 +445,13 @@ async def open_memory(
                 clock=clock,
                 transcripts=transcripts,
             )
+            yield memory
     finally:
-        transcripts.close()  # after the recall pool has stopped: no run writes any more
+        # After the recall pool has stopped: no run uses a model or writes a transcript.
+        transcripts.close()
+        if memory is not None:
+            with anyio.CancelScope(shield=True):
+                await memory._recaller.aclose()
 
 
 async def _submit_to(store: AgentStore, command: IndexerCommand, expect: type[A]) -> A:

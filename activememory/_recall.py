@@ -296,6 +296,8 @@ class Recaller:
         if path is None:
             path = self._transcripts.temp_dir() / f"{run_id}.jsonl"
         transcript = SubAgentTranscript(path, keep=keep, started=anyio.current_time())
+        if persist and not keep:
+            transcript.failed = "transcriptDir leaves the sessions folder: transcript not kept"
         transcript.write(
             {
                 "type": "prompt",
@@ -350,6 +352,14 @@ class Recaller:
         if model is None:
             model = self._provider_models[cache_key] = model_from_config(ref, provider)
         return model
+
+    async def aclose(self) -> None:
+        """Close the provider models this coordinator built (their HTTP connections)."""
+        models, self._provider_models = list(self._provider_models.values()), {}
+        for model in models:
+            close = getattr(model, "aclose", None)
+            if close is not None:
+                await close()
 
     def breaker_states(self) -> list[BreakerInfo]:
         """Every circuit breaker the coordinator knows, with its state now."""
