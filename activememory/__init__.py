@@ -25,6 +25,7 @@ from .protocol.errors import StorageError as StorageError
 from .protocol.recall import RecallOutcome as RecallOutcome
 from .protocol.recall import RecallPlan as RecallPlan
 from .protocol.recall import RecallRequest as RecallRequest
+from .protocol.recall import Reply as Reply
 from .protocol.recall import Sender as Sender
 from .protocol.recall import SessionSwitches as SessionSwitches
 from .protocol.recall import ToolResult as ToolResult
@@ -47,5 +48,6 @@ from ._tools import RecallTools as RecallTools  # isort: skip
 from ._memory import Memory as Memory  # isort: skip
 from ._memory import Sessions as Sessions  # isort: skip
 from ._memory import open_memory as open_memory  # isort: skip
+from . import sync as sync  # isort: skip
 
 __version__ = "0.1.0"

@@ -17,6 +17,7 @@ from ._guards import BreakerInfo
 from ._memory_core import MemoryCore
 from ._recall import Recaller
 from ._search import SessionSearch
+from .actors.composer import Composer, Respond
 from .actors.supervisor import AgentStore, Supervisor, open_supervisor
 from .protocol.config import Config
 from .protocol.content import Message, message_from_mapping
@@ -45,7 +46,7 @@ from .protocol.indexer import (
     RewindSession,
     Rewound,
 )
-from .protocol.recall import RecallOutcome, RecallPlan, Sender, Turn
+from .protocol.recall import RecallOutcome, RecallPlan, Reply, Sender, Turn
 from .protocol.search import DEFAULT_LIMIT, SearchResult
 from .protocol.session_key import SessionKey, parse_session_key
 from .protocol.transcript import Event, ImportEntry, IndexStats, SessionInfo
@@ -314,6 +315,7 @@ class Memory:
         self.sessions = Sessions(supervisor, clock, search)
         self._commands = Commands(supervisor, lambda: self._config, self._swap_config)
         self.notes = MemoryCore(supervisor, search, lambda: self._config)
+        self._composer = Composer(self.sessions.append, self.recall)
         self._transcripts = transcripts or TranscriptPlace(supervisor.state_dir)
         self._recaller = Recaller(
             supervisor,
@@ -367,6 +369,22 @@ class Memory:
         behind; reads already started finish on their worker thread.
         """
         return await self._recaller.recall(turn)
+
+    async def reply(self, turn: Turn, respond: Respond) -> Reply:
+        """The whole bot path of one turn (SPEC §6).
+
+        Persists the latest user message, recalls under the budget, calls
+        `await respond(prompt_prefix, turn)` (your main model: `prompt_prefix` is the hidden
+        block or None), persists the assistant's text, and returns an `am.Reply` with the
+        text, the recall outcome and the follow-up lines to send after the reply. Memory
+        fails open: a failed write or recall is listed in `reply.problems` and the turn goes
+        on. An exception from `respond` propagates.
+
+        Cancellation: runs in the caller's task. Cancelled before `respond` returns, the
+        user message may be stored and nothing else; after, the assistant message may be
+        stored too. A recall in flight is abandoned, never awaited past its bound.
+        """
+        return await self._composer.reply(turn, respond)
 
     async def plan_recall(self, turn: Turn) -> RecallPlan:
         """The preflight of `recall` alone: would this turn recall, and with what request?

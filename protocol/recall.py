@@ -197,3 +197,20 @@ class ToolResult(msgspec.Struct, frozen=True, kw_only=True):
     data: dict[str, object] | None = None
     evidence: bool = False
     error: str | None = None
+
+
+class Reply(msgspec.Struct, frozen=True, kw_only=True):
+    """What `mem.reply(turn, respond)` answers: the bot's reply and what to send after it.
+
+    `text` is what the host's `respond` returned; `outcome` the recall step's; `followups`
+    the status/debug lines the session's `/verbose` and `/trace` switches ask for, to send
+    after the reply. `problems` lists what failed open on the way (a transcript write that
+    failed, say): the reply went on without it.
+    """
+
+    text: str
+    outcome: RecallOutcome
+    followups: tuple[str, ...] = ()
+    user_event_id: int | None = None
+    assistant_event_id: int | None = None
+    problems: tuple[str, ...] = ()

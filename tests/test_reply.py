@@ -1,0 +1,117 @@
+"""The bot path (SPEC §6): `mem.reply` on trio and asyncio hosts, and the blocking facade."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import activememory as am
+import activememory.sync as ams
+from activememory.protocol.errors import StorageError
+
+pytestmark = pytest.mark.anyio
+
+DM = "agent:main:direct:alice"
+SOURCE = "agent:main:direct:bob"
+FACT = "I drink oolong tea every morning."
+QUESTION = "what tea do I drink in the morning?"
+
+
+def turn(text: str = QUESTION, key: str = DM) -> am.Turn:
+    return am.Turn(session_key=key, messages=[am.Message(role="user", content=text)])
+
+
+async def test_reply_runs_the_whole_bot_path(tmp_path: Path) -> None:
+    seen: list[tuple[str | None, am.Turn]] = []
+
+    async def respond(prefix: str | None, t: am.Turn) -> str:
+        seen.append((prefix, t))
+        return "You drink oolong, I believe."
+
+    async with am.open_memory(tmp_path / "s") as mem:
+        await mem.sessions.append(SOURCE, am.Message(role="user", content=FACT))
+        await mem.command(DM, "/verbose on", sender=am.Sender())
+        reply = await mem.reply(turn(), respond)
+        history = await mem.sessions.history(DM)
+    assert reply.text == "You drink oolong, I believe."
+    assert reply.outcome.status == "ok" and reply.problems == ()
+    ((prefix, passed),) = seen
+    assert prefix == reply.outcome.prompt_prefix and prefix is not None and "oolong" in prefix
+    assert passed.session_key == DM
+    assert [(e.role, e.message.content) for e in history] == [
+        ("user", QUESTION),
+        ("assistant", "You drink oolong, I believe."),
+    ]
+    assert (reply.user_event_id, reply.assistant_event_id) == (history[0].id, history[1].id)
+    assert reply.followups == (reply.outcome.status_line,)
+
+
+async def test_skipped_turn_gets_no_prefix(tmp_path: Path) -> None:
+    prefixes: list[str | None] = []
+
+    async def respond(prefix: str | None, t: am.Turn) -> str:
+        prefixes.append(prefix)
+        return "hi all"
+
+    async with am.open_memory(tmp_path / "s") as mem:
+        reply = await mem.reply(turn("hello team", key="agent:main:group:team"), respond)
+    assert prefixes == [None] and reply.outcome.status == "skipped"
+
+
+async def test_memory_fails_open_and_the_reply_goes_on(tmp_path: Path) -> None:
+    async def respond(prefix: str | None, t: am.Turn) -> str:
+        return "answer without memory"
+
+    async with am.open_memory(tmp_path / "s") as mem:
+
+        async def broken_recall(t: am.Turn) -> am.RecallOutcome:
+            raise StorageError("disk I/O error")
+
+        async def broken_append(key: str, message: am.Message) -> am.Event:
+            raise StorageError("database or disk is full")
+
+        mem._composer._recall = broken_recall  # type: ignore[method-assign]
+        mem._composer._append = broken_append  # type: ignore[method-assign]
+        reply = await mem.reply(turn(), respond)
+    assert reply.text == "answer without memory"
+    assert reply.outcome.status == "failed" and reply.outcome.prompt_prefix is None
+    assert reply.problems == (
+        "persist user message: database or disk is full",
+        "recall: disk I/O error",
+        "persist assistant message: database or disk is full",
+    )
+
+
+async def test_host_errors_propagate_and_bad_replies_are_named(tmp_path: Path) -> None:
+    async def raising(prefix: str | None, t: am.Turn) -> str:
+        raise RuntimeError("main model down")
+
+    async def wrong(prefix: str | None, t: am.Turn) -> str:
+        return 42  # type: ignore[return-value]
+
+    async with am.open_memory(tmp_path / "s") as mem:
+        with pytest.raises(RuntimeError, match="main model down"):
+            await mem.reply(turn(), raising)
+        with pytest.raises(am.InvalidInputError, match="^respond: returned int, expected str$"):
+            await mem.reply(turn(), wrong)
+        with pytest.raises(am.InvalidInputError, match="^turn: expected am.Turn, got str$"):
+            await mem.reply("hello", wrong)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("backend", ["trio", "asyncio"])
+def test_blocking_facade_gives_the_same_answers(tmp_path: Path, backend: str) -> None:
+    async def respond(prefix: str | None, t: am.Turn) -> str:
+        return "blocking reply"
+
+    with ams.open_memory(tmp_path / "s", backend=backend) as mem:
+        mem.sessions.append(SOURCE, am.Message(role="user", content=FACT))
+        hits = mem.sessions.search("oolong", caller=SOURCE)
+        out = mem.recall(turn())
+        reply = mem.reply(turn("and what else?"), respond)
+        states = mem.breaker_states()
+        text = mem.command(DM, "/trace on", sender=am.Sender())
+    assert hits.results[0].snippet == FACT
+    assert out.status == "ok" and "oolong" in (out.summary or "")
+    assert reply.text == "blocking reply" and states == []
+    assert text == "Trace: on for this session."
