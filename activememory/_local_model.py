@@ -19,7 +19,10 @@ One recall is one memory-tool call and a pure function of what it returned:
    that name no topic ("like", "get", "good", …: `WEAK_WORD_WEIGHT`). For the latest
    message's terms `L` (a leading greeting dropped) and a candidate's terms `T`:
 
-       coverage = Σ w(L ∩ T) / Σ w(L)
+       coverage = Σ w(L ∩ T) / Σ w'(L)
+
+   where w'(t) = w(t), except ½ w(t) (`UNSEEN_WEIGHT`) for a term no candidate holds: such
+   words are mostly the task at hand ("pick", "flight"), not evidence against a memory.
        score    = 0.9 · coverage + 0.1 / (1 + r)      (0 when L ∩ T is empty)
 
    `contextual` also reads the conversation tail (`request.context` before the latest
@@ -71,6 +74,7 @@ RANK_WEIGHT = 0.1
 CONTEXT_TAIL_CHARS = 600
 """How much of the conversation before the latest message `contextual` reads, from its end."""
 WEAK_WORD_WEIGHT = 0.5
+UNSEEN_WEIGHT = 0.5
 """What a weak word ("like", "get", "good", …: everyday words that name no topic) weighs,
 relative to its rarity weight."""
 MAX_CANDIDATES = 400
@@ -428,7 +432,7 @@ def _rank(
     context: frozenset[str] | None,
     candidates: Sequence[Candidate],
     held: Sequence[frozenset[str]],
-    weight: Mapping[str, float],
+    weight: _Idf,
     *,
     lift: bool,
 ) -> list[_Scored]:
@@ -455,6 +459,14 @@ class _Idf(dict[str, float]):
         self._n = len(term_sets)
         self._df = Counter(t for held in term_sets for t in held)
 
+    def answerable(self, term: str) -> float:
+        """A term's weight in the denominator: UNSEEN_WEIGHT when no candidate holds it.
+
+        Words of the message that no memory holds are mostly the task at hand ("pick",
+        "flight", "ideas"), not evidence against a memory that answers its topic.
+        """
+        return self[term] if self._df[term] else UNSEEN_WEIGHT * self[term]
+
     def __missing__(self, term: str) -> float:
         value = 1.0 + math.log((self._n + 1) / (self._df[term] + 1))
         if term in _WEAK_STEMS:
@@ -468,13 +480,13 @@ def _score(
     context: frozenset[str],
     held: frozenset[str],
     rank: int,
-    weight: Mapping[str, float],
+    weight: _Idf,
 ) -> float:
     if asked.isdisjoint(held):
         return 0.0
     lifted = CONTEXT_WEIGHT * math.fsum(weight[t] for t in context & held)
     matched = math.fsum(weight[t] for t in asked & held) + lifted
-    total = math.fsum(weight[t] for t in asked) + lifted
+    total = math.fsum(weight.answerable(t) for t in asked) + lifted
     coverage = matched / total
     return (1.0 - RANK_WEIGHT) * coverage + RANK_WEIGHT / (1 + rank)
 

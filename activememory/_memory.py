@@ -13,6 +13,7 @@ import anyio
 
 from ._commands import Commands
 from ._config import load_config
+from ._doctor import DoctorReport, diagnose
 from ._guards import BreakerInfo
 from ._memory_core import MemoryCore
 from ._recall import Recaller
@@ -396,6 +397,15 @@ class Memory:
         Cancellation: as for `recall`.
         """
         return await self._recaller.plan(turn)
+
+    async def doctor(self) -> DoctorReport:
+        """Check the setup (SPEC §4.11): plugin and config state, the memory provider,
+        memory_search where cross-conversation recall needs it, model resolution per agent,
+        index health (re-indexing sessions, FTS integrity), circuit breakers.
+
+        Cancellation: read-only; cancelling leaves nothing behind.
+        """
+        return await diagnose(self)
 
     def breaker_states(self) -> list[BreakerInfo]:
         """The recall circuit breakers (per agent + recall model) and their state now.

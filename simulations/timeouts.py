@@ -123,7 +123,6 @@ def _config(overrides: dict[str, Any]) -> dict[str, Any]:
 
 def scenarios() -> list[Scenario]:
     """The adversaries of SPEC §7, each with its exact expected virtual times."""
-    blocker = ThreadBlocker()
     breaker_model = HangForever()
     return [
         Scenario(
@@ -167,7 +166,7 @@ def scenarios() -> list[Scenario]:
             "a memory tool is stuck in a worker thread that cannot be cancelled",
             lambda: CallsTool("stuck_tool"),
             [Turn(0, "timeout", 2.0 + FINALIZE_S)],
-            tools=lambda: {"stuck_tool": blocker},
+            tools=lambda: {"stuck_tool": ThreadBlocker()},  # a fresh gate per run
             config={"toolsAllow": ["memory_search", "stuck_tool"]},
         ),
         Scenario(

@@ -1,0 +1,145 @@
+"""`mem.doctor()` (SPEC §4.11): what is set up, what cannot work, and the index's health."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Literal
+
+import msgspec
+
+from .protocol.config import SLOT_TOOLS, Config
+from .protocol.session_key import parse_session_key
+
+if TYPE_CHECKING:
+    from ._memory import Memory
+
+Level = Literal["ok", "warn", "error"]
+
+
+class DoctorCheck(msgspec.Struct, frozen=True, kw_only=True):
+    """One finding: `level` ok / warn (works, but not as you may think) / error (broken)."""
+
+    name: str
+    level: Level
+    detail: str
+
+
+class DoctorReport(msgspec.Struct, frozen=True, kw_only=True):
+    """Every finding of `mem.doctor()`; `ok` is true when none is an error."""
+
+    checks: tuple[DoctorCheck, ...]
+
+    @property
+    def ok(self) -> bool:
+        return all(c.level != "error" for c in self.checks)
+
+    def text(self) -> str:
+        """One line per finding, for people."""
+        marks = {"ok": "ok  ", "warn": "WARN", "error": "FAIL"}
+        return "\n".join(f"[{marks[c.level]}] {c.name}: {c.detail}" for c in self.checks)
+
+
+async def diagnose(memory: Memory) -> DoctorReport:
+    """Run every check against an open `am.Memory`."""
+    config = memory.config
+    checks: list[DoctorCheck] = []
+    add = checks.append
+    checks.extend(_config_checks(config))
+    recaller = memory._recaller
+    for agent in _agents_of_interest(config, memory):
+        key = parse_session_key(f"agent:{agent}:main")
+        model = recaller.resolve_model(config, key, None)
+        if model is None:
+            add(
+                DoctorCheck(name=f"model:{agent}", level="error", detail="no recall model resolves")
+            )
+        else:
+            wanted = config.active_memory.model
+            if wanted is not None and wanted != model:
+                add(
+                    DoctorCheck(
+                        name=f"model:{agent}",
+                        level="warn",
+                        detail=f"config.model {wanted} does not resolve; using {model}",
+                    )
+                )
+            else:
+                add(DoctorCheck(name=f"model:{agent}", level="ok", detail=model))
+        tools = recaller.usable_tools(config)
+        cross = config.remember_across_conversations(agent)
+        if not tools:
+            add(
+                DoctorCheck(
+                    name=f"tools:{agent}",
+                    level="error",
+                    detail="no allowed memory tool is available: recall is 'unavailable'",
+                )
+            )
+        elif cross and "memory_search" not in tools:
+            add(
+                DoctorCheck(
+                    name=f"tools:{agent}",
+                    level="warn",
+                    detail="rememberAcrossConversations is on but memory_search is not allowed:"
+                    " transcript recall cannot run",
+                )
+            )
+        else:
+            add(DoctorCheck(name=f"tools:{agent}", level="ok", detail=", ".join(tools)))
+    for stats in await memory.sessions.stats(check_integrity=True):
+        level: Level = "ok" if stats.fts_integrity_ok else "error"
+        detail = (
+            f"{stats.sessions} sessions, {stats.indexed_messages}/{stats.active_messages} "
+            f"messages indexed, {stats.dirty_sessions} being re-indexed, FTS integrity "
+            f"{'ok' if stats.fts_integrity_ok else 'FAILED'}"
+        )
+        if level == "ok" and stats.dirty_sessions:
+            level = "warn"
+        add(DoctorCheck(name=f"index:{stats.agent}", level=level, detail=detail))
+    for info in memory.breaker_states():
+        level = "ok" if info.state == "closed" else "warn"
+        detail = f"{info.state}, {info.consecutive_timeouts} consecutive timeouts"
+        if info.reopens_in_ms:
+            detail += f", next probe in {info.reopens_in_ms / 1000:.1f}s"
+        add(DoctorCheck(name=f"breaker:{info.agent}/{info.model}", level=level, detail=detail))
+    return DoctorReport(checks=tuple(checks))
+
+
+def _agents_of_interest(config: Config, memory: Memory) -> list[str]:
+    agents = set(config.recall_agents()) | set(config.agents)
+    agents |= set(memory._supervisor.known_agents())
+    return sorted(agents)
+
+
+def _config_checks(config: Config) -> list[DoctorCheck]:
+    out = []
+    source = config.source or "defaults (no config file)"
+    if not config.plugin_enabled:
+        out.append(
+            DoctorCheck(
+                name="plugin",
+                level="warn",
+                detail="plugins.entries.active-memory.enabled is false: no recall runs",
+            )
+        )
+    elif not config.active_memory.enabled:
+        out.append(
+            DoctorCheck(
+                name="plugin", level="warn", detail="config.enabled is false: no recall runs"
+            )
+        )
+    else:
+        out.append(DoctorCheck(name="plugin", level="ok", detail=f"enabled ({source})"))
+    slot = config.memory_slot
+    if slot not in SLOT_TOOLS:
+        out.append(
+            DoctorCheck(
+                name="memory provider",
+                level="error",
+                detail=f"unsupported memory provider {slot!r}: use memory-core or memory-records",
+            )
+        )
+    else:
+        out.append(DoctorCheck(name="memory provider", level="ok", detail=slot))
+    for warning in config.warnings:
+        out.append(DoctorCheck(name="config", level="warn", detail=warning))
+    return out
