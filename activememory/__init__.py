@@ -30,6 +30,18 @@ from .protocol.recall import Sender as Sender
 from .protocol.recall import SessionSwitches as SessionSwitches
 from .protocol.recall import ToolResult as ToolResult
 from .protocol.recall import Turn as Turn
+from .protocol.record_results import RecordSearchResult as RecordSearchResult
+from .protocol.records import NOT_SET as NOT_SET
+from .protocol.records import MemorySearchConfig as MemorySearchConfig
+from .protocol.records import PruningEvaluationMode as PruningEvaluationMode
+from .protocol.records import PruningMemorySearchConfig as PruningMemorySearchConfig
+from .protocol.records import Record as Record
+from .protocol.records import RecordRelation as RecordRelation
+from .protocol.records import RecordResultFormatConfig as RecordResultFormatConfig
+from .protocol.records import RecordStatus as RecordStatus
+from .protocol.records import RecordType as RecordType
+from .protocol.records import SearchResultFormatConfig as SearchResultFormatConfig
+from .protocol.records import TopKMemorySearchConfig as TopKMemorySearchConfig
 from .protocol.search import SearchHit as SearchHit
 from .protocol.search import SearchResult as SearchResult
 from .protocol.session_key import SessionKey as SessionKey
@@ -42,9 +54,14 @@ from .protocol.transcript import SessionInfo as SessionInfo
 from ._config import ConfigError as ConfigError  # isort: skip
 from ._config import ConfigWarning as ConfigWarning  # isort: skip
 from ._config import load_config as load_config  # isort: skip
+from ._doctor import DoctorCheck as DoctorCheck  # isort: skip
+from ._doctor import DoctorReport as DoctorReport  # isort: skip
 from ._guards import BreakerInfo as BreakerInfo  # isort: skip
 from ._tools import RecallModel as RecallModel  # isort: skip
 from ._tools import RecallTools as RecallTools  # isort: skip
+from ._record_search import LocalJudge as LocalJudge  # isort: skip
+from ._record_search import OpenAIJudge as OpenAIJudge  # isort: skip
+from ._records import Records as Records  # isort: skip
 from ._memory import Memory as Memory  # isort: skip
 from ._memory import Sessions as Sessions  # isort: skip
 from ._memory import open_memory as open_memory  # isort: skip

@@ -16,17 +16,19 @@ from typing import TypeVar
 import msgspec
 import trio
 
+from ._doctor import DoctorReport
 from ._importers import LocomoSample, Transcript, read_jsonl_transcript, read_locomo
 from ._memory import Memory, open_memory
 from .protocol.content import Message
-from .protocol.errors import ActiveMemoryError, InvalidInputError
+from .protocol.errors import ActiveMemoryError, InvalidInputError, SessionNotFoundError
+from .protocol.recall import RecallOutcome, Sender, Turn
 from .protocol.search import VISIBILITIES, SearchResult
 from .protocol.transcript import Event, IndexStats
 from .storage.fts_query import MATCH_MODES
 
 SAMPLES = ("sample-alice.jsonl", "sample-team.jsonl")
 IMPORT_FORMATS = ("jsonl", "locomo")
-BENCHMARKS = ("indexing", "locomo", "search", "cjk")
+BENCHMARKS = ("indexing", "locomo", "search", "cjk", "recall")
 T = TypeVar("T")
 WAIT_FOR_INDEX_SECONDS = 60
 
@@ -51,6 +53,10 @@ def _parser() -> argparse.ArgumentParser:
     demo = commands.add_parser("demo", help="import the bundled sample and show what is stored")
     demo.add_argument("--state-dir", type=Path, help="keep the state here (default: a temp dir)")
     demo.set_defaults(run=_demo)
+
+    from ._chat import add_chat_parser  # the chat command lives in its own module
+
+    add_chat_parser(commands)
 
     imp = commands.add_parser(
         "import", help="import JSONL transcripts or LoCoMo conversations (stored unindexed)"
@@ -95,6 +101,22 @@ def _parser() -> argparse.ArgumentParser:
     stats.add_argument("--json", action="store_true")
     stats.set_defaults(run=_stats)
 
+    recall = commands.add_parser(
+        "recall", help="run the recall step for one message and show what it found"
+    )
+    recall.add_argument("message")
+    recall.add_argument("--state-dir", type=Path, required=True)
+    recall.add_argument("--session", default="agent:main:main", help="session key of the turn")
+    recall.add_argument("--config", type=Path, help="JSON5 config file")
+    recall.add_argument("--json", action="store_true")
+    recall.set_defaults(run=_recall)
+
+    doctor = commands.add_parser("doctor", help="check the setup and the index's health")
+    doctor.add_argument("--state-dir", type=Path, required=True)
+    doctor.add_argument("--config", type=Path, help="JSON5 config file")
+    doctor.add_argument("--json", action="store_true")
+    doctor.set_defaults(run=_doctor)
+
     simulate = commands.add_parser(
         "simulate", help="run the deterministic timeout simulations (virtual time) and check them"
     )
@@ -102,11 +124,59 @@ def _parser() -> argparse.ArgumentParser:
     simulate.add_argument("--json", action="store_true")
     simulate.set_defaults(run=_simulate)
 
-    bench = commands.add_parser("bench", help="run a benchmark (indexing, locomo, search, cjk)")
+    bench = commands.add_parser(
+        "bench", help="run a benchmark (indexing, locomo, search, cjk, recall)"
+    )
     bench.add_argument("name", choices=BENCHMARKS)
     bench.add_argument("bench_args", nargs=argparse.REMAINDER)
     bench.set_defaults(run=_bench)
+
+    # Every argument goes to simulations/soak.py (`activememory soak --help` shows them):
+    # `prefix_chars="+"` keeps argparse from reading `--sessions` etc. as options here.
+    soak = commands.add_parser(
+        "soak",
+        help="run the load soak (appends and recalls under faults, then verify the store)",
+        prefix_chars="+",
+        add_help=False,
+    )
+    soak.add_argument("soak_args", nargs="*")
+    soak.set_defaults(run=_soak)
     return parser
+
+
+def _recall(args: argparse.Namespace) -> int:
+    async def run() -> RecallOutcome:
+        async with open_memory(args.state_dir, config=args.config) as mem:
+            try:
+                history = await mem.sessions.history(args.session)
+            except SessionNotFoundError:
+                history = []
+            messages = [e.message for e in history if e.message is not None]
+            messages.append(Message(role="user", content=args.message))
+            return await mem.recall(Turn(session_key=args.session, messages=messages))
+
+    outcome = trio.run(run)
+    if args.json:
+        print(msgspec.json.encode(outcome).decode())
+    else:
+        print(outcome.status_line)
+        print(outcome.debug_line)
+        if outcome.prompt_prefix:
+            print(outcome.prompt_prefix)
+    return 0
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    async def run() -> DoctorReport:
+        async with open_memory(args.state_dir, config=args.config) as mem:
+            return await mem.doctor()
+
+    report = trio.run(run)
+    if args.json:
+        print(json.dumps({"ok": report.ok, "checks": msgspec.to_builtins(report.checks)}))
+    else:
+        print(report.text())
+    return 0 if report.ok else 1
 
 
 def _simulate(args: argparse.Namespace) -> int:
@@ -292,6 +362,12 @@ def _stats(args: argparse.Namespace) -> int:
     return _run_and_show(args, lambda mem: mem.sessions.stats(), _print_stats)
 
 
+def _soak(args: argparse.Namespace) -> int:
+    from .simulations import soak
+
+    return soak.main(args.soak_args)
+
+
 def _bench(args: argparse.Namespace) -> int:
     if args.name == "locomo":
         from .simulations import bench_locomo
@@ -305,6 +381,10 @@ def _bench(args: argparse.Namespace) -> int:
         from .simulations import bench_cjk
 
         return bench_cjk.main(args.bench_args)
+    if args.name == "recall":
+        from .simulations import bench_recall
+
+        return bench_recall.main(args.bench_args)
     from .simulations import bench_indexing
 
     return bench_indexing.main(args.bench_args)
@@ -317,45 +397,70 @@ def _demo(args: argparse.Namespace) -> int:
         return trio.run(_run_demo, Path(tmp))
 
 
+DEMO_NOTE = "# About the user\n\nI am allergic to peanuts, so no peanut snacks please.\n"
+DEMO_PORTAL = "agent:main:explicit:portal-7"
+DEMO_TURNS: tuple[tuple[str, str], ...] = (
+    (DEMO_PORTAL, "/verbose on"),
+    (DEMO_PORTAL, "/trace on"),
+    (DEMO_PORTAL, "Book me a seat on the Lisbon flight, please."),
+    (DEMO_PORTAL, "Which snacks are safe for me?"),
+    (DEMO_PORTAL, "thanks!"),
+    ("agent:main:group:travel-club", "What time is the club meeting on Thursday?"),
+)
+
+
+async def _demo_respond(prefix: str | None, turn: Turn) -> str:
+    """The demo's stand-in for a main model: says what memory it was handed."""
+    if prefix is None:
+        return "(main model, no memory handed over) Happy to help!"
+    note = prefix.split("\n")[2]
+    return f"(main model, told: {note}) Got it, I'll take that into account."
+
+
 async def _run_demo(state_dir: Path) -> int:
     print(f"activememory demo: state in {state_dir}\n")
     samples = importlib.resources.files("activememory") / "data"
-    keys = []
     async with open_memory(state_dir) as mem:
+        print("1. Import two conversations written before indexing existed:")
         for name in SAMPLES:
             with importlib.resources.as_file(samples / name) as path:
                 transcript = read_jsonl_transcript(path)
             count = await mem.sessions.import_transcript(
                 transcript.session_key, transcript.entries, leaf_id=transcript.leaf_id
             )
-            keys.append(transcript.session_key)
             info = await mem.sessions.info(transcript.session_key)
-            print(
-                f"imported {count} events into {transcript.session_key} "
-                f"({info.chat_type}; stored unindexed, dirty={info.dirty})"
-            )
+            print(f"   {transcript.session_key}: {count} events ({info.chat_type}, unindexed)")
         rebuilt = await mem.sessions.rebuild_index()
-        print(
-            f"rebuilt the index of {rebuilt.sessions} dirty sessions: "
-            f"{rebuilt.index_rows} user/assistant messages indexed\n"
-        )
-        key = keys[0]
-        event = await mem.sessions.append(
-            key,
-            Message(
-                role="user", content="Also, I'm vegetarian. Any tips for dinner in Bairro Alto?"
-            ),
-        )
-        info = await mem.sessions.info(key)
-        print(
-            f"appended event {event.id} live: committed and indexed in one transaction "
-            f"(index watermark seq {info.indexed_seq}, dirty={info.dirty})\n"
-        )
-        for key in keys:
-            print(f"history of {key} (active branch):")
-            _print_history(await mem.sessions.history(key))
+        print(f"   index rebuilt: {rebuilt.index_rows} user/assistant messages\n")
+
+        workspace = mem.config.workspace("main", state_dir)
+        workspace.mkdir(parents=True, exist_ok=True)
+        (workspace / "MEMORY.md").write_text(DEMO_NOTE)
+        print(f"2. A memory note in {workspace / 'MEMORY.md'}:")
+        print("   " + DEMO_NOTE.strip().replace("\n", "\n   ") + "\n")
+
+        print("3. Turns through the whole bot path (mem.reply): a new private chat of the")
+        print("   same user, then the travel club group (groups are not allowed by default):\n")
+        history: dict[str, list[Message]] = {}
+        for key, text in DEMO_TURNS:
+            print(f"   [{key}] user: {text}")
+            if text.startswith("/"):
+                answer = await mem.command(key, text, sender=Sender(owner=True))
+                print(f"      -> {answer}\n")
+                continue
+            messages = [*history.get(key, []), Message(role="user", content=text)]
+            reply = await mem.reply(Turn(session_key=key, messages=messages), _demo_respond)
+            history[key] = [*messages, Message(role="assistant", content=reply.text)]
+            print(f"      bot: {reply.text}")
+            for line in reply.followups:
+                print(f"      {line}")
+            if not reply.followups:
+                print(f"      (status {reply.outcome.status}: {reply.outcome.reason})")
             print()
-        _print_stats(await mem.sessions.stats())
+
+        print("4. Health (mem.doctor()):")
+        report = await mem.doctor()
+        print("   " + report.text().replace("\n", "\n   "))
     return 0
 
 

@@ -17,6 +17,7 @@ from ._doctor import DoctorReport, diagnose
 from ._guards import BreakerInfo
 from ._memory_core import MemoryCore
 from ._recall import Recaller
+from ._records import Records
 from ._search import SessionSearch
 from .actors.composer import Composer, Respond
 from .actors.supervisor import AgentStore, Supervisor, open_supervisor
@@ -316,6 +317,7 @@ class Memory:
         self.sessions = Sessions(supervisor, clock, search)
         self._commands = Commands(supervisor, lambda: self._config, self._swap_config)
         self.notes = MemoryCore(supervisor, search, lambda: self._config)
+        self.records = Records(supervisor, clock)
         self._composer = Composer(self.sessions.append, self.recall)
         self._transcripts = transcripts or TranscriptPlace(supervisor.state_dir)
         self._recaller = Recaller(
@@ -328,6 +330,7 @@ class Memory:
             pool=supervisor.recall_inbox,
             core=self.notes,
             transcripts=self._transcripts,
+            records=self.records,
         )
 
     @property

@@ -38,6 +38,7 @@ from ._query import (
     resolve_recall_model,
     system_prompt,
 )
+from ._records import Records, recall_tool
 from ._results import judge
 from ._search import SessionSearch
 from ._tools import RecallModel, RecallTools, ToolHandler, host_result
@@ -60,8 +61,12 @@ from .storage.run_transcripts import SubAgentTranscript, TranscriptPlace
 
 PREFLIGHT_S = 1.5
 FINALIZE_S = 1.5
-# Tools that exist today per memory slot; memory_recall arrives with the records store.
-_SLOT_TOOLS = {"memory-core": frozenset({"memory_search", "memory_get"})}
+# The tools each built-in memory slot provides (memory-lancedb: the source's name).
+_SLOT_TOOLS = {
+    "memory-core": frozenset({"memory_search", "memory_get"}),
+    "memory-records": frozenset({"memory_recall"}),
+    "memory-lancedb": frozenset({"memory_recall"}),
+}
 _LOG_LINE_CHARS = 500
 log = logging.getLogger("activememory.recall")
 
@@ -81,6 +86,7 @@ class Recaller:
         pool: MemoryObjectSendStream[RunRecall],
         core: MemoryCore,
         transcripts: TranscriptPlace,
+        records: Records,
     ) -> None:
         self._supervisor = supervisor
         self._search = search
@@ -90,6 +96,7 @@ class Recaller:
         self._tools = tools
         self._pool = pool
         self._core = core
+        self._records = records
         self._transcripts = transcripts
         self._local = LocalExtractiveModel()
         self._provider_models: dict[tuple[str, str | None, str | None], RecallModel] = {}
@@ -329,6 +336,8 @@ class Recaller:
                     return await core.get(agent, args, caller=key, transcripts=transcripts)
 
                 handlers[name] = get
+            elif name == "memory_recall" and name not in self._tools:
+                handlers[name] = self._records_handler(key, request.agent)
             elif name in self._tools:
                 handlers[name] = _host_handler(name, self._tools[name])
         schemas = {name: fn.schema for name, fn in self._tools.items() if hasattr(fn, "schema")}
@@ -337,6 +346,27 @@ class Recaller:
             schemas=schemas,
             transcript=lambda line: transcript.write(line, at=anyio.current_time()),
         )
+
+    def _records_handler(self, key: SessionKey, agent: str) -> ToolHandler:
+        """memory_recall over the records store, scoped to this conversation's user.
+
+        The user of a direct conversation is its peer (`agent:<a>:direct:<peer>`; the main
+        conversation's user is "main"); a group, channel or explicit session names no user,
+        so only records scoped to no user are searched there. The agent is exact; the
+        session key is the thread, a boost rather than a filter.
+        """
+        if key.chat_type == "direct":
+            user_id: str | None = key.conversation_id or "main"
+        else:
+            user_id = None
+        records, redactor = self._records, self._search.redactor
+
+        async def recall(args: Mapping[str, Any]) -> ToolResult:
+            return await recall_tool(
+                records, args, user_id=user_id, agent_id=agent, thread_id=key.raw, redactor=redactor
+            )
+
+        return recall
 
     def _model(self, config: Config, ref: str) -> RecallModel | None:
         if ref in self._models:

@@ -56,10 +56,16 @@ TOOL_SCHEMAS: dict[str, dict[str, Any]] = {
         },
     },
     "memory_recall": {
-        "description": "Search the scoped memory records of the user.",
+        "description": (
+            "Search the scoped memory records of the user (this conversation's first). "
+            "Returns the best matching records with their linked context, as XML."
+        ),
         "parameters": {
             "type": "object",
-            "properties": {"query": {"type": "string"}},
+            "properties": {
+                "query": {"type": "string", "description": "What to look for"},
+                "maxResults": {"type": "integer", "minimum": 1, "maximum": 25},
+            },
             "required": ["query"],
             "additionalProperties": False,
         },

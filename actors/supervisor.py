@@ -2,7 +2,8 @@
 
 It owns the task group of every actor. Agent databases are opened lazily, the first time a
 session of that agent is used; each gets its writer lock, an indexer actor with its bounded
-inbox, and a reader connection. A crashed actor is never silently lost: its exception
+inbox, and a reader connection. The records store (`records.db`, one for all agents) is
+opened the same way on its first use, with the records keeper as its single writer. A crashed actor is never silently lost: its exception
 propagates out of `open_memory()`.
 """
 
@@ -21,6 +22,7 @@ from anyio.streams.memory import MemoryObjectSendStream
 from ..protocol.errors import MemoryClosedError, StorageError
 from ..protocol.indexer import IndexerAck, IndexerCommand
 from ..protocol.reconciler import Poke
+from ..protocol.records import RecordAck, RecordCommand
 from ..storage.db import (
     Durability,
     WriterLock,
@@ -29,12 +31,20 @@ from ..storage.db import (
     translate_errors,
 )
 from ..storage.executor import Executor, ExecutorKind, make_executor
+from ..storage.records import (
+    RecordReader,
+    RecordWriter,
+    open_records_connection,
+    records_db_path,
+)
 from ..storage.transcripts import TranscriptReader, TranscriptWriter, agent_db_path
 from .indexer import MAX_BATCH, Call, Indexer, open_inbox
 from .recall_pool import RecallPool
 from .recall_pool import open_inbox as recall_pool_inbox
 from .reconciler import ReadDirty, Reconciler, Submit
 from .reconciler import open_inbox as reconciler_inbox
+from .records import RecordCall, RecordKeeper
+from .records import open_inbox as records_inbox
 
 T = TypeVar("T")
 
@@ -95,6 +105,47 @@ class AgentStore:
         return await self.read_executor.run(run)
 
 
+@dataclass
+class RecordsDatabase:
+    """Everything open for `state_dir/records.db` (SPEC §5): its keeper and its reader."""
+
+    path: Path
+    keeper: RecordKeeper
+    inbox: MemoryObjectSendStream[RecordCall]
+    reader: RecordReader
+    read_executor: Executor
+    lock: WriterLock
+    stopped: anyio.Event = field(default_factory=anyio.Event)
+
+    async def submit(self, command: RecordCommand) -> RecordAck:
+        """Queue `command` for the records keeper and wait for its ack.
+
+        Cancellation: if cancelled while waiting for room in the inbox, nothing was queued;
+        if cancelled after, the command may still commit.
+        """
+        call = RecordCall(command)
+        try:
+            try:
+                self.inbox.send_nowait(call)
+            except anyio.WouldBlock:
+                await self.inbox.send(call)
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            raise MemoryClosedError("the memory is closed") from None
+        return await self.keeper.wait_for(call)
+
+    async def read(self, fn: Callable[[RecordReader], T]) -> T:
+        """Run `fn` on the reader connection; SQLite errors become `StorageError`.
+
+        Cancellation: a read that has started finishes on its worker; nothing is left behind.
+        """
+
+        def run() -> T:
+            with translate_errors(self.path):
+                return fn(self.reader)
+
+        return await self.read_executor.run(run)
+
+
 class Supervisor:
     """Starts, wires and stops the actors of one `open_memory()`."""
 
@@ -113,6 +164,7 @@ class Supervisor:
         self.executor_kind: ExecutorKind = executor
         self.max_batch = max_batch
         self._agents: dict[str, AgentStore] = {}
+        self._records: RecordsDatabase | None = None
         self._opening = anyio.Lock()
         self._closed = False
         self.recall_inbox, recall_receive = recall_pool_inbox()
@@ -139,6 +191,60 @@ class Supervisor:
                 store = await self._open_agent(agent)
                 self._agents[agent] = store
         return store
+
+    async def records(self) -> RecordsDatabase:
+        """The open records store, opening it on first use."""
+        if self._records is not None and not self._closed:
+            return self._records
+        async with self._opening:
+            if self._closed:
+                raise MemoryClosedError("the memory is closed")
+            if self._records is None:
+                self._records = await self._open_records()
+        return self._records
+
+    async def _open_records(self) -> RecordsDatabase:
+        path = records_db_path(self.state_dir)
+        write_executor = make_executor(self.executor_kind)
+        read_executor = make_executor(self.executor_kind)
+        lock = WriterLock(path)
+
+        def open_writer() -> RecordWriter:
+            lock.acquire()
+            try:
+                return RecordWriter(
+                    open_records_connection(path, writer=True, durability=self.durability)
+                )
+            except BaseException:
+                lock.release()
+                raise
+
+        writer = await write_executor.run(open_writer)
+        try:
+            reader_conn = await read_executor.run(
+                lambda: open_records_connection(path, writer=False)
+            )
+        except BaseException:
+            writer.conn.close()
+            lock.release()
+            raise
+        send, receive = records_inbox()
+        records = RecordsDatabase(
+            path=path,
+            keeper=RecordKeeper(writer, write_executor, receive, max_batch=self.max_batch),
+            inbox=send,
+            reader=RecordReader(reader_conn),
+            read_executor=read_executor,
+            lock=lock,
+        )
+        self._tg.start_soon(self._run_records, records, name="records-keeper")
+        return records
+
+    async def _run_records(self, records: RecordsDatabase) -> None:
+        try:
+            await records.keeper.run()
+        finally:
+            records.stopped.set()
 
     def open_agents(self) -> list[AgentStore]:
         return list(self._agents.values())
@@ -229,6 +335,14 @@ class Supervisor:
         # Recall runs read the agent databases: they end first (cancelled if still running).
         await self.recall_inbox.aclose()
         await self._recall_pool_stopped.wait()
+        # Nothing else writes records: its keeper drains its inbox and closes now.
+        if self._records is not None:
+            records = self._records
+            await records.inbox.aclose()
+            await records.stopped.wait()
+            await records.keeper.executor.run(records.keeper.writer.conn.close)
+            await records.read_executor.run(records.reader.conn.close)
+            records.lock.release()
         # The reconciler writes through the indexer, so it stops first (after its chunk).
         for store in self._agents.values():
             store.reconciler.stopping = True

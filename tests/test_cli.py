@@ -10,17 +10,18 @@ import pytest
 from activememory._cli import main
 
 
-def test_demo_imports_the_sample_and_reports_a_clean_index(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path
-) -> None:
+def test_demo_runs_the_bot_path_offline(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     assert main(["demo", "--state-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert (
-        "imported 7 events into agent:main:direct:alice (direct; stored unindexed, dirty=True)"
-        in out
-    )
-    assert "rebuilt the index of 2 dirty sessions: 7 user/assistant messages indexed" in out
-    assert "An abandoned first draft" not in out  # off the active branch
+    assert "agent:main:direct:alice: 7 events (direct, unindexed)" in out
+    assert "index rebuilt: 7 user/assistant messages" in out
+    # Recalled from the other private chat, and from the memory note:
+    assert "told: The user always books an aisle seat" in out
+    assert "told: The user is allergic to peanuts" in out
+    assert "🧩 Active Memory: status=ok" in out and "🔎 Active Memory Debug:" in out
+    assert "🧩 Active Memory: status=no_relevant_memory" in out  # "thanks!"
+    assert "status skipped: chat type group is not in allowedChatTypes" in out
+    assert "[FAIL]" not in out
     assert main(["stats", "--state-dir", str(tmp_path), "--json"]) == 0
     stats = json.loads(capsys.readouterr().out)
     assert [
@@ -32,7 +33,7 @@ def test_demo_imports_the_sample_and_reports_a_clean_index(
             s["fts_integrity_ok"],
         )
         for s in stats
-    ] == [("main", 2, 8, 0, True)]
+    ] == [("main", 3, 15, 0, True)]
 
 
 def test_import_then_history(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

@@ -1,0 +1,857 @@
+"""`mem.records`: the scoped memory records store (SPEC §5), and the `memory_recall` tool.
+
+Three API layers search the same store and differ only in how an omitted scope field is
+resolved (SPEC §5.2):
+
+- `mem.records.thread(user_id=..., agent_id=..., thread_id=...).search(...)` (`RecordThread`):
+  omitted → the thread's exact user and agent, and its thread id with
+  `exact_thread_match=False` (thread records rank higher, others still come back);
+- `mem.records.search(...)` (`Records`, the client): `user_id` is required and always exact;
+  omitted agent and thread are not filtered;
+- `mem.records.store.search(...)` (`RecordStore`): omitted → not filtered.
+
+In every layer an explicit id with exact=True matches exactly that id, an explicit None with
+exact=True only records not scoped in that dimension, and an explicit value (or None) with
+exact=False does not filter but ranks records holding that value higher. When a value is
+given and its exact flag is omitted, the flag is True; when a flag is given and its value
+is omitted, the value is the layer's default (the thread's id for a thread, else None).
+
+Writes go to the records keeper (the single writer) and return once committed; searches
+run on the store's reader connection and see every acknowledged write.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Final, Literal, NoReturn, TypeAlias, TypeVar
+
+import msgspec
+
+from ._record_search import refine
+from ._redaction import DEFAULT_REDACTOR, Redactor
+from ._tools import MAX_TOOL_CONTENT_CHARS
+from .actors.supervisor import Supervisor
+from .protocol.errors import InvalidInputError, MemoryClosedError, StorageError
+from .protocol.recall import ToolResult
+from .protocol.record_results import RecordSearchResult
+from .protocol.records import (
+    NOT_SET,
+    AddRecord,
+    DeleteRecord,
+    InvalidateRecord,
+    LinkRecords,
+    MemorySearchConfig,
+    NotSetType,
+    Record,
+    RecordAck,
+    RecordAdded,
+    RecordCommand,
+    RecordDeleted,
+    RecordInvalidated,
+    RecordRejected,
+    RecordRelation,
+    RecordResultFormatConfig,
+    RecordsLinked,
+    RecordType,
+    SearchResultFormatConfig,
+    SearchScope,
+    TopKMemorySearchConfig,
+    is_finite_number,
+)
+from .protocol.search import MAX_QUERY_CHARS
+from .storage.fts_query import plan_match
+from .storage.records import LinkedNode, RecordHit, RecordQuery
+
+MAX_CONTENT_CHARS: Final = 100_000
+"""The longest record content accepted."""
+MAX_ID_CHARS: Final = 256
+"""The longest scope id (user, agent, thread) or record id accepted."""
+MAX_METADATA_BYTES: Final = 64 * 1024
+"""The largest metadata accepted, as JSON."""
+MAX_REASON_CHARS: Final = 2000
+"""The longest invalidation reason accepted."""
+MAX_HOPS: Final = 5
+MAX_LINKED_RESULTS: Final = 10_000
+RELATION_NAME: Final = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,63}")
+"""A relation name: a letter, then letters, digits, `_` or `-`; at most 64 characters."""
+_MAX_METADATA_DEPTH = 32
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_TYPES = ", ".join(repr(t.value) for t in RecordType)
+
+# The two rejected cells of the SPEC §5.2 table.
+USER_REQUIRED: Final = (
+    "user_id: required; client searches need an exact user scope "
+    "(use mem.records.store.search() to search across users)"
+)
+USER_MUST_BE_EXACT: Final = (
+    "exact_user_match: must be True for client searches "
+    "(use mem.records.store.search() to search across users)"
+)
+
+Layer: TypeAlias = Literal["thread", "client", "store"]
+ScopeValue: TypeAlias = str | NotSetType | None
+ExactFlag: TypeAlias = bool | NotSetType
+A = TypeVar("A", bound=RecordAck)
+
+
+class Records:
+    """The records store client (SPEC §5): `mem.records`.
+
+    Add, link, invalidate, delete and get records; search with the client's scope rules
+    (`user_id` required and exact); `thread(...)` and `store` search with theirs.
+    """
+
+    def __init__(self, supervisor: Supervisor, clock: Callable[[], float]) -> None:
+        self._supervisor = supervisor
+        self._clock = clock
+        self._store = RecordStore(self)
+
+    @property
+    def store(self) -> RecordStore:
+        """The store layer: searches where an omitted scope field is not filtered."""
+        return self._store
+
+    def thread(
+        self, *, user_id: str | None, agent_id: str | None, thread_id: str | None
+    ) -> RecordThread:
+        """The thread layer for this user, agent and thread (each an id, or None).
+
+        Raises `InvalidInputError` naming a malformed id. Not a blocking call.
+        """
+        return RecordThread(
+            self,
+            user_id=_scope_id("user_id", user_id),
+            agent_id=_scope_id("agent_id", agent_id),
+            thread_id=_scope_id("thread_id", thread_id),
+        )
+
+    async def add(
+        self,
+        content: str,
+        *,
+        user_id: str | None,
+        agent_id: str | None = None,
+        thread_id: str | None = None,
+        record_type: RecordType | str = RecordType.MEMORY,
+        metadata: Mapping[str, Any] | None = None,
+        timestamp: float | None = None,
+        expires_at: float | None = None,
+        role: str | None = None,
+    ) -> str:
+        """Store a record and return its id (32 hex digits); it is searchable on return.
+
+        `user_id`, `agent_id`, `thread_id`: an id, or None for "not scoped in this
+        dimension". `record_type`: memory (default), message, document, actor_profile or
+        image (whose content is its searchable description). `metadata`: a JSON-able
+        mapping (string keys; at most 64 KiB as JSON). `timestamp` defaults to now;
+        `expires_at` (seconds since the epoch) hides the record from then on. `role`: for
+        message records only. Raises `InvalidInputError` naming the field for bad input
+        (empty or over-long content, bad type, metadata that is not JSON data, ...).
+
+        Cancellation: if cancelled while waiting for room in the writer's inbox, nothing is
+        stored; once queued, the record may still be stored (its id is then lost to this
+        caller).
+        """
+        now = self._clock()
+        record = Record(
+            id=uuid.uuid4().hex,
+            content=_content(content),
+            record_type=_record_type("record_type", record_type),
+            user_id=_scope_id("user_id", user_id),
+            agent_id=_scope_id("agent_id", agent_id),
+            thread_id=_scope_id("thread_id", thread_id),
+            metadata=_metadata(metadata),
+            timestamp=now if timestamp is None else _seconds("timestamp", timestamp),
+            expires_at=None if expires_at is None else _seconds("expires_at", expires_at),
+            role=_role(role, record_type),
+        )
+        ack = await self._submit(AddRecord(record=record, at=now), RecordAdded)
+        return ack.id
+
+    async def link(self, source_id: str, target_id: str, *, relation: str) -> RecordRelation:
+        """Store the typed, directed relation `source_id` —`relation`→ `target_id`.
+
+        Both records must exist (`InvalidInputError` naming `source_id` or `target_id`
+        otherwise); a record cannot be linked to itself. `relation` matches
+        `RELATION_NAME` (e.g. "about", "part_of", "supersedes"). Linking twice is harmless.
+        Returns the stored relation.
+
+        Cancellation: as for `add`.
+        """
+        rel = RecordRelation(
+            relation=_relation(relation),
+            source_id=_record_id("source_id", source_id),
+            target_id=_record_id("target_id", target_id),
+        )
+        if rel.source_id == rel.target_id:
+            raise InvalidInputError("target_id: a record cannot be linked to itself")
+        ack = await self._submit(LinkRecords(relation=rel, at=self._clock()), RecordsLinked)
+        return ack.relation
+
+    async def invalidate(self, id: str, *, reason: str) -> None:
+        """Mark the record `id` invalid, with `reason` (1 to 2000 characters).
+
+        An invalid record is still returned unless a search passes
+        `include_invalid_results=False`; linked invalid records always are. Invalidating
+        again replaces the reason. `InvalidInputError` if there is no such record.
+
+        Cancellation: as for `add`.
+        """
+        record_id = _record_id("id", id)
+        if not isinstance(reason, str) or not reason.strip():
+            raise InvalidInputError(f"reason: expected a non-empty string, got {reason!r}")
+        if len(reason) > MAX_REASON_CHARS:
+            raise InvalidInputError(
+                f"reason: {len(reason)} characters is over the maximum {MAX_REASON_CHARS}"
+            )
+        command = InvalidateRecord(
+            id=record_id, reason=_unicode("reason", reason), at=self._clock()
+        )
+        await self._submit(command, RecordInvalidated)
+
+    async def delete(self, id: str) -> None:
+        """Delete the record `id`, its relations and its index row, in one transaction.
+
+        `InvalidInputError` if there is no such record.
+
+        Cancellation: as for `add`.
+        """
+        await self._submit(DeleteRecord(id=_record_id("id", id)), RecordDeleted)
+
+    async def get(self, id: str) -> Record | None:
+        """The record `id`, or None if there is none or it has expired.
+
+        Cancellation: a read that has started finishes on its worker; nothing is left
+        behind.
+        """
+        record_id = _record_id("id", id)
+        now = self._clock()
+        db = await self._supervisor.records()
+        return await db.read(lambda reader: reader.get(record_id, now))
+
+    async def search(
+        self,
+        query: str,
+        *,
+        user_id: ScopeValue = NOT_SET,
+        agent_id: ScopeValue = NOT_SET,
+        thread_id: ScopeValue = NOT_SET,
+        exact_user_match: ExactFlag = NOT_SET,
+        exact_agent_match: ExactFlag = NOT_SET,
+        exact_thread_match: ExactFlag = NOT_SET,
+        include_invalid_results: ExactFlag = NOT_SET,
+        num_hops: int = 0,
+        max_linked_results: int = 100,
+        record_types: Iterable[RecordType | str] | None = None,
+        metadata_filter: Mapping[str, Any] | None = None,
+        config: MemorySearchConfig | None = None,
+        format_config: SearchResultFormatConfig | None = None,
+    ) -> list[RecordSearchResult]:
+        """Search one user's records (the client layer, SPEC §5.2); best first.
+
+        `user_id` is required and exact (an omitted `user_id`, or `exact_user_match=False`,
+        raises `InvalidInputError`); omitted `agent_id`/`thread_id` are not filtered. See
+        the module docstring for the scope rules shared by every layer, and
+        `RecordStore.search` for the other arguments.
+
+        Cancellation: nothing is written; a read that has started finishes on its worker,
+        and a reranker or judge call is cancelled with the search.
+        """
+        return await self._search(
+            "client",
+            None,
+            query,
+            (user_id, agent_id, thread_id),
+            (exact_user_match, exact_agent_match, exact_thread_match),
+            include_invalid_results=include_invalid_results,
+            num_hops=num_hops,
+            max_linked_results=max_linked_results,
+            record_types=record_types,
+            metadata_filter=metadata_filter,
+            config=config,
+            format_config=format_config,
+        )
+
+    # -- internals ------------------------------------------------------------------------
+
+    async def _submit(self, command: RecordCommand, expect: type[A]) -> A:
+        db = await self._supervisor.records()
+        ack = await db.submit(command)
+        if isinstance(ack, expect):
+            return ack
+        assert isinstance(ack, RecordRejected), ack
+        _raise_rejected(ack)
+
+    async def _search(
+        self,
+        layer: Layer,
+        thread: RecordThread | None,
+        query: str,
+        values: tuple[ScopeValue, ScopeValue, ScopeValue],
+        flags: tuple[ExactFlag, ExactFlag, ExactFlag],
+        *,
+        include_invalid_results: ExactFlag,
+        num_hops: int,
+        max_linked_results: int,
+        record_types: Iterable[RecordType | str] | None,
+        metadata_filter: Mapping[str, Any] | None,
+        config: MemorySearchConfig | None,
+        format_config: SearchResultFormatConfig | None,
+    ) -> list[RecordSearchResult]:
+        _query(query)
+        scope, boosts = resolve_scope(layer, values, flags, thread)
+        if include_invalid_results is NOT_SET:
+            include_invalid = True
+        elif isinstance(include_invalid_results, bool):
+            include_invalid = include_invalid_results
+        else:
+            raise InvalidInputError(
+                f"include_invalid_results: expected True or False, got {include_invalid_results!r}"
+            )
+        _int_in("num_hops", num_hops, 0, MAX_HOPS)
+        _int_in("max_linked_results", max_linked_results, 0, MAX_LINKED_RESULTS)
+        if config is not None and not isinstance(config, MemorySearchConfig):
+            raise InvalidInputError(
+                f"config: expected a MemorySearchConfig, got {type(config).__name__}"
+            )
+        if format_config is None:
+            format_config = RecordResultFormatConfig()
+        elif not isinstance(format_config, SearchResultFormatConfig):
+            raise InvalidInputError(
+                f"format_config: expected a SearchResultFormatConfig, "
+                f"got {type(format_config).__name__}"
+            )
+        request = RecordQuery(
+            scope=scope,
+            boosts=boosts,
+            now=self._clock(),
+            limit=(config or MemorySearchConfig()).direct_limit,
+            include_invalid=include_invalid,
+            record_types=_record_types(record_types),
+            metadata=_metadata_filter(metadata_filter),
+            num_hops=num_hops,
+            max_linked=max_linked_results,
+        )
+        plan = plan_match(query)
+        if plan is None:
+            return []  # nothing searchable in the query (only punctuation, say)
+        db = await self._supervisor.records()
+        hits = await db.read(lambda reader: reader.search(plan, request))
+        results = [_result(hit, format_config) for hit in hits]
+        return await refine(query, results, config)
+
+
+class RecordThread:
+    """The thread layer (SPEC §5.2): searches default to one user, agent and thread.
+
+    Made by `mem.records.thread(user_id=..., agent_id=..., thread_id=...)`.
+    """
+
+    def __init__(
+        self, records: Records, *, user_id: str | None, agent_id: str | None, thread_id: str | None
+    ) -> None:
+        self._records = records
+        self.user_id = user_id
+        self.agent_id = agent_id
+        self.thread_id = thread_id
+
+    def __repr__(self) -> str:
+        return (
+            f"RecordThread(user_id={self.user_id!r}, agent_id={self.agent_id!r},"
+            f" thread_id={self.thread_id!r})"
+        )
+
+    async def search(
+        self,
+        query: str,
+        *,
+        user_id: ScopeValue = NOT_SET,
+        agent_id: ScopeValue = NOT_SET,
+        thread_id: ScopeValue = NOT_SET,
+        exact_user_match: ExactFlag = NOT_SET,
+        exact_agent_match: ExactFlag = NOT_SET,
+        exact_thread_match: ExactFlag = NOT_SET,
+        include_invalid_results: ExactFlag = NOT_SET,
+        num_hops: int = 0,
+        max_linked_results: int = 100,
+        record_types: Iterable[RecordType | str] | None = None,
+        metadata_filter: Mapping[str, Any] | None = None,
+        config: MemorySearchConfig | None = None,
+        format_config: SearchResultFormatConfig | None = None,
+    ) -> list[RecordSearchResult]:
+        """Search as this thread (SPEC §5.2); best first.
+
+        Omitted fields: exactly this thread's user and agent; this thread's records rank
+        higher, but other threads' records of that user and agent come back too
+        (`exact_thread_match=True` keeps only this thread's). See `RecordStore.search` for
+        the other arguments.
+
+        Cancellation: as for `Records.search`.
+        """
+        return await self._records._search(
+            "thread",
+            self,
+            query,
+            (user_id, agent_id, thread_id),
+            (exact_user_match, exact_agent_match, exact_thread_match),
+            include_invalid_results=include_invalid_results,
+            num_hops=num_hops,
+            max_linked_results=max_linked_results,
+            record_types=record_types,
+            metadata_filter=metadata_filter,
+            config=config,
+            format_config=format_config,
+        )
+
+
+class RecordStore:
+    """The store layer (SPEC §5.2): `mem.records.store`; omitted scope fields are not
+    filtered."""
+
+    def __init__(self, records: Records) -> None:
+        self._records = records
+
+    async def search(
+        self,
+        query: str,
+        *,
+        user_id: ScopeValue = NOT_SET,
+        agent_id: ScopeValue = NOT_SET,
+        thread_id: ScopeValue = NOT_SET,
+        exact_user_match: ExactFlag = NOT_SET,
+        exact_agent_match: ExactFlag = NOT_SET,
+        exact_thread_match: ExactFlag = NOT_SET,
+        include_invalid_results: ExactFlag = NOT_SET,
+        num_hops: int = 0,
+        max_linked_results: int = 100,
+        record_types: Iterable[RecordType | str] | None = None,
+        metadata_filter: Mapping[str, Any] | None = None,
+        config: MemorySearchConfig | None = None,
+        format_config: SearchResultFormatConfig | None = None,
+    ) -> list[RecordSearchResult]:
+        """Full-text search of the records in scope, best first (smallest `distance`).
+
+        Query terms work as in `sessions_search` (any term matches, BM25 ranks, stemming,
+        CJK). Scope: see the module docstring. `include_invalid_results`: omitted or True
+        returns valid and invalid matches, False only valid ones (linked records are never
+        dropped for being invalid). `num_hops` (0-5) attaches linked memory records to each
+        direct memory result, as a shortest-path tree, at most `max_linked_results` (0 to
+        10000, default 100) per result across all hops. `record_types` keeps only those
+        types (direct and linked). `metadata_filter` keeps records whose metadata holds
+        every given top-level key with an equal scalar value (str, int/float, bool, None;
+        True is not 1). Scope, expiry, type and metadata filters apply to linked records
+        too. `config` sets the direct result count, reranking, pruning and token budgets
+        (`MemorySearchConfig` and subclasses; default: at most 10 results). `format_config`
+        becomes each result's `format_config`, which budgets count with.
+
+        Raises `InvalidInputError` naming the argument for bad input, `RankingError` when a
+        reranker or judge fails.
+
+        Cancellation: as for `Records.search`.
+        """
+        return await self._records._search(
+            "store",
+            None,
+            query,
+            (user_id, agent_id, thread_id),
+            (exact_user_match, exact_agent_match, exact_thread_match),
+            include_invalid_results=include_invalid_results,
+            num_hops=num_hops,
+            max_linked_results=max_linked_results,
+            record_types=record_types,
+            metadata_filter=metadata_filter,
+            config=config,
+            format_config=format_config,
+        )
+
+
+_DIMENSIONS = (("user_id", "exact_user_match"), ("agent_id", "exact_agent_match"),
+               ("thread_id", "exact_thread_match"))  # fmt: skip
+
+
+def resolve_scope(
+    layer: Layer,
+    values: tuple[ScopeValue, ScopeValue, ScopeValue],
+    flags: tuple[ExactFlag, ExactFlag, ExactFlag],
+    thread: RecordThread | None = None,
+) -> tuple[SearchScope, frozenset[str]]:
+    """The SPEC §5.2 table: a layer's scope arguments → the scope the store filters by, and
+    the dimensions whose value boosts the ranking.
+
+    A dimension boosts when it is not exact and its value was given explicitly, or is the
+    thread layer's own thread; an omitted dimension of the client or store is neither
+    filtered nor boosted.
+    """
+    resolved: list[tuple[str | None, bool]] = []
+    boosts: set[str] = set()
+    for (dim, flag_name), value, exact in zip(_DIMENSIONS, values, flags, strict=True):
+        if value is not NOT_SET:
+            value = _scope_id(dim, value)
+        if exact is not NOT_SET and not isinstance(exact, bool):
+            raise InvalidInputError(f"{flag_name}: expected True or False, got {exact!r}")
+        if layer == "client" and dim == "user_id":
+            if value is NOT_SET:
+                raise InvalidInputError(USER_REQUIRED)
+            if exact is False:
+                raise InvalidInputError(USER_MUST_BE_EXACT)
+            resolved.append((value, True))
+            continue
+        if value is NOT_SET:
+            if layer == "thread":
+                assert thread is not None
+                own = {"user_id": thread.user_id, "agent_id": thread.agent_id}
+                default, default_exact = own.get(dim, thread.thread_id), dim != "thread_id"
+            else:
+                default, default_exact = None, False
+            is_exact = default_exact if exact is NOT_SET else exact
+            if not is_exact and layer == "thread":
+                boosts.add(dim)
+            resolved.append((default, is_exact))
+        else:
+            is_exact = True if exact is NOT_SET else exact
+            if not is_exact:
+                boosts.add(dim)
+            resolved.append((value, is_exact))
+    (user, exact_user), (agent, exact_agent), (thread_id, exact_thread) = resolved
+    scope = SearchScope(
+        user_id=user,
+        agent_id=agent,
+        thread_id=thread_id,
+        exact_user_match=exact_user,
+        exact_agent_match=exact_agent,
+        exact_thread_match=exact_thread,
+    )
+    return scope, frozenset(boosts)
+
+
+def _result(hit: RecordHit, format_config: SearchResultFormatConfig) -> RecordSearchResult:
+    return RecordSearchResult(
+        record=hit.record,
+        distance=hit.distance,
+        linked_results=[_linked(node, format_config) for node in hit.linked],
+        format_config=format_config,
+    )
+
+
+def _linked(
+    node: LinkedNode, format_config: SearchResultFormatConfig
+) -> tuple[RecordRelation, RecordSearchResult]:
+    result = RecordSearchResult(
+        record=node.record,
+        linked_results=[_linked(child, format_config) for child in node.children],
+        format_config=format_config,
+    )
+    return node.relation, result
+
+
+def _raise_rejected(ack: RecordRejected) -> NoReturn:
+    match ack.reason:
+        case "not_found" | "invalid":
+            raise InvalidInputError(ack.message)
+        case "closed":
+            raise MemoryClosedError(ack.message)
+        case "storage":
+            raise StorageError(ack.message)
+
+
+# -- input checks: each error names the field -----------------------------------------------
+
+
+def _query(query: object) -> str:
+    if not isinstance(query, str):
+        raise InvalidInputError(f"query: expected a string, got {type(query).__name__}")
+    if not query.strip():
+        raise InvalidInputError("query: must not be blank")
+    if len(query) > MAX_QUERY_CHARS:
+        raise InvalidInputError(
+            f"query: {len(query)} characters is over the maximum {MAX_QUERY_CHARS}"
+        )
+    return _unicode("query", query)
+
+
+def _content(content: object) -> str:
+    if not isinstance(content, str):
+        raise InvalidInputError(f"content: expected a string, got {type(content).__name__}")
+    if not content.strip():
+        raise InvalidInputError("content: must not be blank")
+    if len(content) > MAX_CONTENT_CHARS:
+        raise InvalidInputError(
+            f"content: {len(content)} characters is over the maximum {MAX_CONTENT_CHARS}"
+        )
+    return _unicode("content", content)
+
+
+def _scope_id(name: str, value: object) -> str | None:
+    if value is None:
+        return None
+    return _record_id(name, value)
+
+
+def _record_id(name: str, value: object) -> str:
+    if (
+        not isinstance(value, str)
+        or not value.strip()
+        or len(value) > MAX_ID_CHARS
+        or _CONTROL.search(value)
+    ):
+        raise InvalidInputError(
+            f"{name}: expected an id (1 to {MAX_ID_CHARS} characters, no control characters)"
+            f"{' or None' if name in ('user_id', 'agent_id', 'thread_id') else ''}, "
+            f"got {value!r}"
+        )
+    return _unicode(name, value)
+
+
+def _unicode(name: str, text: str) -> str:
+    """`text`, if it can be stored: SQLite and JSON take UTF-8, which has no lone surrogates."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidInputError(
+            f"{name}: {text[exc.start]!r} at {exc.start} is a lone surrogate, not text"
+        ) from None
+    return text
+
+
+def _record_type(name: str, value: object) -> RecordType:
+    if isinstance(value, RecordType):
+        return value
+    if isinstance(value, str):
+        try:
+            return RecordType(value)
+        except ValueError:
+            pass
+    raise InvalidInputError(f"{name}: {value!r} is not one of {_TYPES}")
+
+
+def _record_types(value: Iterable[RecordType | str] | None) -> tuple[RecordType, ...] | None:
+    if value is None:
+        return None
+    if isinstance(value, str | RecordType) or not isinstance(value, Iterable):
+        raise InvalidInputError(
+            f"record_types: expected a list of record types, got {type(value).__name__}"
+        )
+    found = tuple(_record_type(f"record_types[{i}]", t) for i, t in enumerate(value))
+    if not found:
+        raise InvalidInputError("record_types: must name at least one record type")
+    return found
+
+
+def _role(role: object, record_type: object) -> str | None:
+    if role is None:
+        return None
+    if not isinstance(role, str) or not role.strip() or len(role) > 64 or _CONTROL.search(role):
+        raise InvalidInputError(f"role: expected a role name (1 to 64 characters), got {role!r}")
+    if record_type != RecordType.MESSAGE:
+        raise InvalidInputError("role: only message records have a role")
+    return _unicode("role", role)
+
+
+def _relation(relation: object) -> str:
+    if not isinstance(relation, str) or RELATION_NAME.fullmatch(relation) is None:
+        raise InvalidInputError(
+            f"relation: {relation!r} is not a relation name (a letter, then letters, digits,"
+            " '_' or '-'; at most 64 characters)"
+        )
+    return relation
+
+
+def _seconds(name: str, value: object) -> float:
+    if not is_finite_number(value):
+        raise InvalidInputError(
+            f"{name}: expected a finite number of seconds since the epoch, got {value!r}"
+        )
+    return float(value)  # type: ignore[arg-type]
+
+
+def _int_in(name: str, value: object, low: int, high: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        raise InvalidInputError(f"{name}: {value!r} is not an integer from {low} to {high}")
+    return value
+
+
+def _metadata(metadata: object) -> dict[str, Any]:
+    if metadata is None:
+        return {}
+    if not isinstance(metadata, Mapping):
+        raise InvalidInputError(f"metadata: expected a mapping, got {type(metadata).__name__}")
+    _check_json("metadata", metadata, 0)
+    encoded = msgspec.json.encode(metadata)
+    if len(encoded) > MAX_METADATA_BYTES:
+        raise InvalidInputError(
+            f"metadata: {len(encoded)} bytes as JSON is over the maximum {MAX_METADATA_BYTES}"
+        )
+    # A snapshot as the store keeps it: the caller's mapping may change after the call.
+    snapshot: dict[str, Any] = msgspec.json.decode(encoded)
+    return snapshot
+
+
+def _check_json(path: str, value: object, depth: int) -> None:
+    if depth > _MAX_METADATA_DEPTH:
+        raise InvalidInputError(f"{path}: nested deeper than {_MAX_METADATA_DEPTH} levels")
+    if isinstance(value, str):
+        _unicode(path, value)
+        return
+    if value is None or isinstance(value, bool | int):
+        return
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise InvalidInputError(f"{path}: {value!r} is not a finite number (not JSON)")
+        return
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise InvalidInputError(f"{path}: keys must be strings, got {key!r}")
+            _unicode(f"{path} key", key)
+            _check_json(f"{path}[{key!r}]", item, depth + 1)
+        return
+    if isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            _check_json(f"{path}[{i}]", item, depth + 1)
+        return
+    raise InvalidInputError(
+        f"{path}: {type(value).__name__} is not JSON data (str, int, float, bool, None, list, dict)"
+    )
+
+
+def _metadata_filter(value: object) -> tuple[tuple[str, object], ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, Mapping):
+        raise InvalidInputError(f"metadata_filter: expected a mapping, got {type(value).__name__}")
+    pairs = []
+    for key, item in value.items():
+        if not isinstance(key, str):
+            raise InvalidInputError(f"metadata_filter: keys must be strings, got {key!r}")
+        _unicode("metadata_filter key", key)
+        if isinstance(item, str):
+            _unicode(f"metadata_filter[{key!r}]", item)
+        scalar = item is None or isinstance(item, str | bool | int) or is_finite_number(item)
+        if not scalar:
+            raise InvalidInputError(
+                f"metadata_filter[{key!r}]: expected a str, finite number, bool or None, "
+                f"got {item!r}"
+            )
+        pairs.append((key, item))
+    return tuple(pairs)
+
+
+# -- the memory_recall tool (SPEC §4.7, memory-records slot) --------------------------------
+
+RECALL_ARGS: Final = ("query", "maxResults")
+DEFAULT_RECALL_RESULTS: Final = 6
+MAX_RECALL_RESULTS: Final = 25
+_RECALL_FORMAT = RecordResultFormatConfig(include_invalid_results=False)
+
+
+async def recall_tool(
+    records: Records,
+    args: Mapping[str, Any],
+    *,
+    user_id: str | None,
+    agent_id: str | None,
+    thread_id: str | None,
+    redactor: Redactor | None = None,
+) -> ToolResult:
+    """The `memory_recall` tool: the user's records that match a query, as XML.
+
+    `args`: `query` (1 to 4096 characters) and `maxResults` (1 to 25, default 6); bad
+    arguments raise `InvalidInputError` naming the argument. Searches as
+    `records.thread(user_id=..., agent_id=..., thread_id=...).search(query,
+    include_invalid_results=False, num_hops=1)`. Content, metadata and invalidation reasons
+    are redacted (`redactor`, default: the built-in formats); invalid linked branches are
+    left out of the text. `content` is `<memory_records>` holding each result's
+    `<record>`, at most 16 000 characters (the worst results go first); `data` has
+    `results` (id, content, distance, record_type, status of each direct result) and
+    `hits`; evidence when there is at least one hit.
+
+    Cancellation: nothing is written; a read that has started finishes on its worker.
+    """
+    if not isinstance(args, Mapping):
+        raise InvalidInputError(f"arguments: expected an object, got {type(args).__name__}")
+    for name in args:
+        if name not in RECALL_ARGS:
+            raise InvalidInputError(
+                f"{name}: unknown argument; memory_recall takes {', '.join(RECALL_ARGS)}"
+            )
+    if "query" not in args:
+        raise InvalidInputError("query: required")
+    query = _query(args["query"])
+    limit = args.get("maxResults", DEFAULT_RECALL_RESULTS)
+    _int_in("maxResults", limit, 1, MAX_RECALL_RESULTS)
+    thread = records.thread(user_id=user_id, agent_id=agent_id, thread_id=thread_id)
+    found = await thread.search(
+        query,
+        include_invalid_results=False,
+        num_hops=1,
+        config=TopKMemorySearchConfig(max_results=limit),
+        format_config=_RECALL_FORMAT,
+    )
+    scrub = (redactor or DEFAULT_REDACTOR).redact
+    results = [_redacted(result, scrub) for result in found]
+    while True:
+        body = "\n".join(result.formatted_content for result in results)
+        content = f"<memory_records>\n{body}\n</memory_records>" if results else "<memory_records/>"
+        if len(content) <= MAX_TOOL_CONTENT_CHARS or not results:
+            break
+        results.pop()
+    data: dict[str, object] = {
+        "results": [
+            {
+                "id": r.id,
+                "content": r.content,
+                "distance": r.distance,
+                "record_type": r.record_type.value,
+                "status": r.status.value,
+            }
+            for r in results
+        ],
+        "hits": len(results),
+    }
+    if len(results) < len(found):
+        data["truncated"] = True
+    return ToolResult(name="memory_recall", content=content, data=data, evidence=bool(results))
+
+
+def _redacted(result: RecordSearchResult, scrub: Callable[[str], str]) -> RecordSearchResult:
+    record = result.record
+    reason = None if record.invalid_reason is None else scrub(record.invalid_reason)
+    clean = msgspec.structs.replace(
+        record,
+        content=scrub(record.content),
+        metadata=_redacted_metadata(record.metadata, scrub),
+        invalid_reason=reason,
+    )
+    return msgspec.structs.replace(
+        result,
+        record=clean,
+        linked_results=[(rel, _redacted(child, scrub)) for rel, child in result.linked_results],
+    )
+
+
+def _redacted_metadata(metadata: dict[str, Any], scrub: Callable[[str], str]) -> dict[str, Any]:
+    if not metadata:
+        return metadata
+    # Redacted as JSON text, so `"password": "..."`-style fields are found by their name.
+    text = json.dumps(metadata, ensure_ascii=False)
+    try:
+        cleaned = json.loads(scrub(text))
+    except ValueError:
+        cleaned = None  # a user pattern cut through the JSON syntax: redact value by value
+    if isinstance(cleaned, dict):
+        return cleaned
+    return {key: _scrub_values(value, scrub) for key, value in metadata.items()}
+
+
+def _scrub_values(value: object, scrub: Callable[[str], str]) -> object:
+    if isinstance(value, str):
+        return scrub(value)
+    if isinstance(value, list):
+        return [_scrub_values(item, scrub) for item in value]
+    if isinstance(value, dict):
+        return {key: _scrub_values(item, scrub) for key, item in value.items()}
+    return value

@@ -1,0 +1,523 @@
+"""The scoped memory records store (SPEC §5): `state_dir/records.db`, one file for all agents.
+
+Tables (schema v1, `PRAGMA user_version`, its own migrations):
+
+- `records`: one row per record; `seq` (the integer key, also the FTS rowid and the
+  insertion order) and the public `id`; scope columns NULL when not scoped; `metadata` a
+  JSON object.
+- `relations`: typed, directed edges `source -relation-> target` between records, indexed
+  from both ends; `id` is the insertion order (the graph tie-break).
+- `record_fts`: FTS5 over the content with the transcript index's tokenizer and columns
+  (storage/fts_query.py: Porter stemming, diacritics removed, CJK bigrams), so a query
+  finds records the way it finds messages and notes; `context` stays empty.
+
+Every filter is SQL: scope (`exact` dimensions), lifecycle (top level only), expiry,
+record types and metadata constrain the FTS match itself, so the `LIMIT` counts only rows
+in scope. Non-exact scope values only weigh the BM25 rank (`BOOST` per matching dimension).
+Equal scores go to the newest record (the highest `seq`).
+
+Graph expansion (SPEC §5.4) is a breadth-first search run one SQL query per hop for all
+direct results at once: the query returns every relation touching the current frontier
+whose other end passes the link filters (memory records only, same scope/metadata/type
+filters, not expired; any status). Python then grows each result's tree in BFS order.
+
+Tie-breaking (what makes the tree deterministic): a level's frontier is processed in the
+order its vertices were discovered; each vertex's relations in insertion order (relation
+`id`), outgoing and incoming merged. A vertex is attached to the first parent that reaches
+it, and `max_linked_results` stops the search at that many linked records per result.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NamedTuple, cast
+
+import apsw
+import msgspec
+
+from ..protocol.errors import StorageError
+from ..protocol.records import (
+    AddRecord,
+    DeleteRecord,
+    InvalidateRecord,
+    LinkRecords,
+    Record,
+    RecordAck,
+    RecordAdded,
+    RecordCommand,
+    RecordDeleted,
+    RecordInvalidated,
+    RecordRejected,
+    RecordRelation,
+    RecordsLinked,
+    RecordStatus,
+    RecordType,
+    SearchScope,
+)
+from .db import Durability, Migration, configure, describe, migrate, translate_errors
+from .fts_query import RANK, TOKENIZE, MatchPlan, index_columns
+from .transcripts import write_transaction
+
+RECORDS_DB = "records.db"
+BOOST = 0.5
+"""How much each matching non-exact scope value multiplies a record's BM25 relevance by,
+on top of 1 (two matching dimensions: x 2.0)."""
+
+
+def _v1_records(conn: apsw.Connection) -> None:
+    types = ", ".join(f"'{t.value}'" for t in RecordType)
+    conn.execute(
+        f"""
+        CREATE TABLE records(
+            seq INTEGER PRIMARY KEY,
+            id TEXT NOT NULL UNIQUE,
+            content TEXT NOT NULL,
+            record_type TEXT NOT NULL CHECK (record_type IN ({types})),
+            user_id TEXT,
+            agent_id TEXT,
+            thread_id TEXT,
+            status TEXT NOT NULL DEFAULT 'valid' CHECK (status IN ('valid', 'invalid')),
+            invalid_reason TEXT,
+            invalidated_at REAL,
+            metadata TEXT NOT NULL DEFAULT '{{}}',
+            role TEXT,
+            ts REAL NOT NULL,
+            expires_at REAL,
+            created_at REAL NOT NULL
+        ) STRICT;
+        -- exact scope filters; each dimension leads one index so any exact one can drive
+        CREATE INDEX records_user ON records(user_id, agent_id, thread_id);
+        CREATE INDEX records_agent ON records(agent_id, thread_id);
+        CREATE INDEX records_thread ON records(thread_id);
+        CREATE INDEX records_expiry ON records(expires_at) WHERE expires_at IS NOT NULL;
+
+        CREATE TABLE relations(
+            id INTEGER PRIMARY KEY,
+            source INTEGER NOT NULL REFERENCES records(seq) ON DELETE CASCADE,
+            target INTEGER NOT NULL REFERENCES records(seq) ON DELETE CASCADE,
+            relation TEXT NOT NULL,
+            created_at REAL NOT NULL,
+            UNIQUE (source, target, relation),
+            CHECK (source <> target)
+        ) STRICT;
+        CREATE INDEX relations_target ON relations(target);
+
+        -- rowid = records.seq; contentless: the text lives in records.content
+        CREATE VIRTUAL TABLE record_fts USING fts5(
+            words, grams, context, content='', contentless_delete=1, tokenize='{TOKENIZE}'
+        );
+        INSERT INTO record_fts(record_fts, rank) VALUES ('rank', '{RANK}');
+        """
+    )
+
+
+MIGRATIONS: tuple[Migration, ...] = (_v1_records,)
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+def records_db_path(state_dir: Path) -> Path:
+    """`state_dir/records.db` (SPEC §1.4)."""
+    return state_dir / RECORDS_DB
+
+
+def open_records_connection(
+    path: Path, *, writer: bool, durability: Durability = "crash"
+) -> apsw.Connection:
+    """Open and configure `records.db`; the writer also creates and migrates it."""
+    try:
+        flags = apsw.SQLITE_OPEN_READWRITE | (apsw.SQLITE_OPEN_CREATE if writer else 0)
+        conn = apsw.Connection(str(path), flags=flags)
+    except apsw.Error as exc:
+        raise StorageError(f"cannot open {str(path)!r} ({describe(exc)})") from None
+    try:
+        with translate_errors(path):
+            configure(conn, durability)
+            if writer:
+                migrate(conn, MIGRATIONS)
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+_encode_metadata = msgspec.json.Encoder().encode
+_decode_metadata = msgspec.json.Decoder(dict[str, Any]).decode
+
+_COLUMNS = (
+    "{a}.seq, {a}.id, {a}.content, {a}.record_type, {a}.user_id, {a}.agent_id, {a}.thread_id,"
+    " {a}.status, {a}.invalid_reason, {a}.metadata, {a}.ts, {a}.expires_at, {a}.role"
+)
+_INSERT = (
+    "INSERT INTO records(id, content, record_type, user_id, agent_id, thread_id, metadata,"
+    " role, ts, expires_at, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+_INSERT_FTS = "INSERT INTO record_fts(rowid, words, grams, context) VALUES (?, ?, ?, NULL)"
+
+
+def _record(row: Sequence[Any]) -> tuple[int, Record]:
+    seq, id_, content, rtype, user, agent, thread, status, reason, meta, ts, expires, role = row
+    return int(seq), Record(
+        id=id_,
+        content=content,
+        record_type=RecordType(rtype),
+        user_id=user,
+        agent_id=agent,
+        thread_id=thread,
+        status=RecordStatus(status),
+        invalid_reason=reason,
+        metadata=_decode_metadata(meta),
+        timestamp=ts,
+        expires_at=expires,
+        role=role,
+    )
+
+
+class RecordWriter:
+    """Applies record commands, a batch per transaction (group commit).
+
+    Belongs to the records keeper alone. Every handler decides to reject *before* it
+    writes: a batch shares one transaction, so a half-applied rejected command would be
+    committed with the others.
+    """
+
+    def __init__(self, conn: apsw.Connection) -> None:
+        self.conn = conn
+
+    def apply(self, commands: Sequence[RecordCommand]) -> list[RecordAck]:
+        """Apply `commands` in one transaction; one ack per command, in order.
+
+        If the transaction fails, it is rolled back whole and, unless another writer holds
+        the lock, each command is retried alone so one bad command cannot sink the others.
+        """
+        try:
+            with write_transaction(self.conn):
+                return [self._apply_one(cmd) for cmd in commands]
+        except apsw.Error as exc:
+            if len(commands) == 1 or isinstance(exc, apsw.BusyError | apsw.LockedError):
+                return [RecordRejected(reason="storage", message=describe(exc)) for _ in commands]
+        return [ack for cmd in commands for ack in self.apply([cmd])]
+
+    def _apply_one(self, cmd: RecordCommand) -> RecordAck:
+        match cmd:
+            case AddRecord():
+                return self._add(cmd)
+            case LinkRecords():
+                return self._link(cmd)
+            case InvalidateRecord():
+                return self._invalidate(cmd)
+            case DeleteRecord():
+                return self._delete(cmd)
+
+    def _seq(self, record_id: str) -> int | None:
+        row = self.conn.execute("SELECT seq FROM records WHERE id = ?", (record_id,)).fetchone()
+        return None if row is None else int(row[0])
+
+    def _add(self, cmd: AddRecord) -> RecordAck:
+        r = cmd.record
+        if self._seq(r.id) is not None:
+            return RecordRejected(reason="invalid", message=f"id: {r.id!r} already exists")
+        self.conn.execute(
+            _INSERT,
+            (
+                r.id,
+                r.content,
+                r.record_type.value,
+                r.user_id,
+                r.agent_id,
+                r.thread_id,
+                _encode_metadata(r.metadata).decode(),
+                r.role,
+                r.timestamp,
+                r.expires_at,
+                cmd.at,
+            ),
+        )
+        seq = self.conn.last_insert_rowid()
+        self.conn.execute(_INSERT_FTS, (seq, *index_columns(r.content)))
+        return RecordAdded(id=r.id)
+
+    def _link(self, cmd: LinkRecords) -> RecordAck:
+        rel = cmd.relation
+        source = self._seq(rel.source_id)
+        if source is None:
+            return RecordRejected(
+                reason="not_found", message=f"source_id: no record {rel.source_id!r}"
+            )
+        target = self._seq(rel.target_id)
+        if target is None:
+            return RecordRejected(
+                reason="not_found", message=f"target_id: no record {rel.target_id!r}"
+            )
+        if source == target:
+            return RecordRejected(
+                reason="invalid", message="target_id: a record cannot be linked to itself"
+            )
+        self.conn.execute(
+            "INSERT OR IGNORE INTO relations(source, target, relation, created_at)"
+            " VALUES (?, ?, ?, ?)",
+            (source, target, rel.relation, cmd.at),
+        )
+        return RecordsLinked(relation=rel, created=self.conn.changes() > 0)
+
+    def _invalidate(self, cmd: InvalidateRecord) -> RecordAck:
+        self.conn.execute(
+            "UPDATE records SET status = 'invalid', invalid_reason = ?, invalidated_at = ?"
+            " WHERE id = ?",
+            (cmd.reason, cmd.at, cmd.id),
+        )
+        if self.conn.changes() == 0:
+            return RecordRejected(reason="not_found", message=f"id: no record {cmd.id!r}")
+        return RecordInvalidated(id=cmd.id, reason=cmd.reason)
+
+    def _delete(self, cmd: DeleteRecord) -> RecordAck:
+        seq = self._seq(cmd.id)
+        if seq is None:
+            return RecordRejected(reason="not_found", message=f"id: no record {cmd.id!r}")
+        (relations,) = self.conn.execute(
+            "SELECT (SELECT count(*) FROM relations WHERE source = ?1)"
+            " + (SELECT count(*) FROM relations WHERE target = ?1)",
+            (seq,),
+        ).fetchone() or (0,)
+        self.conn.execute("DELETE FROM record_fts WHERE rowid = ?", (seq,))
+        self.conn.execute("DELETE FROM records WHERE seq = ?", (seq,))  # relations cascade
+        return RecordDeleted(id=cmd.id, relations=int(relations))
+
+
+@dataclass(frozen=True)
+class RecordQuery:
+    """A search as the store runs it: every filter resolved.
+
+    `metadata`: (key, value) pairs a record must all hold at the top level of its metadata,
+    with equal scalar values (str, int/float as numbers, bool, None; True is not 1).
+    `record_types`: None for any type. `include_invalid` applies to direct matches only.
+    `boosts`: the non-exact scope dimensions whose value ranks matching records higher (an
+    omitted dimension is neither filtered nor boosted).
+    """
+
+    scope: SearchScope
+    now: float
+    limit: int
+    boosts: frozenset[str] = frozenset()  # non-exact dimensions whose value ranks higher
+    include_invalid: bool = True
+    record_types: tuple[RecordType, ...] | None = None
+    metadata: tuple[tuple[str, object], ...] = ()
+    num_hops: int = 0
+    max_linked: int = 100
+
+
+class LinkedNode(NamedTuple):
+    """A record reached by graph expansion, the stored relation it was reached through,
+    and its own children."""
+
+    relation: RecordRelation
+    record: Record
+    children: list[LinkedNode]
+
+
+class RecordHit(NamedTuple):
+    """A direct match: its record, its distance (see `distance_of`) and its linked tree."""
+
+    record: Record
+    distance: float
+    linked: list[LinkedNode]
+
+
+def distance_of(score: float) -> float:
+    """`1 / (1 + s)` for the boosted BM25 relevance `s = -score` (FTS5 rank is ≤ 0)."""
+    return 1.0 / (1.0 + max(0.0, -score))
+
+
+@dataclass
+class _Node:
+    seq: int
+    edge: tuple[int, str, int, int] | None  # (relation id, name, source seq, target seq)
+    children: list[_Node] = field(default_factory=list)
+
+
+class RecordReader:
+    """Reads `records.db` on its own connection (WAL: never blocks the writer)."""
+
+    def __init__(self, conn: apsw.Connection) -> None:
+        self.conn = conn
+
+    def get(self, record_id: str, now: float) -> Record | None:
+        """The record `record_id`, unless it does not exist or has expired."""
+        row = self.conn.execute(
+            f"SELECT {_COLUMNS.format(a='r')} FROM records r"
+            " WHERE r.id = ? AND (r.expires_at IS NULL OR r.expires_at > ?)",
+            (record_id, now),
+        ).fetchone()
+        return None if row is None else _record(row)[1]
+
+    def count(self) -> int:
+        """How many records are stored (expired ones included)."""
+        row = self.conn.execute("SELECT count(*) FROM records").fetchone()
+        return int(row[0]) if row else 0
+
+    def search(self, plan: MatchPlan, query: RecordQuery) -> list[RecordHit]:
+        """The best `query.limit` records in scope matching `plan`, each with its linked
+        tree (`query.num_hops`), best first; one read transaction."""
+        params: dict[str, object] = {"match": plan.expression(), "limit": query.limit}
+        where = ["record_fts MATCH :match", *_filters("r", query, params)]
+        if not query.include_invalid:
+            where.append("r.status = 'valid'")
+        boosts = []
+        for dim, value, exact in _dimensions(query.scope):
+            if not exact and dim in query.boosts:
+                params[f"boost_{dim}"] = value
+                boosts.append(f"(r.{dim} IS :boost_{dim})")
+        score = "f.rank"
+        if boosts:
+            score = f"f.rank * (1.0 + {BOOST} * ({' + '.join(boosts)}))"
+        sql = (
+            f"SELECT {score} AS score, {_COLUMNS.format(a='r')}"
+            " FROM record_fts f JOIN records r ON r.seq = f.rowid"
+            f" WHERE {' AND '.join(where)} ORDER BY score, r.seq DESC LIMIT :limit"
+        )
+        with self.conn:  # one snapshot for the matches and their graph
+            rows = self.conn.execute(sql, params).fetchall()
+            hits = [(cast(float, row[0]), *_record(row[1:])) for row in rows]
+            roots = [seq for _, seq, rec in hits if rec.record_type == RecordType.MEMORY]
+            trees = self._expand(roots, query)
+            records = self._records({n.seq for tree in trees.values() for n in _walk(tree)})
+        id_of = {seq: rec.id for _, seq, rec in hits} | {s: r.id for s, r in records.items()}
+        return [
+            RecordHit(
+                record=rec,
+                distance=distance_of(score),
+                linked=[_linked(child, records, id_of) for child in trees[seq].children]
+                if seq in trees
+                else [],
+            )
+            for score, seq, rec in hits
+        ]
+
+    def _expand(self, roots: list[int], query: RecordQuery) -> dict[int, _Node]:
+        """Each root's shortest-path tree, grown breadth first, one query per hop."""
+        trees = {seq: _Node(seq, None) for seq in roots}
+        if query.num_hops == 0 or query.max_linked == 0 or not trees:
+            return trees
+        params: dict[str, object] = {}
+        link_filters = ["n.record_type = 'memory'", *_filters("n", query, params)]
+        where = " AND ".join(link_filters)
+        sql = (
+            # CROSS JOIN: the frontier drives (SQLite never reorders a CROSS JOIN), so each
+            # hop is index seeks from the frontier, never a scan of the relations.
+            "SELECT e.id, e.relation, e.source, e.target, e.source FROM json_each(:frontier) fr"
+            " CROSS JOIN relations e ON e.source = fr.value JOIN records n ON n.seq = e.target"
+            f" WHERE {where}"
+            " UNION ALL"
+            " SELECT e.id, e.relation, e.source, e.target, e.target FROM json_each(:frontier) fr"
+            " CROSS JOIN relations e ON e.target = fr.value JOIN records n ON n.seq = e.source"
+            f" WHERE {where}"
+        )
+        visited = {seq: {seq} for seq in trees}
+        frontiers = {seq: [tree] for seq, tree in trees.items()}
+        for _hop in range(query.num_hops):
+            wanted = sorted({node.seq for nodes in frontiers.values() for node in nodes})
+            if not wanted:
+                break
+            params["frontier"] = msgspec.json.encode(wanted).decode()
+            edges: dict[int, list[tuple[int, str, int, int]]] = {}
+            for edge_id, name, source, target, vertex in self.conn.execute(sql, params):
+                edges.setdefault(vertex, []).append((edge_id, name, source, target))
+            for found in edges.values():
+                found.sort()  # insertion order, both directions merged
+            for root, frontier in frontiers.items():
+                seen = visited[root]
+                room = query.max_linked - (len(seen) - 1)
+                nxt: list[_Node] = []
+                for node in frontier:
+                    for edge in edges.get(node.seq, ()):
+                        other = edge[3] if edge[2] == node.seq else edge[2]
+                        if other in seen or room <= 0:
+                            continue
+                        seen.add(other)
+                        room -= 1
+                        child = _Node(other, edge)
+                        node.children.append(child)
+                        nxt.append(child)
+                frontiers[root] = nxt
+        return trees
+
+    def _records(self, seqs: set[int]) -> dict[int, Record]:
+        if not seqs:
+            return {}
+        rows = self.conn.execute(
+            f"SELECT {_COLUMNS.format(a='r')} FROM records r"
+            " WHERE r.seq IN (SELECT value FROM json_each(?))",
+            (msgspec.json.encode(sorted(seqs)).decode(),),
+        )
+        return dict(_record(row) for row in rows)
+
+
+def _walk(node: _Node) -> list[_Node]:
+    out = []
+    stack = list(node.children)
+    while stack:
+        current = stack.pop()
+        out.append(current)
+        stack.extend(current.children)
+    return out
+
+
+def _linked(node: _Node, records: dict[int, Record], id_of: dict[int, str]) -> LinkedNode:
+    assert node.edge is not None
+    _, name, source, target = node.edge
+    return LinkedNode(
+        relation=RecordRelation(relation=name, source_id=id_of[source], target_id=id_of[target]),
+        record=records[node.seq],
+        children=[_linked(child, records, id_of) for child in node.children],
+    )
+
+
+def _dimensions(scope: SearchScope) -> list[tuple[str, str | None, bool]]:
+    return [
+        ("user_id", scope.user_id, scope.exact_user_match),
+        ("agent_id", scope.agent_id, scope.exact_agent_match),
+        ("thread_id", scope.thread_id, scope.exact_thread_match),
+    ]
+
+
+def _filters(alias: str, query: RecordQuery, params: dict[str, object]) -> list[str]:
+    """The SQL conditions every returned record (direct or linked) must meet."""
+    params["now"] = query.now
+    clauses = [f"({alias}.expires_at IS NULL OR {alias}.expires_at > :now)"]
+    for dim, value, exact in _dimensions(query.scope):
+        if exact:
+            params[f"exact_{dim}"] = value
+            clauses.append(f"{alias}.{dim} IS :exact_{dim}")
+    if query.record_types is not None:
+        params["types"] = msgspec.json.encode([t.value for t in query.record_types]).decode()
+        clauses.append(f"{alias}.record_type IN (SELECT value FROM json_each(:types))")
+    for i, (key, wanted) in enumerate(query.metadata):
+        params[f"meta_key_{i}"] = key
+        clauses.append(
+            f"EXISTS (SELECT 1 FROM json_each({alias}.metadata) j WHERE j.key = :meta_key_{i}"
+            f" AND {_metadata_value(i, wanted, params)})"
+        )
+    return clauses
+
+
+def _metadata_value(i: int, value: object, params: dict[str, object]) -> str:
+    # json_each's `type` tells JSON true/false/null apart from 1/0/'null' text.
+    if value is None:
+        return "j.type = 'null'"
+    if value is True:
+        return "j.type = 'true'"
+    if value is False:
+        return "j.type = 'false'"
+    params[f"meta_value_{i}"] = value
+    if isinstance(value, int | float):
+        assert math.isfinite(value)
+        return f"j.type IN ('integer', 'real') AND j.atom = :meta_value_{i}"
+    return f"j.type = 'text' AND j.atom = :meta_value_{i}"
+
+
+def fts_integrity_ok(conn: apsw.Connection) -> bool:
+    """FTS5's own integrity check of the records index (read-only)."""
+    rows = conn.execute("PRAGMA integrity_check(record_fts)").fetchall()
+    return cast(list[tuple[str]], rows) == [("ok",)]
