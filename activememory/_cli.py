@@ -28,7 +28,7 @@ from .storage.fts_query import MATCH_MODES
 
 SAMPLES = ("sample-alice.jsonl", "sample-team.jsonl")
 IMPORT_FORMATS = ("jsonl", "locomo")
-BENCHMARKS = ("indexing", "locomo", "search", "cjk", "recall")
+BENCHMARKS = ("indexing", "locomo", "search", "cjk", "recall", "records")
 T = TypeVar("T")
 WAIT_FOR_INDEX_SECONDS = 60
 
@@ -125,7 +125,7 @@ def _parser() -> argparse.ArgumentParser:
     simulate.set_defaults(run=_simulate)
 
     bench = commands.add_parser(
-        "bench", help="run a benchmark (indexing, locomo, search, cjk, recall)"
+        "bench", help="run a benchmark (indexing, locomo, search, cjk, recall, records)"
     )
     bench.add_argument("name", choices=BENCHMARKS)
     bench.add_argument("bench_args", nargs=argparse.REMAINDER)
@@ -385,6 +385,10 @@ def _bench(args: argparse.Namespace) -> int:
         from .simulations import bench_recall
 
         return bench_recall.main(args.bench_args)
+    if args.name == "records":
+        from .simulations import bench_records
+
+        return bench_records.main(args.bench_args)
     from .simulations import bench_indexing
 
     return bench_indexing.main(args.bench_args)

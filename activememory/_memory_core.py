@@ -379,17 +379,31 @@ def _list_notes(root: Path) -> tuple[dict[str, tuple[Path, int, int]], list[tupl
         return {}, []
     if not real_root.is_dir():
         return {}, []
-    candidates = ["MEMORY.md"]
-    try:
-        with os.scandir(real_root / "memory") as entries:
-            names = sorted(entry.name for entry in entries)
-    except OSError:  # no memory/ folder (or not a folder)
-        names = []
-    candidates += [f"memory/{name}" for name in names if NOTE_PATH.fullmatch(f"memory/{name}")]
     found: dict[str, tuple[Path, int, int]] = {}
     ignored: list[tuple[str, str]] = []
-    for rel in candidates:
-        target = _inside(real_root, rel)
+    # (relative path, the path to stat when it is plainly inside, else None: resolve it)
+    candidates: list[tuple[str, Path | None]] = [("MEMORY.md", None)]
+    memory_dir = _inside(real_root, "memory")
+    try:
+        with os.scandir(real_root / "memory") as entries:
+            listed = sorted(
+                (entry.name, entry.is_symlink())
+                for entry in entries
+                if not entry.name.startswith(".")
+            )
+    except OSError:  # no memory/ folder (or not a folder)
+        listed = []
+    if listed and memory_dir is None:
+        ignored.append(("memory", "a link leading outside the workspace"))
+        listed = []
+    for name, is_link in listed:
+        rel = f"memory/{name}"
+        if NOTE_PATH.fullmatch(rel):
+            # A plain file in a folder inside the workspace is inside: no resolve() (about
+            # nine lstat calls) per file on every rescan; only links are resolved.
+            candidates.append((rel, None if is_link or memory_dir is None else memory_dir / name))
+    for rel, plain in candidates:
+        target = plain if plain is not None else _inside(real_root, rel)
         if target is None:
             ignored.append((rel, "a link leading outside the workspace"))
             continue

@@ -57,6 +57,7 @@ from .protocol.recall import (
 )
 from .protocol.recall_pool import RunRecall, RunReport
 from .protocol.session_key import SessionKey, parse_session_key
+from .protocol.transcript import SessionInfo
 from .storage.run_transcripts import SubAgentTranscript, TranscriptPlace
 
 PREFLIGHT_S = 1.5
@@ -114,8 +115,8 @@ class Recaller:
         plan: RecallPlan | None = None
         with anyio.move_on_after(PREFLIGHT_S):
             key = parse_session_key(turn.session_key, field="Turn.session_key")
-            switches = await self._commands.switches(key)
-            plan = await self._plan(config, turn, key, switches)
+            session, switches = await self._session_state(key)
+            plan = await self._plan(config, turn, key, session, switches)
         if plan is None:  # the preflight ran out of time: no recall, and no recall time lost
             return self._finish(
                 "skipped", started, query_mode, switches, reason="preflight over 1500 ms"
@@ -400,14 +401,22 @@ class Recaller:
         if not isinstance(turn, Turn):
             raise InvalidInputError(f"turn: expected am.Turn, got {type(turn).__name__}")
         key = parse_session_key(turn.session_key, field="Turn.session_key")
-        switches = await self._commands.switches(key)
-        return await self._plan(self._get_config(), turn, key, switches)
+        session, switches = await self._session_state(key)
+        return await self._plan(self._get_config(), turn, key, session, switches)
+
+    async def _session_state(self, key: SessionKey) -> tuple[SessionInfo | None, SessionSwitches]:
+        """The stored session and its switches, in one read (one hop to the reader)."""
+        store = await self._supervisor.agent(key.store_agent)
+        return await store.read(lambda reader: (reader.session(key.raw), reader.switches(key.raw)))
 
     async def _plan(
-        self, config: Config, turn: Turn, key: SessionKey, switches: SessionSwitches
+        self,
+        config: Config,
+        turn: Turn,
+        key: SessionKey,
+        session: SessionInfo | None,
+        switches: SessionSwitches,
     ) -> RecallPlan:
-        store = await self._supervisor.agent(key.store_agent)
-        session = await store.read(lambda reader: reader.session(key.raw))
         verdict = decide(config, key, session, switches, trigger=turn.trigger, surface=turn.surface)
         if not verdict.eligible:
             return RecallPlan(request=None, status="skipped", reason=verdict.reason)

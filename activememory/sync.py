@@ -24,8 +24,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import anyio.from_thread
+import sniffio
 
 from . import _memory
+from .protocol.errors import InvalidInputError
 
 __all__ = ["SyncProxy", "open_memory"]
 
@@ -67,6 +69,7 @@ class SyncProxy:
 
             @functools.wraps(value)
             def blocking(*args: Any, **kwargs: Any) -> Any:
+                _refuse_inside_event_loop(name)
                 return self._portal.call(functools.partial(value, *args, **kwargs))
 
             return blocking
@@ -88,6 +91,18 @@ class SyncProxy:
 
     def __repr__(self) -> str:
         return f"<sync {self._target!r}>"
+
+
+def _refuse_inside_event_loop(name: str) -> None:
+    """A blocking call from async code would freeze that loop (and deadlock with ours)."""
+    try:
+        library = sniffio.current_async_library()
+    except sniffio.AsyncLibraryNotFoundError:
+        return
+    raise InvalidInputError(
+        f"{name}: activememory.sync called from inside a running {library} event loop; "
+        "use the async API (await mem...) there"
+    )
 
 
 def _is_api_object(value: object) -> bool:

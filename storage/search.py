@@ -74,6 +74,7 @@ COMMON_FRACTION = 0.005  # one message in 200
 MIN_ROWS_TO_PRUNE = 20_000
 _TERM_CACHE_SIZE = 4096
 POOL = 50
+SPAN_MAX_SESSIONS = 64
 # Conversational reranking (tuned on the LoCoMo dev split, stable within ±0.01 R@10 for
 # NEIGHBOUR 0.1-0.3, SESSION 0.05-0.2): a message gains a share of the scores of the pool
 # messages right before and after it, and of its session's other pool messages.
@@ -188,8 +189,13 @@ def search_scope(
             visible_dirty = len(visible) - len(clean)
             if not clean:
                 return ScopePage([], visible_dirty, bool(any_dirty))
-            # The visible sessions' rowid span bounds what FTS5 walks (ids grow with seq).
-            low, high = _rowid_span(conn, clean)
+            # The visible sessions' rowid span bounds what FTS5 walks (ids grow with seq). It
+            # costs two index seeks per session, and for many sessions the span is most of
+            # the table anyway: only a small scope is worth bounding.
+            if len(clean) <= SPAN_MAX_SESSIONS:
+                low, high = _rowid_span(conn, clean)
+            else:
+                low, high = 0, 2**62
             sql = _MATCH_FILTERED.replace(
                 "{where}",
                 "f.rowid BETWEEN ? AND ? AND e.session_id IN (SELECT value FROM json_each(?))",

@@ -106,8 +106,15 @@ async def test_no_allowed_tool_is_unavailable(tmp_path: Path) -> None:
     assert "reason=no allowed memory tool is available" in out.debug_line
 
 
-async def test_memory_records_slot_has_no_tool_yet(tmp_path: Path) -> None:
+async def test_memory_records_slot_recalls_through_memory_recall(tmp_path: Path) -> None:
     cfg = config(plugins={"slots": {"memory": "memory-records"}})
+    async with am.open_memory(tmp_path / "s", config=cfg) as mem:
+        plan = await mem.plan_recall(turn("hello"))
+    assert plan.request is not None and plan.request.tools == ("memory_recall",)
+
+
+async def test_an_unknown_memory_slot_is_unavailable(tmp_path: Path) -> None:
+    cfg = config(plugins={"slots": {"memory": "memory-lancedb-pro"}})
     async with am.open_memory(tmp_path / "s", config=cfg) as mem:
         assert (await mem.recall(turn("hello"))).status == "unavailable"
 

@@ -17,7 +17,7 @@ import trio.testing
 from chat_server import Answer, Call, serve
 
 import activememory as am
-from activememory._commands import Commands
+from activememory._recall import Recaller
 
 pytestmark = pytest.mark.anyio
 
@@ -250,20 +250,20 @@ async def test_memory_notes_are_recalled_in_private_and_group_chats(tmp_path: Pa
 
 
 def test_preflight_is_bounded_and_never_eats_recall_time(tmp_path: Path) -> None:
-    original = Commands.switches
+    original = Recaller._session_state
 
-    async def slow_switches(self: Commands, key: Any) -> Any:
+    async def slow_session_state(self: Recaller, key: Any) -> Any:
         await trio.sleep(10)
         return await original(self, key)
 
     async def main() -> am.RecallOutcome:
         async with am.open_memory(tmp_path / "s", executor="inline") as mem:
             start = trio.current_time()
-            Commands.switches = slow_switches  # type: ignore[method-assign]
+            Recaller._session_state = slow_session_state  # type: ignore[method-assign]
             try:
                 out = await mem.recall(turn())
             finally:
-                Commands.switches = original  # type: ignore[method-assign]
+                Recaller._session_state = original  # type: ignore[method-assign]
             assert trio.current_time() - start == 1.5
             return out
 

@@ -9,6 +9,7 @@ import pytest
 import activememory as am
 import activememory.sync as ams
 from activememory.protocol.errors import StorageError
+from activememory.sync import _refuse_inside_event_loop
 
 pytestmark = pytest.mark.anyio
 
@@ -115,3 +116,9 @@ def test_blocking_facade_gives_the_same_answers(tmp_path: Path, backend: str) ->
     assert out.status == "ok" and "oolong" in (out.summary or "")
     assert reply.text == "blocking reply" and states == []
     assert text == "Trace: on for this session."
+
+
+async def test_blocking_facade_refuses_calls_from_inside_an_event_loop() -> None:
+    # A blocking call from async code would freeze this loop while it waits on the library's.
+    with pytest.raises(am.InvalidInputError, match="^history: activememory.sync called from"):
+        _refuse_inside_event_loop("history")

@@ -1,0 +1,125 @@
+"""The recall benchmarks at a tiny size: they run end to end and report what they promise.
+
+Timings are not checked (they are machine noise); the report's structure is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from types import FrameType
+
+import pytest
+
+from activememory._cli import main
+from activememory.simulations import bench_recall
+
+TINY = [
+    "--messages", "600",
+    "--sessions", "12",
+    "--notes", "8",
+    "--recalls", "6",
+    "--concurrency", "1,4",
+    "--runs", "3",
+    "--runs-ignoring", "1",
+]  # fmt: skip
+PERCENTILES = {"p50", "p90", "p99", "max", "mean"}
+
+
+@contextlib.contextmanager
+def bounded(seconds: float) -> Iterator[None]:
+    """Fail instead of hanging: the benchmark runs its own trio loop, so a SIGALRM bounds it."""
+
+    def expire(signum: int, frame: FrameType | None) -> None:
+        raise TimeoutError(f"the benchmark ran over {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def test_both_benchmarks_report_their_structure_through_the_cli(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    argv = ["bench", "recall", *TINY, "--profile", "--state-dir", str(tmp_path), "--json"]
+    with bounded(60):
+        assert main(argv) == 0
+    result = json.loads(capsys.readouterr().out)
+
+    assert result["benchmark"] == "recall"
+    overhead = result["overhead"]
+    assert overhead["corpus"] == {
+        "messages": 600,
+        "sessions": 12,
+        "notes": 8,
+        "vocabulary": 20_000,
+        "seed": 1,
+    }
+    assert [level["concurrency"] for level in overhead["levels"]] == [1, 4]
+    one, four = overhead["levels"]
+    assert one["recalls"] == 6 and one["batches"] == 6
+    assert four["batches"] == bench_recall.MIN_BATCHES
+    assert four["recalls"] == 4 * bench_recall.MIN_BATCHES
+    for level in [one, four, overhead["inline"]]:
+        assert sum(level["statuses"].values()) == level["recalls"]
+        for key in ("raw_ms", "recall_ms", "overhead_ms", "overhead_per_op_ms"):
+            assert set(level[key]) == PERCENTILES
+        assert 0 <= level["rescans"] <= level["batches"]
+        if level["rescans"] < level["batches"]:
+            assert set(level["overhead_without_rescans_ms"]) == PERCENTILES
+    assert set(one["breakdown_ms"]) == {
+        "memory_search_tool",
+        "preflight",
+        "tool_beyond_sql",
+        "rest_of_pipeline",
+    }
+    assert "breakdown_ms" not in four
+    assert overhead["inline"]["executor"] == "inline"
+    assert set(overhead["note_rescan_ms"]) == PERCENTILES
+    assert overhead["profile"][0] == "6 recalls at concurrency 1, thread executor"
+    assert "cumtime" in overhead["profile"][1]
+
+    runs = result["overshoot"]["runs"]
+    assert [(r["name"], r["runs"], r["bound_ms"]) for r in runs] == [
+        ("hang", 3, 250.0),
+        ("ignores_cancellation", 1, 1750.0),
+    ]
+    assert [r["statuses"] for r in runs] == [{"timeout": 3}, {"timeout": 1}]
+    for run in runs:
+        assert set(run["overshoot_ms"]) == PERCENTILES
+        assert run["overshoot_ms"]["p50"] >= 0  # never back before the budget ends
+
+    verdicts = result["verdicts"]
+    assert [v["name"] for v in verdicts] == [
+        "recall overhead, concurrency 1",
+        "recall overhead, concurrency 4",
+        "budget overshoot, hang",
+        "budget overshoot, ignores_cancellation",
+    ]
+    assert [v["measure"] for v in verdicts[:2]] == ["paired latency", "per op at throughput"]
+    assert all(isinstance(v["pass"], bool) for v in verdicts)
+
+
+def test_the_state_dir_is_reused_and_the_report_ends_with_verdicts(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    args = [*TINY, "--concurrency", "1", "--only", "overhead", "--state-dir", str(tmp_path)]
+    with bounded(60):
+        assert bench_recall.main(args) == 0
+        first = capsys.readouterr().out
+        assert bench_recall.main(args) == 0
+    second = capsys.readouterr().out
+
+    assert "reused" not in first.splitlines()[2]
+    assert "(reused: times from the run that loaded it)" in second.splitlines()[2]
+    tail = second.splitlines()[-2:]
+    assert tail[0] == "Verdicts"
+    assert tail[1].startswith(("  PASS recall overhead, concurrency 1", "  MISS recall overhead"))
+    assert "Recall budget overshoot" not in second
