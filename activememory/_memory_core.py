@@ -226,9 +226,17 @@ class MemoryCore:
             sync_error = str(exc)
         redactor = self._search.redactor
         plan = plan_match(query)
-        notes: list[NoteHit] = []
-        if plan is not None:
-            notes = await store.read(lambda reader: search_notes(reader.conn, plan, limit))
+        private = None
+        if transcripts and caller.agent == agent:
+            private = self._search.private_job(query, caller=caller, limit=limit)
+
+        def both(reader: TranscriptReader) -> tuple[list[NoteHit], Any]:
+            # One hop to the reader thread for the notes and the conversations.
+            notes = search_notes(reader.conn, plan, limit) if plan is not None else []
+            return notes, private.run(reader) if private is not None else None
+
+        notes, page = await store.read(both)
+        sessions = private.finish(page, store) if private is not None else None
         terms = query_terms(query)
         found: list[tuple[float, dict[str, Any]]] = []
         for hit in notes:
@@ -236,9 +244,6 @@ class MemoryCore:
             found.append(
                 (hit.score, _result("memory", hit.path, hit.start_line, hit.end_line, snippet))
             )
-        sessions = None
-        if transcripts and caller.agent == agent:
-            sessions = await self._search.search_private(query, caller=caller, limit=limit)
         messages = (
             [(h.score, _session_result(h, redactor)) for h in sessions.results] if sessions else []
         )

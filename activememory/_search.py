@@ -135,17 +135,28 @@ class SessionSearch:
         conversations (`storage.search._PRIVATE`); `tools.sessions.visibility` plays no part
         and is not widened. A caller that is not itself private gets nothing.
         """
+        job = self.private_job(query, caller=caller, limit=limit)
+        if job is None:
+            return SearchResult(results=())
+        store = await self._supervisor.agent(job.agent)
+        return job.finish(await store.read(job.run), store)
+
+    def private_job(
+        self, query: str, *, caller: SessionKey, limit: int = DEFAULT_LIMIT
+    ) -> PrivateSearch | None:
+        """`search_private` as a job to run inside a reader call of the caller's own, so a
+        caller with other reads on that database (memory_search) pays one thread hop.
+        None when there is nothing to search."""
         text = _check_query(query)
         if not 1 <= limit <= MAX_LIMIT:
             raise InvalidInputError(f"limit: {limit!r} is not an integer from 1 to {MAX_LIMIT}")
         plan = plan_match(text, "phrase")
         if plan is None or not caller.is_private or caller.agent is None:
-            return SearchResult(results=())
-        store = await self._supervisor.agent(caller.agent)
+            return None
         run = partial(
             _search_one,
             plan=plan,
-            stats=self._term_stats.setdefault(store.agent, TermStats()),
+            stats=self._term_stats.setdefault(caller.agent, TermStats()),
             scope="private",
             caller=caller.raw,
             clamp_sandboxed=False,
@@ -154,10 +165,7 @@ class SessionSearch:
             terms=query_terms(text),
             redactor=self.redactor,
         )
-        found = await store.read(run)
-        if found.page.any_dirty:
-            self._on_dirty(store)
-        return _assemble([found], limit)
+        return PrivateSearch(caller.agent, run, limit, self._on_dirty)
 
     async def _caller_sandboxed(self, own: AgentStore, caller: SessionKey) -> bool:
         info = await own.read(lambda reader: reader.session(caller.raw))
@@ -192,6 +200,21 @@ def _search_one(
     )
     snippets = [make_snippet(redactor.redact(c.text), terms) for c in page.candidates]
     return _AgentPage(page, snippets)
+
+
+@dataclass(frozen=True)
+class PrivateSearch:
+    """A prepared private search: `run` on the agent's reader, then `finish` on the loop."""
+
+    agent: str
+    run: Callable[[TranscriptReader], _AgentPage]
+    limit: int
+    on_dirty: Callable[[AgentStore], None]
+
+    def finish(self, page: _AgentPage, store: AgentStore) -> SearchResult:
+        if page.page.any_dirty:
+            self.on_dirty(store)
+        return _assemble([page], self.limit)
 
 
 @dataclass(frozen=True)
