@@ -16,6 +16,38 @@ record types and metadata constrain the FTS match itself, so the `LIMIT` counts 
 in scope. Non-exact scope values only weigh the BM25 rank (`BOOST` per matching dimension).
 Equal scores go to the newest record (the highest `seq`).
 
+Common terms (the transcript side's rule, storage/search.py, with a cost threshold and
+the matched set kept): ranking by BM25 makes FTS5 read the whole doclist of every term
+(its document count), then score and join every row holding any term, a few microseconds
+each; for a term in most records that is seconds at a million records. So a term held by
+more than `COMMON_DOCS` records is *common* (probed once per reader and term, walking at
+most that many doclist entries, newest first), and:
+
+- a query with rarer terms is ranked by those alone (without the whole-query phrase,
+  whose matching walks the common terms' doclists); only if fewer than `limit` records in
+  scope hold one of them is the rest filled from the records holding a common term, by
+  recency (below). What it trades: a common term adds nothing to a record's score, and
+  records holding only common terms come after every record holding a rarer one;
+- a query of only common terms is answered by recency alone.
+
+Recency: the newest `max(limit, RECENCY_POOL)` in-scope records holding a common term,
+reordered by (common terms held) x (1 + `BOOST` x matching boosted scope values) as BM25
+would order them, newest first on ties. What it trades: a record older than that pool
+(holding every term, or a boosted value) is not found while newer ones hold a term. Such
+records have no relevance score: their distance is 1.0. Whatever is pruned, every record
+returned holds a query term and passes every filter, and `limit` records come back
+whenever that many in scope hold a term. A store of at most `COMMON_DOCS` records ranks
+exactly by BM25. The threshold is a cost, not a share: at a million records a term in 0.2%
+of them still has a real BM25 weight (IDF about 6) that is given up for the latency bound.
+
+Small scopes: when the exact scope dimensions leave few records, their seqs are listed
+first (one index range) and every FTS row is checked against that in-memory list before its
+record is read. A search in a scope holding a share `s` of the store reads about
+`RECENCY_POOL / s` records on its way down a common term's doclist (about 1.5 us each,
+scattered), where listing costs about 0.35 us per scope record: the list wins below about
+`SMALL_SCOPE_FACTOR x sqrt(records in the store)` records (5000 at a million), counted on
+the scope index reading at most that many entries.
+
 Graph expansion (SPEC §5.4) is a breadth-first search run one SQL query per hop for all
 direct results at once: the query returns every relation touching the current frontier
 whose other end passes the link filters (memory records only, same scope/metadata/type
@@ -65,6 +97,16 @@ RECORDS_DB = "records.db"
 BOOST = 0.5
 """How much each matching non-exact scope value multiplies a record's BM25 relevance by,
 on top of 1 (two matching dimensions: x 2.0)."""
+COMMON_DOCS = 2000
+"""A term held by more records than this is common (module docstring): ranking by it would
+score and join them all."""
+RECENCY_POOL = 20
+"""At least this many of the newest in-scope matches are reordered when answering by recency
+(module docstring); a small scope walks about this many / its share of the store."""
+SMALL_SCOPE_FACTOR = 5
+"""An exact scope holding at most this x sqrt(indexed records) records is listed before the
+FTS match (module docstring)."""
+_TERM_CACHE_SIZE = 4096
 
 
 def _v1_records(conn: apsw.Connection) -> None:
@@ -330,6 +372,58 @@ def distance_of(score: float) -> float:
     return 1.0 / (1.0 + max(0.0, -score))
 
 
+class CommonTerms:
+    """Which terms are common in `record_fts` (module docstring), cached per reader.
+
+    An answer is reused until the index has grown or shrunk by a quarter since it was
+    found; a term near the threshold may be misjudged for a while, which only moves it
+    between "ranked" and "answered by recency".
+    """
+
+    def __init__(self) -> None:
+        self._known: dict[str, tuple[bool, int]] = {}
+
+    def is_common(self, conn: apsw.Connection, term_expr: str, total: int) -> bool:
+        """Whether more than `COMMON_DOCS` records hold the term (`total`: indexed records)."""
+        cached = self._known.get(term_expr)
+        if cached is not None and abs(total - cached[1]) * 4 <= cached[1]:
+            return cached[0]
+        # Walks at most COMMON_DOCS entries of the doclist, newest first: no ranking, no IDF.
+        row = conn.execute(
+            "SELECT rowid FROM record_fts WHERE record_fts MATCH ?"
+            " ORDER BY rowid DESC LIMIT 1 OFFSET ?",
+            (term_expr, COMMON_DOCS),
+        ).fetchone()
+        if len(self._known) >= _TERM_CACHE_SIZE:
+            self._known.clear()
+        self._known[term_expr] = (row is not None, total)
+        return row is not None
+
+
+_TERMS_HELD = "record_terms_held"
+
+
+def _terms_held(api: apsw.FTS5ExtensionApi, *args: apsw.SQLiteValue) -> int:
+    """FTS5 auxiliary function: how many of the query's phrases the current row holds."""
+    return sum(1 for phrase in range(api.phrase_count) if api.phrase_columns(phrase))
+
+
+def _indexed_rows(conn: apsw.Connection) -> int:
+    """How many records the index holds, from FTS5's own totals record (no scan): the
+    first varint of the record with id 1 (SQLite's big-endian variable-length integer)."""
+    row = conn.execute("SELECT block FROM record_fts_data WHERE id = 1").fetchone()
+    if row is None or not row[0]:
+        return 0
+    value = 0
+    for i, byte in enumerate(bytes(row[0])[:9]):
+        if i == 8:
+            return (value << 8) | byte
+        value = (value << 7) | (byte & 0x7F)
+        if byte < 0x80:
+            break
+    return value
+
+
 @dataclass
 class _Node:
     seq: int
@@ -342,6 +436,8 @@ class RecordReader:
 
     def __init__(self, conn: apsw.Connection) -> None:
         self.conn = conn
+        self._terms = CommonTerms()
+        conn.register_fts5_function(_TERMS_HELD, _terms_held)
 
     def get(self, record_id: str, now: float) -> Record | None:
         """The record `record_id`, unless it does not exist or has expired."""
@@ -360,26 +456,8 @@ class RecordReader:
     def search(self, plan: MatchPlan, query: RecordQuery) -> list[RecordHit]:
         """The best `query.limit` records in scope matching `plan`, each with its linked
         tree (`query.num_hops`), best first; one read transaction."""
-        params: dict[str, object] = {"match": plan.expression(), "limit": query.limit}
-        where = ["record_fts MATCH :match", *_filters("r", query, params)]
-        if not query.include_invalid:
-            where.append("r.status = 'valid'")
-        boosts = []
-        for dim, value, exact in _dimensions(query.scope):
-            if not exact and dim in query.boosts:
-                params[f"boost_{dim}"] = value
-                boosts.append(f"(r.{dim} IS :boost_{dim})")
-        score = "f.rank"
-        if boosts:
-            score = f"f.rank * (1.0 + {BOOST} * ({' + '.join(boosts)}))"
-        sql = (
-            f"SELECT {score} AS score, {_COLUMNS.format(a='r')}"
-            " FROM record_fts f JOIN records r ON r.seq = f.rowid"
-            f" WHERE {' AND '.join(where)} ORDER BY score, r.seq DESC LIMIT :limit"
-        )
         with self.conn:  # one snapshot for the matches and their graph
-            rows = self.conn.execute(sql, params).fetchall()
-            hits = [(cast(float, row[0]), *_record(row[1:])) for row in rows]
+            hits = self._matches(plan, query)
             roots = [seq for _, seq, rec in hits if rec.record_type == RecordType.MEMORY]
             trees = self._expand(roots, query)
             records = self._records({n.seq for tree in trees.values() for n in _walk(tree)})
@@ -394,6 +472,80 @@ class RecordReader:
             )
             for score, seq, rec in hits
         ]
+
+    def _matches(self, plan: MatchPlan, query: RecordQuery) -> list[tuple[float, int, Record]]:
+        """The direct matches, best first: ranked, then (when pruned) by recency."""
+        params: dict[str, object] = {"limit": query.limit}
+        where = _filters("r", query, params)
+        if not query.include_invalid:
+            where.append("r.status = 'valid'")
+        boosts = []
+        for dim, value, exact in _dimensions(query.scope):
+            if not exact and dim in query.boosts:
+                params[f"boost_{dim}"] = value
+                boosts.append(f"(r.{dim} IS :boost_{dim})")
+        level = " + ".join(boosts) if boosts else "0"
+        total = _indexed_rows(self.conn)
+        scoped = [f"{dim} IS :exact_{dim}" for dim, _, on in _dimensions(query.scope) if on]
+        if scoped and self._scope_is_small(scoped, params, total):
+            # Checked against an in-memory list before the record is read (`+`: not a
+            # constraint FTS5 would answer with one doclist seek per listed record).
+            where.append(f"+f.rowid IN (SELECT seq FROM records WHERE {' AND '.join(scoped)})")
+        ranked, recent = self._steps(plan, total)
+        hits: list[tuple[float, int, Record]] = []
+        if ranked is not None:
+            score = f"f.rank * (1.0 + {BOOST} * ({level}))" if boosts else "f.rank"
+            sql = (
+                f"SELECT {score} AS score, {_COLUMNS.format(a='r')}"
+                " FROM record_fts f JOIN records r ON r.seq = f.rowid"
+                f" WHERE {' AND '.join(['record_fts MATCH :match', *where])}"
+                " ORDER BY score, r.seq DESC LIMIT :limit"
+            )
+            ranked_rows = self.conn.execute(sql, params | {"match": ranked})
+            hits = [(cast(float, row[0]), *_record(row[1:])) for row in ranked_rows]
+        if recent is not None and len(hits) < query.limit:
+            # The newest in-scope records holding a term (none already found), reordered
+            # by how many terms they hold times their boost, as BM25 scores would.
+            sql = (
+                f"SELECT {_TERMS_HELD}(record_fts) * (1.0 + {BOOST} * ({level})),"
+                f" {_COLUMNS.format(a='r')} FROM record_fts f JOIN records r ON r.seq = f.rowid"
+                f" WHERE {' AND '.join(['record_fts MATCH :match', *where])}"
+                " AND f.rowid NOT IN (SELECT value FROM json_each(:found))"
+                " ORDER BY f.rowid DESC LIMIT :pool"
+            )
+            found = msgspec.json.encode([seq for _, seq, _ in hits]).decode()
+            pool = max(query.limit, RECENCY_POOL)
+            rows = self.conn.execute(
+                sql, params | {"match": recent, "found": found, "pool": pool}
+            ).fetchall()
+            rows.sort(key=lambda row: -cast(float, row[0]))  # stable: newest first on ties
+            hits += [(0.0, *_record(row[1:])) for row in rows[: query.limit - len(hits)]]
+        return hits
+
+    def _scope_is_small(self, exact: list[str], params: dict[str, object], total: int) -> bool:
+        """Whether the `exact` scope conditions leave few enough records to list (module
+        docstring); reads at most that many index entries."""
+        small = int(SMALL_SCOPE_FACTOR * math.sqrt(total))
+        row = self.conn.execute(
+            f"SELECT count(*) FROM (SELECT 1 FROM records WHERE {' AND '.join(exact)}"
+            " LIMIT :small)",
+            params | {"small": small + 1},
+        ).fetchone()
+        return row is not None and int(row[0]) <= small
+
+    def _steps(self, plan: MatchPlan, total: int) -> tuple[str | None, str | None]:
+        """(the expression ranked by BM25, the expression answered by recency after it),
+        either None: see the module docstring. `total`: the indexed records."""
+        if total <= COMMON_DOCS:
+            return plan.expression(), None
+        common = [self._terms.is_common(self.conn, expr, total) for expr in plan.term_exprs]
+        if not any(common):
+            return plan.expression(), None
+        commons = " OR ".join(e for e, c in zip(plan.term_exprs, common, strict=True) if c)
+        if all(common):
+            return None, commons
+        # Without the phrase too: matching it walks the common terms' doclists.
+        return plan.expression([not c for c in common]), commons
 
     def _expand(self, roots: list[int], query: RecordQuery) -> dict[int, _Node]:
         """Each root's shortest-path tree, grown breadth first, one query per hop."""

@@ -1,0 +1,1761 @@
+"""The load soak (SPEC §7): sessions appending and recalling at set rates, under faults.
+
+Three kinds of process:
+
+- the **workload** (a child, `--child`): opens the state directory, appends to many private
+  direct sessions of agent `main` (and a few groups) at `--append-rate`, occasionally
+  rewinds one, and runs `--recall-rate` recalls per second, each a real `mem.recall` or
+  `mem.reply` on a random private session. Operations are started on a clock schedule
+  (never sleeps that drift); operations on one session run one at a time, so the order of
+  the ack log is each session's commit order. Every operation is written to an append-only
+  **ack log** before it starts (an *intent*) and after the library answers (an *ack*, or a
+  *rejection* with its error): the ack log is the ground truth the parent checks the store
+  against. Recall latencies, statuses, breaker trips and RSS samples go to the parent as
+  JSON lines on stdout.
+- the **busy writer** (`--busy-writer`, with `--faults`): every 0.5-2 s it opens the agent's
+  `memory.db` with apsw and holds a write transaction for 100-300 ms (BEGIN IMMEDIATE, sleep,
+  COMMIT), so the library's writer meets SQLITE_BUSY. Appends must still be acknowledged
+  or fail with a clear `StorageError` (counted as rejected, never as lost).
+- the **parent** (this command): starts the busy writer and the workload, kills the
+  workload with SIGKILL at random moments (`--kill-every`, with `--faults`) and restarts it
+  on the same state directory (never in the last `--steady` seconds), shows progress
+  (`--progress`), and at the end verifies:
+
+  (a) nothing acknowledged was lost: each session's stored operations (events by sequence
+      number) are exactly its acknowledged operations, in order, plus only operations that
+      were in flight when the workload was killed; no rejected message was stored; each
+      session's active branch (`history`) is the branch those operations produce, so an
+      acknowledged message is on it unless a later rewind took it off;
+  (b) the FTS index equals the active branches: the tokens indexed for each row (`words`,
+      `grams`, `context`) are the tokenizer's tokens of the active-branch text, for clean
+      sessions as the workload left them and for every session after `rebuild_index()`,
+      with no stray rows, and FTS5's integrity check passes;
+  (c) every recall returned (none raised) within `timeoutMs + setupGraceTimeoutMs + 3000`
+      ms: wall time around `mem.recall`, and the recall step of each `mem.reply`;
+  (d) RSS growth after warm-up is at most 10%: in the last workload run, the median of the
+      first 20% of its samples after `--warmup` against the median of the last 20%. A kill
+      starts a fresh process and resets RSS, so kills happen only before the last `--steady`
+      seconds (default half the run): the last run lives long enough to show a leak;
+  (e) no group message ever reached a recall (the privacy boundary, SPEC §4.2).
+
+It prints throughput, latency percentiles, statuses, timeouts, breaker trips, rejected
+appends, kills, RSS over time and a PASS/FAIL line per check (`--json`: one JSON object).
+Exit status 1 if any check fails.
+
+    python -m activememory.simulations.soak [--sessions 200] [--append-rate 50]
+        [--recall-rate 20] [--duration 600] [--faults] [--progress] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import itertools
+import json
+import os
+import platform
+import random
+import re
+import resource
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any, Literal, cast
+
+import apsw
+import trio
+
+import activememory as am
+from activememory.storage.fts_query import TOKENIZE, index_row
+from activememory.storage.transcripts import agent_db_path
+
+from .adversaries import Grounded, HangForever, IgnoresCancellation, LateAnswer, Raises
+
+AGENT = "main"
+MODEL = "soak/chaos"
+ACK_LOG = "soak-acks.jsonl"
+CHILD_ERR = "soak-child.err"
+BUSY_ERR = "soak-busy-writer.err"
+PREFLIGHT_AND_FINALIZE_MS = 3000
+COOLDOWN_MS = 5000
+REWIND_SHARE = 0.03  # of the append schedule's operations
+REPLY_SHARE = 0.5  # of the recall schedule's operations: mem.reply, the rest mem.recall
+MAX_IN_FLIGHT = 512  # operations in flight in the workload; the schedule waits beyond
+LATE_S = 0.25  # an operation started this much after its slot counts as late
+RSS_EVERY_S = 1.0
+TICK_EVERY_S = 0.5
+BREAKER_POLL_S = 0.05
+READY_TIMEOUT_S = 60.0
+MAX_FAILED_STARTS = 20
+KILL_MARGIN_S = 3.0  # no kill this close to the end: the last workload run stops cleanly
+BRANCH_KEPT = 64  # the workload remembers this much of each branch (rewind targets)
+DRAIN_TIMEOUT_S = 60.0  # the workload's own stop after its deadline, bounded
+RSS_GROWTH_MAX = 0.10
+RSS_MIN_SAMPLES = 10  # fewer samples after warm-up: the RSS check is skipped
+GROUP_TOKEN = "teamonly"  # only group messages carry it: it must never reach a recall
+MARKER = re.compile(r"mk(\d+)q(\d+)z")
+
+Status = Literal["PASS", "FAIL", "SKIP"]
+
+VOCAB = (
+    "oolong", "tea", "coffee", "espresso", "hiking", "alps", "lisbon", "porto", "tram",
+    "bicycle", "garden", "tomato", "basil", "sourdough", "bread", "piano", "violin", "jazz",
+    "concert", "museum", "painting", "novel", "poetry", "chess", "marathon", "running",
+    "swimming", "ocean", "sailing", "kayak", "mountain", "camping", "tent", "lantern",
+    "birthday", "anniversary", "sister", "brother", "daughter", "grandmother", "puppy",
+    "kitten", "parrot", "aquarium", "vegetarian", "allergy", "peanuts", "gluten", "dentist",
+    "meeting", "deadline", "project", "budget", "invoice", "passport", "visa", "airport",
+    "train", "ticket", "hotel", "balcony", "sunrise", "winter", "summer", "autumn", "spring",
+    "umbrella", "raincoat", "scarf", "guitar", "drums", "podcast", "recipe", "curry",
+    "noodles", "dumplings", "seaweed", "mango", "lemon", "café", "naïve", "über", "straße",
+    "İstanbul", "東京", "咖啡", "旅行", "한국어", "ラーメン",
+)  # fmt: skip
+
+
+# -- the workload (child process) ---------------------------------------------------------
+
+
+def soak_config(timeout_ms: int) -> dict[str, Any]:
+    """The plugin config of the soak: the chaos model, a short budget, a visible breaker."""
+    settings = {
+        "model": MODEL,
+        "timeoutMs": timeout_ms,
+        "setupGraceTimeoutMs": 0,
+        "circuitBreakerMaxTimeouts": 3,
+        "circuitBreakerCooldownMs": COOLDOWN_MS,
+    }
+    return {"plugins": {"entries": {"active-memory": {"config": settings}}}}
+
+
+def session_keys(sessions: int) -> tuple[list[str], list[str]]:
+    """(private direct sessions, group sessions) of agent main."""
+    private = [f"agent:{AGENT}:direct:u{i:04d}" for i in range(sessions)]
+    groups = [f"agent:{AGENT}:group:g{j:02d}" for j in range(max(2, sessions // 40))]
+    return private, groups
+
+
+class ChaosModel:
+    """A recall model that, at random (seeded), behaves well or misbehaves.
+
+    Most runs search and answer at once; some answer well after their search (inside or
+    past the budget), hang, raise, or shield themselves from cancellation for a while. Every
+    run's tool results are scanned for the group-only token (privacy).
+    """
+
+    def __init__(self, seed: str, timeout_s: float, *, faults: bool) -> None:
+        self.rng = random.Random(seed)
+        self.timeout_s = timeout_s
+        self.faults = faults
+        self.behaviours: Counter[str] = Counter()
+        self.leaks = 0
+
+    def _pick(self) -> tuple[str, am.RecallModel]:
+        roll = self.rng.random()
+        t = self.timeout_s
+        if not self.faults or roll < 0.74:
+            return "quick", Grounded(think_s=self.rng.uniform(0.0, 0.02))
+        if roll < 0.84:
+            return "slow", Grounded(think_s=self.rng.uniform(0.4, 0.9) * t)
+        if roll < 0.88:
+            late = LateAnswer(self.rng.uniform(0.05, 1.0), shielded=self.rng.random() < 0.5)
+            return "late", late
+        if roll < 0.93:
+            return "hang", HangForever()
+        if roll < 0.99:
+            return "raise", Raises(after_s=self.rng.uniform(0.0, 0.1))
+        return "ignore_cancel", IgnoresCancellation(hold_s=self.rng.uniform(2.0, 4.0))
+
+    async def recall(self, request: am.RecallRequest, tools: am.RecallTools) -> str:
+        """Delegate to the picked behaviour (simulations/adversaries.py)."""
+        name, model = self._pick()
+        self.behaviours[name] += 1
+        try:
+            return await model.recall(request, tools)
+        finally:
+            if any(GROUP_TOKEN in result.content for result in tools.results):
+                self.leaks += 1
+
+
+class AckLog:
+    """The append-only ground truth: one JSON line per write, each in one `write(2)`.
+
+    A line cut by SIGKILL is ignored by the reader (the next run starts with a newline).
+    """
+
+    def __init__(self, path: Path, *, fsync: bool) -> None:
+        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        self._fsync = fsync
+        os.write(self._fd, b"\n")
+
+    def write(self, record: Mapping[str, Any]) -> None:
+        os.write(self._fd, (json.dumps(record, ensure_ascii=False) + "\n").encode())
+        if self._fsync:
+            os.fsync(self._fd)
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+
+def emit(record: Mapping[str, Any]) -> None:
+    """One JSON line to the parent."""
+    sys.stdout.write(json.dumps(record) + "\n")
+    sys.stdout.flush()
+
+
+def rss_kib() -> int:
+    """This process's resident set size in KiB (from /proc when there is one)."""
+    try:
+        with open("/proc/self/statm", "rb") as statm:
+            return int(statm.read().split()[1]) * (os.sysconf("SC_PAGE_SIZE") // 1024)
+    except OSError:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
+@dataclass(frozen=True)
+class AppendPlan:
+    """What one slot of the append schedule does, drawn when the slot comes."""
+
+    key: str
+    rewind: bool
+    pick: float  # which rewind target, or which message kind
+    words: tuple[str, ...]
+
+
+class Workload:
+    """One workload run (one incarnation of the child process)."""
+
+    def __init__(
+        self, mem: am.Memory, args: argparse.Namespace, acks: AckLog, model: ChaosModel
+    ) -> None:
+        self.mem = mem
+        self.args = args
+        self.acks = acks
+        self.model = model
+        self.inc: int = args.incarnation
+        self.private, self.groups = session_keys(args.sessions)
+        self.locks = {key: trio.Lock() for key in self.private + self.groups}
+        self.branches: dict[str, list[int]] = {}  # known active branch, loaded on first use
+        self.markers = itertools.count(1)
+        self.slots = trio.Semaphore(MAX_IN_FLIGHT)
+        self.counts: Counter[str] = Counter()
+        self.breakers: dict[tuple[str, str], str] = {}
+
+    def marker(self) -> str:
+        """A unique marker for the next message (run and counter)."""
+        return f"mk{self.inc}q{next(self.markers)}z"
+
+    async def branch(self, key: str) -> list[int]:
+        """The tail of the session's active branch as this run knows it."""
+        found = self.branches.get(key)
+        if found is None:
+            try:
+                found = [e.id for e in await self.mem.sessions.history(key)][-BRANCH_KEPT:]
+            except am.SessionNotFoundError:
+                found = []
+            self.branches[key] = found
+        return found
+
+    def reject(self, key: str, what: str, exc: BaseException) -> None:
+        """Log that the library refused an operation (not written)."""
+        self.counts["rejected"] += 1
+        self.acks.write({"k": "x", "s": key, "what": what, "e": f"{type(exc).__name__}: {exc}"})
+
+    # -- operations ---------------------------------------------------------------------
+
+    async def append_or_rewind(self, plan: AppendPlan) -> None:
+        """One slot of the append schedule: an append, or now and then a rewind."""
+        key = plan.key
+        async with self.locks[key]:
+            branch = await self.branch(key)
+            if plan.rewind and len(branch) >= 2:
+                candidates = branch[-11:-1]
+                target = candidates[int(plan.pick * len(candidates))]
+                self.acks.write({"k": "i", "s": key, "op": "w", "to": target})
+                try:
+                    await self.mem.sessions.rewind(key, target)
+                except am.ActiveMemoryError as exc:
+                    self.reject(key, f"rewind {target}", exc)
+                    return
+                self.acks.write({"k": "w", "s": key, "to": target})
+                del branch[branch.index(target) + 1 :]
+                self.counts["rewinds"] += 1
+                return
+            marker = self.marker()
+            message, text = build_message(plan, marker, group=key in self.groups)
+            self.acks.write({"k": "i", "s": key, "op": "a", "m": marker, "x": text})
+            try:
+                event = await self.mem.sessions.append(key, message)
+            except am.ActiveMemoryError as exc:
+                self.reject(key, marker, exc)
+                return
+            self.acks.write({"k": "a", "s": key, "m": marker, "id": event.id, "p": event.parent_id})
+            branch.append(event.id)
+            del branch[:-BRANCH_KEPT]  # bounded: the soak's own state must not look like a leak
+            self.counts["acked"] += 1
+
+    async def recall(self, key: str, question: str) -> None:
+        """A `mem.recall` on a private session, timed with the wall clock."""
+        turn = am.Turn(session_key=key, messages=[am.Message(role="user", content=question)])
+        started = time.monotonic()
+        try:
+            outcome = await self.mem.recall(turn)
+        except Exception as exc:  # a recall must never raise: reported, and check (c) fails
+            self.report_recall("recall", started, None, error=exc)
+            return
+        self.report_recall("recall", started, outcome)
+
+    async def reply(self, key: str, question: str) -> None:
+        """The whole bot path: `mem.reply` persists both messages and recalls."""
+        async with self.locks[key]:
+            branch = await self.branch(key)
+            user_marker, bot_marker = self.marker(), self.marker()
+            user_text = f"{question} ({user_marker})"
+            bot_text = f"Noted, thanks ({bot_marker})."
+            self.acks.write(
+                {
+                    "k": "i",
+                    "s": key,
+                    "op": "r",
+                    "m": [user_marker, bot_marker],
+                    "x": [user_text, bot_text],
+                }
+            )
+            turn = am.Turn(session_key=key, messages=[am.Message(role="user", content=user_text)])
+            started = time.monotonic()
+
+            async def respond(prefix: str | None, turn: am.Turn) -> str:
+                return bot_text
+
+            try:
+                reply = await self.mem.reply(turn, respond)
+            except Exception as exc:  # fail open means this never happens
+                self.reject(key, "reply", exc)
+                self.counts["rejected"] += 1  # two messages
+                self.report_recall("reply", started, None, error=exc)
+                return
+            self.acks.write(
+                {
+                    "k": "r",
+                    "s": key,
+                    "u": reply.user_event_id,
+                    "a": reply.assistant_event_id,
+                    "e": list(reply.problems),
+                }
+            )
+            for event_id in (reply.user_event_id, reply.assistant_event_id):
+                if event_id is not None:
+                    branch.append(event_id)
+                    del branch[:-BRANCH_KEPT]
+                    self.counts["acked"] += 1
+                    self.counts["reply_messages"] += 1
+                else:
+                    self.counts["rejected"] += 1
+            self.report_recall("reply", started, reply.outcome)
+
+    def report_recall(
+        self,
+        op: str,
+        started: float,
+        outcome: am.RecallOutcome | None,
+        *,
+        error: BaseException | None = None,
+    ) -> None:
+        wall_ms = (time.monotonic() - started) * 1000
+        self.counts["recalls"] += 1
+        if outcome is None:
+            emit({"t": "rc", "op": op, "wall": wall_ms, "st": f"raised {type(error).__name__}"})
+            return
+        self.observe_breakers()
+        emit(
+            {
+                "t": "rc",
+                "op": op,
+                "wall": wall_ms,
+                "el": outcome.elapsed_ms,
+                "st": outcome.status,
+                "cb": " circuit-breaker" in outcome.status_line,
+                "cached": outcome.cached,
+                "why": outcome.reason[:200],
+            }
+        )
+
+    def observe_breakers(self) -> None:
+        """Count a trip whenever a breaker is seen going open."""
+        for info in self.mem.breaker_states():
+            key = (info.agent, info.model)
+            if info.state == "open" and self.breakers.get(key) != "open":
+                emit({"t": "trip", "model": info.model})
+            self.breakers[key] = info.state
+
+    # -- schedules ----------------------------------------------------------------------
+
+    async def schedule(
+        self, nursery: trio.Nursery, rate: float, deadline: float, stream: str
+    ) -> None:
+        """Start operations at `rate` per second on the clock until `deadline`."""
+        if rate <= 0:
+            return
+        rng = random.Random(f"{self.args.seed}:{self.inc}:{stream}")
+        start = trio.current_time()
+        for i in itertools.count():
+            slot = start + i / rate
+            if slot >= deadline:
+                return
+            await trio.sleep_until(slot)
+            await self.slots.acquire()
+            if trio.current_time() - slot > LATE_S:
+                self.counts["late"] += 1
+            if stream == "append":
+                key = rng.choice(self.private + self.groups)
+                plan = AppendPlan(
+                    key=key,
+                    rewind=rng.random() < REWIND_SHARE,
+                    pick=rng.random(),
+                    words=tuple(rng.choice(VOCAB) for _ in range(rng.randint(3, 14))),
+                )
+                nursery.start_soon(self.run_slot, self.append_or_rewind, plan)
+            else:
+                key = rng.choice(self.private)
+                question = f"what did I say about {rng.choice(VOCAB)} and {rng.choice(VOCAB)}?"
+                op = self.reply if rng.random() < REPLY_SHARE else self.recall
+                nursery.start_soon(self.run_slot, op, key, question)
+
+    async def run_slot(self, op: Any, *args: Any) -> None:
+        """Run one scheduled operation and give its slot back."""
+        try:
+            await op(*args)
+        except am.ActiveMemoryError as exc:  # a read the operation needed failed: reported
+            emit({"t": "error", "e": f"{type(exc).__name__}: {exc}"})
+        finally:
+            self.slots.release()
+
+    async def ticker(self) -> None:
+        """Send the counters to the parent twice a second; stop at once if it died."""
+        parent = os.getppid()
+        while True:
+            if os.getppid() != parent:
+                os._exit(3)  # orphaned: end like a kill -9, which the store survives
+            self.tick()
+            await trio.sleep(TICK_EVERY_S)
+
+    def tick(self) -> None:
+        """Send the counters to the parent."""
+        emit(
+            {
+                "t": "tick",
+                **self.counts,
+                "inflight": MAX_IN_FLIGHT - self.slots.value,
+                "leaks": self.model.leaks,
+                "behaviours": dict(self.model.behaviours),
+            }
+        )
+
+    async def sample_rss(self) -> None:
+        """Send RSS and SQLite's heap to the parent every second."""
+        started = time.monotonic()
+        while True:
+            age = time.monotonic() - started
+            emit({"t": "rss", "kib": rss_kib(), "sqlite": apsw.memory_used() // 1024, "age": age})
+            await trio.sleep(RSS_EVERY_S)
+
+    async def watch_breakers(self) -> None:
+        """Poll the breakers, so a trip between two recalls is seen too."""
+        while True:
+            self.observe_breakers()
+            await trio.sleep(BREAKER_POLL_S)
+
+
+def build_message(plan: AppendPlan, marker: str, *, group: bool) -> tuple[am.Message, str | None]:
+    """A message of a random kind carrying `marker`, and the index text it must get."""
+    words = " ".join(plan.words)
+    if group:
+        words = f"{GROUP_TOKEN} {words}"
+    text = f"{words} ({marker})"
+    if plan.pick < 0.45:
+        return am.Message(role="user", content=text), text
+    if plan.pick < 0.80:
+        return am.Message(role="assistant", content=text), text
+    if plan.pick < 0.92:
+        # Structured: the text block is indexed, the thinking block never is.
+        content: list[am.Block] = [
+            am.ThinkingBlock(thinking=f"hidden {words}", signature="sig"),
+            am.TextBlock(text=text),
+        ]
+        return am.Message(role="assistant", content=content), text
+    return am.Message(role="tool", content=text), None  # stored, never indexed
+
+
+async def run_child(args: argparse.Namespace) -> int:
+    """The workload: run until `--until` (seconds since the epoch), then stop cleanly."""
+    state_dir: Path = args.state_dir
+    timeout_s = args.timeout_ms / 1000
+    model = ChaosModel(f"{args.seed}:{args.incarnation}:model", timeout_s, faults=args.faults)
+    acks = AckLog(state_dir / ACK_LOG, fsync=args.fsync_acks)
+    try:
+        async with am.open_memory(
+            state_dir, config=soak_config(args.timeout_ms), models={MODEL: model}
+        ) as mem:
+            workload = Workload(mem, args, acks, model)
+            # Open the agent database (and recover it after a kill) before saying READY.
+            with contextlib.suppress(am.SessionNotFoundError):
+                await mem.sessions.history(workload.private[0])
+            acks.write({"k": "start", "inc": args.incarnation})
+            emit({"t": "ready", "inc": args.incarnation, "pid": os.getpid()})
+            deadline = trio.current_time() + max(0.0, args.until - time.time())
+            async with trio.open_nursery() as background:
+                background.start_soon(workload.ticker)
+                background.start_soon(workload.sample_rss)
+                background.start_soon(workload.watch_breakers)
+                async with trio.open_nursery() as ops:
+                    ops.start_soon(workload.schedule, ops, args.append_rate, deadline, "append")
+                    ops.start_soon(workload.schedule, ops, args.recall_rate, deadline, "recall")
+                background.cancel_scope.cancel()
+            workload.tick()
+    finally:
+        acks.close()
+    emit({"t": "done", "inc": args.incarnation})
+    return 0
+
+
+# -- the busy writer ----------------------------------------------------------------------
+
+
+def run_busy_writer(args: argparse.Namespace) -> int:
+    """Hold the agent database's write lock for 100-300 ms every 0.5-2 s, forever."""
+    rng = random.Random(f"{args.seed}:busy")
+    path = agent_db_path(args.state_dir, AGENT)
+    parent = os.getppid()
+    while not path.exists() and os.getppid() == parent:
+        time.sleep(0.1)
+    while os.getppid() == parent:  # the soak died (say, a test's timeout): stop too
+        time.sleep(rng.uniform(0.5, 2.0))
+        hold = rng.uniform(0.1, 0.3)
+        conn = apsw.Connection(str(path), flags=apsw.SQLITE_OPEN_READWRITE)
+        try:
+            conn.set_busy_timeout(2000)
+            asked = time.monotonic()
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+            except apsw.BusyError:
+                emit({"t": "busy_miss"})
+                continue
+            got = time.monotonic()
+            time.sleep(hold)
+            conn.execute("COMMIT")
+            emit({"t": "hold", "ms": (time.monotonic() - got) * 1000, "wait": got - asked})
+        finally:
+            conn.close()
+    return 0
+
+
+# -- the parent ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RssSample:
+    """One memory sample of a workload run."""
+
+    run: int
+    age_s: float  # since the run started
+    at_s: float  # since the soak started
+    kib: int
+    sqlite_kib: int  # SQLite's own heap (apsw.memory_used), part of `kib`
+
+
+@dataclass
+class Live:
+    """What the workload and the busy writer report, as the reader threads receive it."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    recalls: list[dict[str, Any]] = field(default_factory=list)
+    rss: list[RssSample] = field(default_factory=list)
+    ticks: dict[int, dict[str, Any]] = field(default_factory=dict)  # last tick per run
+    trips: int = 0
+    done: set[int] = field(default_factory=set)
+    bad_lines: int = 0
+    holds: list[float] = field(default_factory=list)
+    busy_misses: int = 0
+    errors: Counter[str] = field(default_factory=Counter)
+    started: float = field(default_factory=time.monotonic)
+
+    def handle(self, inc: int, msg: dict[str, Any]) -> None:
+        """Take one JSON line from workload run `inc` (or the busy writer, -1)."""
+        kind = msg.get("t")
+        with self.lock:
+            if kind == "rc":
+                msg["inc"] = inc
+                msg["at"] = time.monotonic() - self.started
+                self.recalls.append(msg)
+            elif kind == "rss":
+                at = time.monotonic() - self.started
+                sample = RssSample(inc, float(msg["age"]), at, int(msg["kib"]), int(msg["sqlite"]))
+                self.rss.append(sample)
+            elif kind == "tick":
+                self.ticks[inc] = msg
+            elif kind == "trip":
+                self.trips += 1
+            elif kind == "done":
+                self.done.add(inc)
+            elif kind == "hold":
+                self.holds.append(float(msg["ms"]))
+            elif kind == "busy_miss":
+                self.busy_misses += 1
+            elif kind == "error":
+                self.errors[_error_reason(str(msg["e"]))] += 1
+
+    def total(self, name: str) -> int:
+        """A counter summed over every workload run's last tick."""
+        with self.lock:
+            return sum(int(tick.get(name, 0)) for tick in self.ticks.values())
+
+
+def pump(stream: IO[bytes], inc: int, live: Live, ready: threading.Event) -> None:
+    """Read a child's JSON lines until it exits (a line cut by SIGKILL is dropped)."""
+    for raw in iter(stream.readline, b""):
+        if not raw.endswith(b"\n"):
+            break
+        try:
+            msg = json.loads(raw)
+        except ValueError:
+            with live.lock:
+                live.bad_lines += 1
+            continue
+        live.handle(inc, msg)
+        if msg.get("t") == "ready":
+            ready.set()
+
+
+class Process:
+    """A child process of the soak and the thread reading its stdout."""
+
+    def __init__(self, argv: list[str], inc: int, live: Live, stderr_path: Path) -> None:
+        self.stderr_path = stderr_path
+        with stderr_path.open("ab") as err:
+            err.write(f"--- run {inc}: {' '.join(argv[3:])}\n".encode())
+            err.flush()
+            self.stderr_from = err.tell()
+            self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err)
+        assert self.proc.stdout is not None
+        self.ready = threading.Event()
+        self.reader = threading.Thread(
+            target=pump, args=(self.proc.stdout, inc, live, self.ready), daemon=True
+        )
+        self.reader.start()
+
+    def wait_ready(self, timeout: float) -> bool:
+        """Wait until the process says READY; False if it exits first or takes too long."""
+        deadline = time.monotonic() + timeout
+        while not self.ready.wait(0.05):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                return self.ready.is_set()
+        return True
+
+    def last_error(self) -> str:
+        """The last line this process wrote to stderr (its exception, when it crashed)."""
+        with self.stderr_path.open("rb") as err:
+            err.seek(self.stderr_from)
+            lines = [line.strip() for line in err.read().decode(errors="replace").splitlines()]
+        return next((line for line in reversed(lines) if line), "nothing on stderr")
+
+    def kill(self) -> None:
+        """SIGKILL the process if it still runs, reap it, close its stdout."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+        self.reader.join(timeout=10)
+        assert self.proc.stdout is not None
+        self.proc.stdout.close()
+
+
+@dataclass
+class RunLog:
+    """What happened to the workload processes."""
+
+    runs: int = 0
+    kills: list[float] = field(default_factory=list)  # seconds into the soak
+    downtime_s: float = 0.0
+    problems: list[str] = field(default_factory=list)
+    failed_starts: list[str] = field(default_factory=list)  # exited before READY
+    work_s: float = 0.0
+
+
+def child_argv(args: argparse.Namespace, state_dir: Path, inc: int, until: float) -> list[str]:
+    """The command line of workload run `inc`."""
+    argv = [sys.executable, "-m", "activememory.simulations.soak", "--child"]
+    argv += ["--state-dir", str(state_dir), "--incarnation", str(inc), "--until", repr(until)]
+    argv += ["--sessions", str(args.sessions), "--append-rate", str(args.append_rate)]
+    argv += ["--recall-rate", str(args.recall_rate), "--seed", str(args.seed)]
+    argv += ["--timeout-ms", str(args.timeout_ms), "--faults" if args.faults else "--no-faults"]
+    return argv + (["--fsync-acks"] if args.fsync_acks else [])
+
+
+class Progress:
+    """The one-line live display on stderr (a line every 10 s when stderr is not a tty)."""
+
+    def __init__(self, enabled: bool, duration: float, bound_ms: float) -> None:
+        self.enabled = enabled
+        self.duration = duration
+        self.bound_ms = bound_ms
+        self.tty = sys.stderr.isatty()
+        self.last = 0.0
+
+    def show(self, live: Live, runs: RunLog, *, force: bool = False) -> None:
+        """Print the line if it is time to (or `force`)."""
+        if not self.enabled:
+            return
+        now = time.monotonic() - live.started
+        if not force and now - self.last < (1.0 if self.tty else 10.0):
+            return
+        self.last = now
+        with live.lock:
+            walls = sorted(float(r["wall"]) for r in live.recalls if r["op"] == "recall")
+            timeouts = sum(1 for r in live.recalls if r["st"] == "timeout" and not r.get("cb"))
+            rss = live.rss[-1].kib / 1024 if live.rss else 0.0
+            trips = live.trips
+        acked = live.total("acked")
+        p99 = percentile(walls, 99) if walls else 0.0
+        line = (
+            f"soak {now:5.0f}/{self.duration:.0f}s  acked {acked} ({acked / max(now, 1e-9):.1f}/s)"
+            f"  recalls {live.total('recalls')}  p99 {p99:.0f}ms (bound {self.bound_ms:.0f})"
+            f"  timeouts {timeouts}  trips {trips}  kills {len(runs.kills)}"
+            f"  rejected {live.total('rejected')}  RSS {rss:.0f} MiB"
+        )
+        if self.tty:
+            sys.stderr.write("\r" + line + "\x1b[K")
+        else:
+            sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+
+    def close(self) -> None:
+        """End the live line."""
+        if self.enabled and self.tty:
+            sys.stderr.write("\n")
+            sys.stderr.flush()
+
+
+def drive(args: argparse.Namespace, state_dir: Path, live: Live) -> RunLog:
+    """Run the workload (killing and restarting it) and the busy writer until the end."""
+    rng = random.Random(f"{args.seed}:kills")
+    log = RunLog()
+    bound_ms = args.timeout_ms + PREFLIGHT_AND_FINALIZE_MS
+    progress = Progress(args.progress, args.duration, bound_ms)
+    begin = time.monotonic()
+    until = time.time() + args.duration
+    kill_low, kill_high = args.kill_every
+    next_kill = begin + rng.uniform(kill_low, kill_high) if args.faults else float("inf")
+    busy: Process | None = None
+    child: Process | None = None
+    killed_at: float | None = None
+    try:
+        if args.faults:
+            argv = [sys.executable, "-m", "activememory.simulations.soak", "--busy-writer"]
+            argv += ["--state-dir", str(state_dir), "--seed", str(args.seed)]
+            busy = Process(argv, -1, live, state_dir / BUSY_ERR)
+        while True:
+            inc = log.runs
+            if inc > 0 and time.time() >= until - 0.5:
+                break  # no time left for another run
+            child = Process(
+                child_argv(args, state_dir, inc, until), inc, live, state_dir / CHILD_ERR
+            )
+            log.runs += 1
+            if not child.wait_ready(READY_TIMEOUT_S):
+                child.kill()
+                if child.proc.returncode == -signal.SIGKILL:  # still starting: hung
+                    log.problems.append(f"workload run {inc} not ready in {READY_TIMEOUT_S:.0f} s")
+                    break
+                log.failed_starts.append(f"run {inc}: {child.last_error()}")
+                if len(log.failed_starts) >= MAX_FAILED_STARTS:
+                    log.problems.append(f"{MAX_FAILED_STARTS} workload runs failed to start")
+                    break
+                continue  # start it again, as a host's supervisor would
+            if killed_at is not None:
+                log.downtime_s += time.monotonic() - killed_at
+                killed_at = None
+            killed = False
+            while child.proc.poll() is None:
+                now = time.monotonic()
+                if now >= next_kill and time.time() < until - max(args.steady, KILL_MARGIN_S):
+                    child.kill()
+                    killed, killed_at = True, time.monotonic()
+                    log.kills.append(killed_at - begin)
+                    next_kill = killed_at + rng.uniform(kill_low, kill_high)
+                    break
+                if time.time() > until + DRAIN_TIMEOUT_S:
+                    log.problems.append(
+                        f"workload run {inc} still running {DRAIN_TIMEOUT_S:.0f} s after the end"
+                    )
+                    child.kill()
+                    break
+                progress.show(live, log)
+                time.sleep(0.05)
+            if killed:
+                continue
+            child.kill()  # reaps it and joins its reader
+            code = child.proc.returncode
+            if code != 0:
+                log.problems.append(
+                    f"workload run {inc} exited with status {code}: {child.last_error()}"
+                )
+                continue  # restart it, as after a kill
+            if inc not in live.done:
+                log.problems.append(f"workload run {inc} exited without finishing")
+            break
+        log.work_s = time.monotonic() - begin
+    finally:
+        if child is not None:
+            child.kill()
+        if busy is not None:
+            busy.kill()
+        progress.show(live, log, force=True)
+        progress.close()
+    return log
+
+
+# -- verification -------------------------------------------------------------------------
+
+
+@dataclass
+class Op:
+    """One operation of a session, as the ack log tells it."""
+
+    kind: Literal["append", "rewind"]
+    state: Literal["acked", "rejected", "in_flight"]
+    marker: str | None = None
+    text: str | None = None  # the index text the message must get
+    event_id: int | None = None
+    parent: int | None = None
+    check_parent: bool = False
+    to: int | None = None
+    by_reply: bool = False
+
+
+@dataclass
+class AckedOps:
+    """The ack log read back: each session's operations, in order."""
+
+    sessions: dict[str, list[Op]] = field(default_factory=lambda: defaultdict(list))
+    rejected_markers: dict[str, str] = field(default_factory=dict)  # marker -> session
+    bad_lines: int = 0
+    runs: int = 0
+    unresolved_at_clean_exit: int = 0
+    rejections: Counter[str] = field(default_factory=Counter)
+
+    def replies_acked(self) -> int:
+        """Messages `mem.reply` stored and acknowledged."""
+        return sum(
+            1 for ops in self.sessions.values() for op in ops if op.by_reply and op.state == "acked"
+        )
+
+    def count(self, kind: str, state: str) -> int:
+        """Operations of `kind` in `state`, over every session."""
+        return sum(
+            1
+            for ops in self.sessions.values()
+            for op in ops
+            if (op.kind, op.state) == (kind, state)
+        )
+
+
+def read_ack_log(path: Path) -> AckedOps:
+    """Parse the ack log; an intent with no answer before the next run was in flight."""
+    out = AckedOps()
+    pending: dict[str, dict[str, Any]] = {}
+
+    def settle_in_flight() -> None:
+        for key, intent in pending.items():
+            for marker, text in _intent_messages(intent):
+                out.sessions[key].append(Op("append", "in_flight", marker=marker, text=text))
+            if intent["op"] == "w":
+                out.sessions[key].append(Op("rewind", "in_flight", to=int(intent["to"])))
+        pending.clear()
+
+    with path.open("rb") as lines:
+        for raw in lines:
+            if not raw.strip():
+                continue
+            try:
+                rec = json.loads(raw)
+            except ValueError:
+                out.bad_lines += 1
+                continue
+            kind, key = rec["k"], rec.get("s", "")
+            if kind == "start":
+                settle_in_flight()
+                out.runs += 1
+            elif kind == "i":
+                if key in pending:  # cannot happen: one operation per session at a time
+                    settle_in_flight()
+                pending[key] = rec
+            elif kind == "x":
+                intent = pending.pop(key)
+                error = str(rec["e"])
+                out.rejections[error.split(":")[0] + ": " + _error_reason(error)] += 1
+                for marker, text in _intent_messages(intent):
+                    out.sessions[key].append(Op("append", "rejected", marker=marker, text=text))
+                    out.rejected_markers[marker] = key
+                if intent["op"] == "w":
+                    out.sessions[key].append(Op("rewind", "rejected", to=int(intent["to"])))
+            elif kind == "a":
+                intent = pending.pop(key)
+                out.sessions[key].append(
+                    Op(
+                        "append",
+                        "acked",
+                        marker=rec["m"],
+                        text=intent["x"],
+                        event_id=int(rec["id"]),
+                        parent=rec["p"],
+                        check_parent=True,
+                    )
+                )
+            elif kind == "w":
+                pending.pop(key)
+                out.sessions[key].append(Op("rewind", "acked", to=int(rec["to"])))
+            elif kind == "r":
+                intent = pending.pop(key)
+                for event_id, marker, text in zip(
+                    (rec["u"], rec["a"]), intent["m"], intent["x"], strict=True
+                ):
+                    state: Literal["acked", "rejected"] = (
+                        "rejected" if event_id is None else "acked"
+                    )
+                    out.sessions[key].append(
+                        Op("append", state, marker, text, event_id=event_id, by_reply=True)
+                    )
+                    if event_id is None:
+                        out.rejected_markers[marker] = key
+                for problem in rec["e"]:
+                    out.rejections[f"reply: {_error_reason(str(problem))}"] += 1
+    out.unresolved_at_clean_exit = len(pending)
+    settle_in_flight()
+    return out
+
+
+def _intent_messages(intent: Mapping[str, Any]) -> list[tuple[str, str | None]]:
+    if intent["op"] == "a":
+        return [(intent["m"], intent["x"])]
+    if intent["op"] == "r":
+        return list(zip(intent["m"], intent["x"], strict=True))
+    return []
+
+
+def _error_reason(error: str) -> str:
+    # Paths and ids vary; the reason after the last ": " is what to group by.
+    return error.rsplit(": ", 1)[-1][:120]
+
+
+@dataclass(frozen=True)
+class StoredEvent:
+    event_id: int
+    session_id: int
+    parent_id: int | None
+    seq: int
+    kind: str
+    marker: str | None
+    to: int | None
+    text: str | None
+
+
+@dataclass
+class Snapshot:
+    """One read of the agent database behind the library's back."""
+
+    sessions: dict[str, tuple[int, bool]]  # key -> (id, dirty)
+    events: dict[int, StoredEvent]
+    by_session: dict[int, list[StoredEvent]]
+    fts: dict[int, dict[str, list[str]]]  # rowid -> column -> tokens, in document order
+
+
+def read_snapshot(path: Path) -> Snapshot:
+    """Sessions, events and indexed tokens of an agent database, in one read."""
+    conn = apsw.Connection(str(path), flags=apsw.SQLITE_OPEN_READWRITE)
+    try:
+        conn.set_busy_timeout(5000)
+        with conn:  # one read transaction
+            sessions = {
+                str(key): (int(sid), bool(dirty))
+                for key, sid, dirty in conn.execute("SELECT key, id, dirty FROM sessions")
+            }
+            events: dict[int, StoredEvent] = {}
+            by_session: dict[int, list[StoredEvent]] = defaultdict(list)
+            rows = conn.execute(
+                "SELECT id, session_id, parent_id, seq, kind, content, text FROM events"
+                " ORDER BY session_id, seq"
+            )
+            for event_id, sid, parent, seq, kind, content, text in rows:
+                raw = bytes(content or b"").decode()
+                marker = to = None
+                if kind == "rewind":
+                    to = int(json.loads(raw))
+                elif found := MARKER.search(raw):
+                    marker = found.group(0)
+                event = StoredEvent(event_id, sid, parent, seq, kind, marker, to, text)
+                events[event_id] = event
+                by_session[sid].append(event)
+            fts = indexed_tokens(conn)
+    finally:
+        conn.close()
+    return Snapshot(sessions=sessions, events=events, by_session=by_session, fts=fts)
+
+
+def indexed_tokens(conn: apsw.Connection) -> dict[int, dict[str, list[str]]]:
+    """rowid -> column -> the tokens the FTS index holds, in document order."""
+    conn.execute(
+        "CREATE VIRTUAL TABLE IF NOT EXISTS temp.soak_vocab"
+        " USING fts5vocab('main', 'message_fts', 'instance')"
+    )
+    found: dict[int, dict[str, list[tuple[int, str]]]] = defaultdict(lambda: defaultdict(list))
+    for term, doc, col, offset in conn.execute(
+        "SELECT term, doc, col, offset FROM temp.soak_vocab"
+    ):
+        found[int(doc)][str(col)].append((int(offset), str(term)))
+    rowids = [int(r) for (r,) in conn.execute("SELECT rowid FROM message_fts")]
+    return {
+        rowid: {col: [t for _, t in sorted(terms)] for col, terms in found.get(rowid, {}).items()}
+        for rowid in rowids
+    }
+
+
+class Tokenizer:
+    """The index's tokenizer, to compute what a row must hold."""
+
+    def __init__(self) -> None:
+        self._conn = apsw.Connection(":memory:")
+        name, *options = TOKENIZE.split()
+        self._tokenize = self._conn.fts5_tokenizer(name, options)
+
+    def tokens(self, text: str | None) -> list[str]:
+        """The tokens the index holds for one column value."""
+        if not text:
+            return []
+        found = self._tokenize(text.encode("utf-8"), apsw.FTS5_TOKENIZE_DOCUMENT, None)
+        # (start, end, token) each: offsets on, and this tokenizer has no colocated tokens.
+        return [token for _, _, token in cast(list[tuple[int, int, str]], found)]
+
+    def row(self, event_id: int, text: str, previous: str | None) -> dict[str, list[str]]:
+        """column -> tokens of a message's index row (`previous`: the text before it)."""
+        _, words, grams, context = index_row(event_id, text, previous)
+        columns = {"words": words, "grams": grams, "context": context}
+        return {col: toks for col, value in columns.items() if (toks := self.tokens(value))}
+
+
+def expected_index(
+    branches: Mapping[str, list[int]], snap: Snapshot, tokenizer: Tokenizer
+) -> dict[str, dict[int, dict[str, list[str]]]]:
+    """Per session: rowid -> column -> tokens, for the active-branch messages with text."""
+    out: dict[str, dict[int, dict[str, list[str]]]] = {}
+    for key, branch in branches.items():
+        rows: dict[int, dict[str, list[str]]] = {}
+        previous: str | None = None
+        for event_id in branch:
+            text = snap.events[event_id].text
+            if text is not None:
+                rows[event_id] = tokenizer.row(event_id, text, previous)
+                previous = text
+        out[key] = rows
+    return out
+
+
+def compare_index(
+    snap: Snapshot,
+    expected: Mapping[str, dict[int, dict[str, list[str]]]],
+    *,
+    clean_only: bool,
+) -> tuple[list[str], int]:
+    """Differences between the index and the expected rows; and how many rows were compared."""
+    problems: list[str] = []
+    compared = 0
+    owner = {e.event_id: e.session_id for e in snap.events.values()}
+    for rowid in snap.fts:
+        if rowid not in owner:
+            problems.append(f"index row {rowid} has no event")
+    for key, rows in expected.items():
+        sid, dirty = snap.sessions[key]
+        if clean_only and dirty:
+            continue
+        held = {r for r in snap.fts if owner.get(r) == sid}
+        for rowid in sorted(held - rows.keys())[:3]:
+            problems.append(f"{key}: index row {rowid} is not an active-branch message")
+        for rowid in sorted(rows.keys() - held)[:3]:
+            problems.append(f"{key}: active-branch message {rowid} is not indexed")
+        for rowid in sorted(rows.keys() & held):
+            compared += 1
+            if snap.fts[rowid] != rows[rowid]:
+                problems.append(
+                    f"{key}: row {rowid} holds {snap.fts[rowid]}, expected {rows[rowid]}"
+                )
+    return problems, compared
+
+
+@dataclass
+class Verification:
+    """The outcome of the end-of-run checks (a) and (b), with what they counted."""
+
+    lost: list[str] = field(default_factory=list)  # check (a)
+    index: list[str] = field(default_factory=list)  # check (b)
+    counts: dict[str, int] = field(default_factory=dict)
+
+
+def replay_session(
+    key: str, ops: list[Op], events: list[StoredEvent], snap: Snapshot, problems: list[str]
+) -> tuple[list[int], Counter[str]]:
+    """Match the session's stored operations with its logged ones; return the branch."""
+    counts: Counter[str] = Counter()
+    branch: list[int] = []
+    j = 0
+
+    def path_to(event_id: int) -> list[int]:
+        path: list[int] = []
+        at: int | None = event_id
+        while at is not None:
+            path.append(at)
+            at = snap.events[at].parent_id
+        return path[::-1]
+
+    def matches(op: Op, event: StoredEvent) -> bool:
+        if op.kind == "append":
+            return event.kind == "message" and event.marker == op.marker
+        return event.kind == "rewind" and event.to == op.to
+
+    for event in events:
+        while j < len(ops):
+            op = ops[j]
+            if op.state == "rejected":
+                j += 1
+                continue
+            if matches(op, event):
+                j += 1
+                counts["acked" if op.state == "acked" else "unacked_commits"] += 1
+                if op.kind == "append":
+                    if op.state == "acked" and op.event_id != event.event_id:
+                        problems.append(
+                            f"{key}: message {op.marker} acknowledged as event {op.event_id}, "
+                            f"stored as {event.event_id}"
+                        )
+                    if event.text != op.text:
+                        problems.append(
+                            f"{key}: event {event.event_id} has index text {event.text!r}, "
+                            f"expected {op.text!r}"
+                        )
+                    leaf = branch[-1] if branch else None
+                    if event.parent_id != leaf or (op.check_parent and op.parent != leaf):
+                        problems.append(
+                            f"{key}: event {event.event_id} appended under {event.parent_id} "
+                            f"(acknowledged under {op.parent}), the leaf was {leaf}"
+                        )
+                    branch.append(event.event_id)
+                else:
+                    assert event.to is not None
+                    branch = path_to(event.to)
+                break
+            if op.state == "in_flight":  # it did not commit
+                j += 1
+                continue
+            if op.kind == "rewind" and branch and branch[-1] == op.to:
+                j += 1  # a rewind to the leaf writes nothing
+                continue
+            problems.append(
+                f"{key}: stored event {event.event_id} (seq {event.seq}, {event.kind} "
+                f"{event.marker or event.to}) where the acknowledged {op.kind} "
+                f"{op.marker or op.to} was expected"
+            )
+            return branch, counts
+        else:
+            problems.append(
+                f"{key}: stored event {event.event_id} ({event.kind} {event.marker or event.to})"
+                " matches no operation of the ack log"
+            )
+            return branch, counts
+    for op in ops[j:]:
+        if op.state != "acked":
+            continue
+        if op.kind == "rewind" and branch and branch[-1] == op.to:
+            continue
+        what = f"message {op.marker} (event {op.event_id})" if op.kind == "append" else "rewind"
+        problems.append(f"{key}: acknowledged {what} is not in the store: LOST")
+    return branch, counts
+
+
+async def verify(state_dir: Path, acked: AckedOps) -> Verification:
+    """Checks (a) and (b): open the state directory and compare it with the ack log."""
+    result = Verification()
+    path = agent_db_path(state_dir, AGENT)
+    tokenizer = Tokenizer()
+    counts: Counter[str] = Counter()
+    async with am.open_memory(state_dir) as mem:
+        for stats in await mem.sessions.stats():
+            if not stats.fts_integrity_ok:
+                result.index.append(f"{stats.agent}: FTS5 integrity check failed on reopening")
+        snap = read_snapshot(path)
+        histories = {key: [e.id for e in await mem.sessions.history(key)] for key in snap.sessions}
+        # (a) every session's stored operations against the ack log.
+        markers: dict[str, int] = {}
+        for event in snap.events.values():
+            if event.marker is not None:
+                if event.marker in markers:
+                    result.lost.append(
+                        f"message {event.marker} stored twice: events {markers[event.marker]} "
+                        f"and {event.event_id}"
+                    )
+                markers[event.marker] = event.event_id
+        for marker, key in acked.rejected_markers.items():
+            if marker in markers:
+                result.lost.append(
+                    f"{key}: message {marker} was rejected but is stored (event {markers[marker]})"
+                )
+        branches: dict[str, list[int]] = {}
+        for key in sorted(set(snap.sessions) | set(acked.sessions)):
+            ops = acked.sessions.get(key, [])
+            if key not in snap.sessions:
+                if any(op.state == "acked" for op in ops):
+                    result.lost.append(f"{key}: acknowledged session is not in the store: LOST")
+                continue
+            sid, _ = snap.sessions[key]
+            branch, session_counts = replay_session(
+                key, ops, snap.by_session.get(sid, []), snap, result.lost
+            )
+            counts.update(session_counts)
+            branches[key] = branch
+            if histories[key] != branch:
+                result.lost.append(
+                    f"{key}: history() is {histories[key][-5:]} (last 5), the operations give "
+                    f"{branch[-5:]}"
+                )
+            on_branch = set(branch)
+            for op in ops:
+                if op.state == "acked" and op.kind == "append":
+                    counts[
+                        "acked_on_branch" if op.event_id in on_branch else "acked_rewound_off"
+                    ] += 1
+        counts["dirty_before_rebuild"] = sum(dirty for _, dirty in snap.sessions.values())
+        # (b) the index as the workload left it: clean sessions must be exact.
+        expected = expected_index(branches, snap, tokenizer)
+        problems, compared = compare_index(snap, expected, clean_only=True)
+        result.index += [f"as left: {p}" for p in problems]
+        counts["rows_compared_as_left"] = compared
+        # ... and after rebuild_index(), every session, with nothing else in the index.
+        await mem.sessions.rebuild_index()
+        for stats in await mem.sessions.stats():
+            if not stats.fts_integrity_ok:
+                result.index.append(f"{stats.agent}: FTS5 integrity check failed after rebuild")
+            if stats.dirty_sessions or stats.indexed_messages != stats.active_messages:
+                result.index.append(f"{stats.agent}: after rebuild_index(): {stats}")
+    after = read_snapshot(path)  # the memory is closed: a fresh connection
+    if {e: (ev.text, ev.parent_id) for e, ev in after.events.items()} != {
+        e: (ev.text, ev.parent_id) for e, ev in snap.events.items()
+    }:
+        result.index.append("rebuild_index() changed stored events")
+    problems, compared = compare_index(after, expected, clean_only=False)
+    result.index += [f"after rebuild: {p}" for p in problems]
+    counts["rows_compared_after_rebuild"] = compared
+    counts["index_rows"] = len(after.fts)
+    counts["sessions"] = len(after.sessions)
+    counts["events"] = len(after.events)
+    counts["active_messages"] = sum(len(b) for b in branches.values())
+    result.counts = dict(counts)
+    return result
+
+
+# -- the report ---------------------------------------------------------------------------
+
+
+def percentile(sorted_values: Sequence[float], pct: float) -> float:
+    """Nearest-rank percentile of already sorted values."""
+    if not sorted_values:
+        return 0.0
+    rank = max(1, -(-len(sorted_values) * pct // 100))
+    return float(sorted_values[int(rank) - 1])
+
+
+def latency(values: Sequence[float]) -> dict[str, float]:
+    """count, p50, p99 and max of `values`."""
+    ordered = sorted(values)
+    return {
+        "count": len(ordered),
+        "p50": round(percentile(ordered, 50), 1),
+        "p99": round(percentile(ordered, 99), 1),
+        "max": round(ordered[-1], 1) if ordered else 0.0,
+    }
+
+
+def growth(samples: Sequence[int]) -> float | None:
+    """Median of the last 20% over the median of the first 20%, minus one."""
+    if len(samples) < RSS_MIN_SAMPLES:
+        return None
+    fifth = max(1, len(samples) // 5)
+    first, last = statistics.median(samples[:fifth]), statistics.median(samples[-fifth:])
+    return round(last / first - 1, 4)
+
+
+def rss_report(rss: Sequence[RssSample], warmup_s: float) -> dict[str, Any]:
+    """RSS over the soak, and its growth in the last (kill-free) run after its warm-up.
+
+    A kill starts a fresh process and so resets RSS: only a run that lives well past its
+    warm-up (bounded caches filling: SQLite page caches, the recall cache) can show a leak.
+    """
+    ordered = sorted(rss, key=lambda sample: sample.at_s)
+    last_run = max((sample.run for sample in ordered), default=0)
+    final = [sample for sample in ordered if sample.run == last_run]
+    warm = [sample for sample in final if sample.age_s >= warmup_s]
+    fifth = max(1, len(warm) // 5)
+
+    def median_mib(values: Iterable[int]) -> float | None:
+        found = list(values)
+        return _mib(statistics.median(found)) if found else None
+
+    picks = [ordered[round(i * (len(ordered) - 1) / 11)] for i in range(12)] if ordered else []
+    return {
+        "warmup_s": warmup_s,
+        "samples": len(ordered),
+        "final_run": last_run,
+        "final_run_s": round(final[-1].age_s, 1) if final else 0.0,
+        "judged_samples": len(warm),
+        "growth": growth([sample.kib for sample in warm]),
+        "first_mib": median_mib(x.kib for x in warm[:fifth]),
+        "last_mib": median_mib(x.kib for x in warm[-fifth:]),
+        "sqlite_first_mib": median_mib(x.sqlite_kib for x in warm[:fifth]),
+        "sqlite_last_mib": median_mib(x.sqlite_kib for x in warm[-fifth:]),
+        "over_time": [
+            {
+                "t_s": round(x.at_s, 1),
+                "run": x.run,
+                "age_s": round(x.age_s, 1),
+                "mib": _mib(x.kib),
+                "sqlite_mib": _mib(x.sqlite_kib),
+            }
+            for x in picks
+        ],
+        "peak_mib": _mib(max((x.kib for x in ordered), default=0)),
+    }
+
+
+def _mib(kib: float) -> float:
+    return round(kib / 1024, 1)
+
+
+def reasons(recalls: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, int]]:
+    """Per status other than ok: the most common reasons the outcomes gave."""
+    found: dict[str, Counter[str]] = defaultdict(Counter)
+    for r in recalls:
+        if r["st"] != "ok":
+            found[str(r["st"])][str(r.get("why") or "-")] += 1
+    return {status: dict(why.most_common(3)) for status, why in found.items()}
+
+
+def by_run(recalls: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Per workload run: when it started, its recalls, and how many were not ok."""
+    runs: dict[int, dict[str, Any]] = {}
+    for r in recalls:
+        run = runs.setdefault(int(r["inc"]), {"run": int(r["inc"]), "from_s": r["at"]})
+        run["recalls"] = run.get("recalls", 0) + 1
+        if r["st"] != "ok":
+            run[str(r["st"])] = run.get(str(r["st"]), 0) + 1
+    return [{**run, "from_s": round(run["from_s"])} for _, run in sorted(runs.items())]
+
+
+def check(name: str, title: str, status: Status, detail: str) -> dict[str, str]:
+    """One PASS/FAIL/SKIP line of the report."""
+    return {"name": name, "title": title, "result": status, "detail": detail}
+
+
+def build_report(
+    args: argparse.Namespace,
+    state_dir: Path,
+    live: Live,
+    runs: RunLog,
+    acked: AckedOps,
+    verified: Verification,
+    *,
+    kept: bool,
+) -> dict[str, Any]:
+    """Everything measured and the verdict of each check."""
+    bound_ms = args.timeout_ms + PREFLIGHT_AND_FINALIZE_MS
+    recalls = list(live.recalls)
+    plain = [r for r in recalls if r["op"] == "recall"]
+    replies = [r for r in recalls if r["op"] == "reply"]
+    statuses = Counter(str(r["st"]) + (" (breaker open)" if r.get("cb") else "") for r in recalls)
+    raised = [r for r in recalls if str(r["st"]).startswith("raised")]
+    over = [r for r in plain if float(r["wall"]) > bound_ms]
+    over += [r for r in replies if "el" in r and float(r["el"]) > bound_ms]
+    work_s = max(runs.work_s, 1e-9)
+    appends = acked.count("append", "acked")
+    behaviours: Counter[str] = Counter()
+    for tick in live.ticks.values():
+        behaviours.update(tick.get("behaviours", {}))
+    leaks = live.total("leaks")
+    rss = rss_report(live.rss, args.warmup)
+    checks = []
+    a_detail = (
+        f"{appends} acknowledged messages and {acked.count('rewind', 'acked')} rewinds all "
+        f"stored in order; {verified.counts.get('acked_on_branch', 0)} on the active branch, "
+        f"{verified.counts.get('acked_rewound_off', 0)} rewound off; "
+        f"{verified.counts.get('unacked_commits', 0)} in-flight operations committed unacked"
+    )
+    checks.append(
+        check(
+            "a",
+            "nothing acknowledged lost; active branches as the operations made them",
+            "FAIL" if verified.lost else "PASS",
+            "; ".join(verified.lost[:8]) if verified.lost else a_detail,
+        )
+    )
+    b_detail = (
+        f"{verified.counts.get('rows_compared_as_left', 0)} rows exact as left "
+        f"({verified.counts.get('dirty_before_rebuild', 0)} dirty sessions skipped), "
+        f"{verified.counts.get('rows_compared_after_rebuild', 0)} rows exact after "
+        f"rebuild_index(), no stray rows, integrity-check ok"
+    )
+    checks.append(
+        check(
+            "b",
+            "FTS index equals the active branches",
+            "FAIL" if verified.index else "PASS",
+            "; ".join(verified.index[:8]) if verified.index else b_detail,
+        )
+    )
+    worst = max([float(r["wall"]) for r in plain] + [float(r.get("el", 0)) for r in replies] + [0])
+    c_fail = bool(over or raised)
+    c_detail = (
+        f"{len(over)} over the bound, {len(raised)} raised"
+        if c_fail
+        else f"all {len(recalls)} within {bound_ms} ms (worst {worst:.0f} ms), none raised"
+    )
+    checks.append(
+        check(
+            "c",
+            f"every recall within timeoutMs + 3000 = {bound_ms} ms",
+            "FAIL" if c_fail else "PASS",
+            c_detail,
+        )
+    )
+    g = rss["growth"]
+    if g is None:
+        d_status: Status = "SKIP"
+        d_detail = (
+            f"the last run lived {rss['final_run_s']:.0f} s: {rss['judged_samples']} samples "
+            f"after its {rss['warmup_s']:g} s warm-up (need {RSS_MIN_SAMPLES})"
+        )
+    else:
+        d_status = "FAIL" if g > RSS_GROWTH_MAX else "PASS"
+        d_detail = (
+            f"last run ({rss['final_run_s']:.0f} s, no kills), after its {rss['warmup_s']:g} s "
+            f"warm-up: median {rss['first_mib']} -> {rss['last_mib']} MiB ({g:+.1%}); "
+            f"SQLite heap {rss['sqlite_first_mib']} -> {rss['sqlite_last_mib']} MiB"
+        )
+    checks.append(
+        check("d", f"RSS growth after warm-up <= {RSS_GROWTH_MAX:.0%}", d_status, d_detail)
+    )
+    checks.append(
+        check(
+            "e",
+            "no group message reached a recall",
+            "FAIL" if leaks else "PASS",
+            f"{leaks} recall runs saw group text"
+            if leaks
+            else f"{sum(behaviours.values())} recall runs scanned",
+        )
+    )
+    if (
+        runs.problems
+        or runs.failed_starts
+        or acked.bad_lines > len(runs.kills)
+        or acked.unresolved_at_clean_exit
+        or live.errors
+    ):
+        problems = list(runs.problems)
+        problems += [f"{n} operations failed: {why}" for why, n in live.errors.items()]
+        problems += [f"failed to start: {why}" for why in runs.failed_starts]
+        if acked.bad_lines > len(runs.kills):
+            problems.append(f"{acked.bad_lines} unreadable ack-log lines, {len(runs.kills)} kills")
+        if acked.unresolved_at_clean_exit:
+            problems.append(f"{acked.unresolved_at_clean_exit} operations unanswered at clean exit")
+        checks.append(check("run", "the workload ran as planned", "FAIL", "; ".join(problems)))
+    rejected = sum(acked.rejections.values())
+    return {
+        "soak": {
+            "sessions": args.sessions,
+            "groups": len(session_keys(args.sessions)[1]),
+            "append_rate": args.append_rate,
+            "recall_rate": args.recall_rate,
+            "duration_s": args.duration,
+            "faults": args.faults,
+            "seed": args.seed,
+            "timeout_ms": args.timeout_ms,
+            "bound_ms": bound_ms,
+            "kill_every_s": list(args.kill_every) if args.faults else None,
+            "steady_s": args.steady,
+            "warmup_s": args.warmup,
+        },
+        "run": {
+            "wall_s": round(runs.work_s, 1),
+            "workload_runs": runs.runs,
+            "kills": len(runs.kills),
+            "kill_times_s": [round(t, 1) for t in runs.kills],
+            "restarts": max(0, runs.runs - 1),
+            "failed_starts": runs.failed_starts,
+            "downtime_s": round(runs.downtime_s, 1),
+            "late_starts": live.total("late"),
+            "problems": runs.problems,
+        },
+        "throughput": {
+            "messages_acked": appends,
+            "messages_acked_per_s": round(appends / work_s, 1),
+            "reply_messages_acked": acked.replies_acked(),
+            "rewinds_acked": acked.count("rewind", "acked"),
+            "rejected": rejected,
+            "rejected_reasons": dict(acked.rejections.most_common(5)),
+            "recalls": len(recalls),
+            "recalls_per_s": round(len(recalls) / work_s, 1),
+        },
+        "recall": {
+            "recall_wall_ms": latency([float(r["wall"]) for r in plain]),
+            "reply_recall_step_ms": latency([float(r["el"]) for r in replies if "el" in r]),
+            "reply_wall_ms": latency([float(r["wall"]) for r in replies]),
+            "statuses": dict(statuses.most_common()),
+            "reasons": reasons(recalls),
+            "by_run": by_run(recalls),
+            "timeouts": sum(
+                1 for r in recalls if r["st"] in ("timeout", "timeout_partial") and not r.get("cb")
+            ),
+            "breaker_skips": sum(1 for r in recalls if r.get("cb")),
+            "breaker_trips": live.trips,
+            "cached": sum(1 for r in recalls if r.get("cached")),
+            "model_behaviours": dict(behaviours.most_common()),
+        },
+        "faults": {
+            "kills": len(runs.kills),
+            "busy_writer_holds": len(live.holds),
+            "busy_writer_held_s": round(sum(live.holds) / 1000, 1),
+            "busy_writer_missed": live.busy_misses,
+        },
+        "rss": rss,
+        "verify": verified.counts,
+        "checks": checks,
+        "ok": all(c["result"] != "FAIL" for c in checks),
+        "environment": {
+            "python": platform.python_version(),
+            "sqlite": apsw.sqlite_lib_version(),
+            "cpus": os.cpu_count(),
+            "state_dir": str(state_dir),
+            "state_dir_kept": kept,
+        },
+    }
+
+
+def format_report(report: dict[str, Any]) -> str:
+    """The report for a person."""
+    s, r, t, rc, f, rss = (
+        report[k] for k in ("soak", "run", "throughput", "recall", "faults", "rss")
+    )
+
+    def lat(name: str, p: dict[str, float]) -> str:
+        return f"    {name:<26} {p['p50']:>8.1f} {p['p99']:>8.1f} {p['max']:>8.1f}   ({p['count']} runs)"
+
+    lines = [
+        f"Load soak: {s['sessions']} private sessions + {s['groups']} groups, "
+        f"{s['append_rate']:g} appends/s, {s['recall_rate']:g} recalls/s, {s['duration_s']:g} s, "
+        f"faults {'on' if s['faults'] else 'off'}, seed {s['seed']}",
+        f"  run: {r['wall_s']:.1f} s wall, {r['workload_runs']} workload runs, {r['kills']} kill -9 "
+        f"({r['restarts']} restarts, {len(r['failed_starts'])} of them failed to start, "
+        f"{r['downtime_s']:.1f} s down), {r['late_starts']} late starts",
+        f"  throughput: {t['messages_acked']} messages acked ({t['messages_acked_per_s']:.1f}/s, "
+        f"{t['reply_messages_acked']} of them by mem.reply), {t['rewinds_acked']} rewinds, "
+        f"{t['recalls']} recalls ({t['recalls_per_s']:.1f}/s)",
+        f"  rejected appends: {t['rejected']}"
+        + "".join(f"\n    {n} x {why}" for why, n in t["rejected_reasons"].items()),
+        f"  recall latency (ms; bound {s['bound_ms']})     p50      p99      max",
+        lat("mem.recall (wall)", rc["recall_wall_ms"]),
+        lat("mem.reply recall step", rc["reply_recall_step_ms"]),
+        lat("mem.reply whole (wall)", rc["reply_wall_ms"]),
+        "  statuses: " + ", ".join(f"{k} {v}" for k, v in rc["statuses"].items()),
+        *(
+            f"    {status}: " + "; ".join(f"{n} x {why}" for why, n in why_counts.items())
+            for status, why_counts in rc["reasons"].items()
+        ),
+        "  per run (from s: recalls, no_relevant_memory): "
+        + ", ".join(
+            f"{x['run']} ({x['from_s']} s: {x['recalls']}, {x.get('no_relevant_memory', 0)})"
+            for x in rc["by_run"]
+        ),
+        f"  budget timeouts (timeout + timeout_partial) {rc['timeouts']}, breaker trips {rc['breaker_trips']}, "
+        f"skipped by the open breaker {rc['breaker_skips']}, cached {rc['cached']}",
+        "  model behaviours: " + ", ".join(f"{k} {v}" for k, v in rc["model_behaviours"].items()),
+        f"  faults: {f['kills']} kill -9, busy writer held the write lock {f['busy_writer_holds']} "
+        f"times ({f['busy_writer_held_s']:.1f} s), {f['busy_writer_missed']} times it could not get it",
+        f"  RSS: peak {rss['peak_mib']} MiB; over time (soak s / run / MiB, SQLite heap MiB): "
+        + ", ".join(
+            f"{p['t_s']:.0f}/{p['run']}/{p['mib']} ({p['sqlite_mib']})" for p in rss["over_time"]
+        ),
+        "  store: " + ", ".join(f"{k} {v}" for k, v in report["verify"].items()),
+        "",
+    ]
+    for c in report["checks"]:
+        lines.append(f"  {c['result']} ({c['name']}) {c['title']}: {c['detail']}")
+    env = report["environment"]
+    lines += [
+        "",
+        f"  environment: Python {env['python']}, SQLite {env['sqlite']}, {env['cpus']} CPUs; "
+        f"state dir {env['state_dir']}"
+        + ("" if env["state_dir_kept"] else " (temporary, removed)"),
+        "  result: " + ("PASS" if report["ok"] else "FAIL"),
+    ]
+    return "\n".join(lines)
+
+
+# -- the command --------------------------------------------------------------------------
+
+
+def _positive_int(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value!r}") from None
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value!r}")
+    return number
+
+
+def _rate(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {value!r}") from None
+    if not number >= 0 or number == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {value!r}")
+    return number
+
+
+def _seconds(value: str) -> float:
+    number = _rate(value)
+    if number <= 0:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {value!r}")
+    return number
+
+
+def _interval(value: str) -> tuple[float, float]:
+    low, sep, high = value.partition(",")
+    try:
+        pair = (float(low), float(high if sep else low))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected MIN,MAX seconds, got {value!r}") from None
+    if not 0 < pair[0] <= pair[1]:
+        raise argparse.ArgumentTypeError(f"expected 0 < MIN <= MAX seconds, got {value!r}")
+    return pair
+
+
+def _timeout_ms(value: str) -> int:
+    number = _positive_int(value)
+    if not 250 <= number <= 120000:
+        raise argparse.ArgumentTypeError(f"expected 250-120000 (timeoutMs), got {value!r}")
+    return number
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    """The command line (`sys.argv[1:]` when `argv` is None)."""
+    parser = argparse.ArgumentParser(
+        prog="activememory soak",
+        description="The load soak (SPEC §7): appends and recalls at set rates under faults "
+        "(kill -9 and restart, a busy second writer, misbehaving recall models), then checks "
+        "that nothing acknowledged was lost and the index equals the active branches.",
+    )
+    parser.add_argument("--sessions", type=_positive_int, default=200, help="private sessions")
+    parser.add_argument("--append-rate", type=_rate, default=50.0, help="messages/s overall")
+    parser.add_argument("--recall-rate", type=_rate, default=20.0, help="recalls/s overall")
+    parser.add_argument("--duration", type=_seconds, default=600.0, help="seconds")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--faults",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="misbehaving recall model, busy second writer, kill -9 of the workload (default on)",
+    )
+    parser.add_argument(
+        "--kill-every",
+        type=_interval,
+        default=(20.0, 60.0),
+        metavar="MIN,MAX",
+        help="seconds between kills, drawn uniformly (default 20,60)",
+    )
+    parser.add_argument("--timeout-ms", type=_timeout_ms, default=300, help="recall timeoutMs")
+    parser.add_argument(
+        "--steady",
+        type=_rate,
+        help="the last SECONDS run without kills, for the RSS check (default: half of --duration)",
+    )
+    parser.add_argument(
+        "--warmup",
+        type=_rate,
+        default=120.0,
+        help="seconds of the last run left out of the RSS check (default 120)",
+    )
+    parser.add_argument(
+        "--state-dir",
+        type=Path,
+        help="keep the state here (default: a temporary directory, removed afterwards)",
+    )
+    parser.add_argument("--fsync-acks", action="store_true", help="fsync each ack-log line")
+    parser.add_argument("--progress", action="store_true", help="a live progress line on stderr")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    # The soak's own processes.
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--busy-writer", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--incarnation", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--until", type=float, default=0.0, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.steady is None:
+        args.steady = args.duration / 2
+    return args
+
+
+def run(args: argparse.Namespace, state_dir: Path, *, kept: bool) -> dict[str, Any]:
+    """Run the soak in `state_dir` and verify it; return the report."""
+    if (state_dir / ACK_LOG).exists() or agent_db_path(state_dir, AGENT).exists():
+        raise am.InvalidInputError(
+            f"--state-dir: {str(state_dir)!r} already holds a soak or a memory; use an empty one"
+        )
+    live = Live()
+    runs = drive(args, state_dir, live)
+    acked = read_ack_log(state_dir / ACK_LOG)
+    verified = trio.run(verify, state_dir, acked)
+    return build_report(args, state_dir, live, runs, acked, verified, kept=kept)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the soak and print its report (or `--json`).
+
+    Returns 0 when every check passes, 1 when one fails, 2 for an unusable `--state-dir`.
+    """
+    args = parse_args(argv)
+    if args.child:
+        return trio.run(run_child, args)
+    if args.busy_writer:
+        return run_busy_writer(args)
+    try:
+        if args.state_dir is None:
+            with tempfile.TemporaryDirectory(prefix="activememory-soak-") as tmp:
+                report = run(args, Path(tmp), kept=False)
+        else:
+            try:
+                args.state_dir.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                print(f"soak: --state-dir {str(args.state_dir)!r}: {exc.strerror}", file=sys.stderr)
+                return 2
+            report = run(args, args.state_dir, kept=True)
+    except am.InvalidInputError as exc:
+        print(f"soak: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(report) if args.json else format_report(report))
+    return 0 if report["ok"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
