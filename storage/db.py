@@ -168,12 +168,13 @@ def configure(conn: apsw.Connection, durability: Durability = "crash") -> None:
     Applied per connection rather than through `apsw.bestpractice.apply()`, which would
     change every apsw connection of the host process too.
     """
+    # First: `PRAGMA optimize` below may need a lock, and another writer may hold it.
+    conn.set_busy_timeout(BUSY_TIMEOUT_MS)
     apsw.bestpractice.connection_wal(conn)
     apsw.bestpractice.connection_enable_foreign_keys(conn)
     apsw.bestpractice.connection_dqs(conn)
     apsw.bestpractice.connection_recursive_triggers(conn)
     apsw.bestpractice.connection_optimize(conn)
-    conn.set_busy_timeout(BUSY_TIMEOUT_MS)
     conn.pragma("synchronous", _SYNCHRONOUS[durability])
 
 

@@ -142,13 +142,15 @@ def _ranking(
     if total < MIN_ROWS_TO_PRUNE:
         return [(plan.expression(), _BY_RANK)]
     common = [stats.is_common(conn, expr, total) for expr in plan.term_exprs]
-    if not all(common):
-        return [(plan.expression([not c for c in common]), _BY_RANK)]
     # Only common terms: newest messages holding all of them, then any of them.
-    queries = [(plan.expression(), _BY_RECENCY)]
+    by_recency = [(plan.expression(), _BY_RECENCY)]
     if len(plan.term_exprs) > 1:
-        queries.insert(0, (plan.expression(joiner=" AND "), _BY_RECENCY_ALL_TERMS))
-    return queries
+        by_recency.insert(0, (plan.expression(joiner=" AND "), _BY_RECENCY_ALL_TERMS))
+    if not all(common):
+        # The rarer terms ranked first; when they match too few rows (a name or id found
+        # nowhere), the common terms still answer, newest first, as if asked alone.
+        return [(plan.expression([not c for c in common]), _BY_RANK), *by_recency]
+    return by_recency
 
 
 def search_scope(

@@ -262,11 +262,23 @@ async def test_common_terms_are_left_out_when_rarer_ones_exist(
 ) -> None:
     plain = [(await put(mem, user(f"common chatter {i}"))).id for i in range(30)]
     rare = [(await put(mem, user(f"common zephyr {i}"))).id for i in range(3)]
-    # "common" is in every message: only "zephyr" decides, so only its messages match.
-    assert set(await search(mem, "common zephyr", limit=25)) == set(rare)
+    # "common" is in every message: "zephyr" ranks first; the common term alone then fills
+    # the rest, newest first (terms are OR-ed: a query whose rare word matches little or
+    # nothing still finds the others).
+    found = await search(mem, "common zephyr", limit=25)
+    assert set(found[:3]) == set(rare)
+    assert found[3:] == plain[::-1][:22]
     # Only common terms: newest first (BM25 could not tell them apart anyway).
     newest = await search(mem, "common", limit=5)
     assert newest == (plain + rare)[::-1][:5]
+
+
+async def test_a_rare_word_found_nowhere_does_not_hide_the_common_ones(
+    mem: am.Memory, small_prune_threshold: None
+) -> None:
+    # Found by the load soak: pruning left only the rare term, which matched nothing.
+    plain = [(await put(mem, user(f"coffee hiking {i}"))).id for i in range(30)]
+    assert await search(mem, "coffee hiking zyxwv", limit=5) == plain[::-1][:5]
 
 
 async def test_only_common_terms_put_messages_holding_all_of_them_first(
