@@ -232,14 +232,24 @@ async def _import_files(
         for path, kind in zip(paths, formats, strict=True)
     ]
     done: list[dict[str, object]] = []
-    for path, item in zip(paths, parsed, strict=True):
+    for i, (path, item) in enumerate(zip(paths, parsed, strict=True), start=1):
         if isinstance(item, Transcript):
             done.append(await _import_transcript(mem, path, item))
         else:
             done.extend([await _import_locomo_sample(mem, path, sample) for sample in item])
+        _progress(f"import: {i}/{len(paths)} files ({path.name})")
     if rebuild:
+        _progress("import: rebuilding the index…")
         await mem.sessions.rebuild_index()
+    _progress("import: done", last=True)
     return done
+
+
+def _progress(text: str, *, last: bool = False) -> None:
+    """A one-line progress display on stderr, for a person watching a terminal only."""
+    if sys.stderr.isatty():
+        sys.stderr.write(f"\r\033[K{text}" + ("\n" if last else ""))
+        sys.stderr.flush()
 
 
 async def _import_transcript(mem: Memory, path: Path, transcript: Transcript) -> dict[str, object]:
