@@ -33,6 +33,12 @@ as often as they do in real queries) then run on every side, interleaved query b
   agent and thread unfiltered), end to end from the trio loop;
 - store: `await mem.records.store.search(q, num_hops=H)` (nothing filtered).
 
+What the sides share besides the CPU: the floor's `ORDER BY rank` over a term held by most
+records sorts that many rows and spills temporary files (gigabytes over a run at 1M); on a
+machine with a small or busy OS page cache that pushes the library's pages out, and the
+library sides then pay for cold reads the floor caused. Interleaving spreads that cost over
+the whole run instead of sparing one side.
+
 Every answer is checked against the raw index (each hit matches the store's expression and
 is in scope, the number of hits is what the index implies, linked records are unexpired
 in-scope memories). It prints p50/p90/p99/max per side, the library/raw ratios, and PASS/MISS

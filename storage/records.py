@@ -106,6 +106,11 @@ RECENCY_POOL = 20
 SMALL_SCOPE_FACTOR = 5
 """An exact scope holding at most this x sqrt(indexed records) records is listed before the
 FTS match (module docstring)."""
+READER_CACHE_KIB = 64 * 1024
+"""The reader's page cache (SQLite's default is 2 MiB). A search reads index and record
+pages scattered over the file; at a million records those no longer stay in a small or
+busy OS page cache, and each one read again costs a system call or a disk read. Used only
+as pages are read: a small store never fills it."""
 _TERM_CACHE_SIZE = 4096
 
 
@@ -168,7 +173,8 @@ def records_db_path(state_dir: Path) -> Path:
 def open_records_connection(
     path: Path, *, writer: bool, durability: Durability = "crash"
 ) -> apsw.Connection:
-    """Open and configure `records.db`; the writer also creates and migrates it."""
+    """Open and configure `records.db`; the writer also creates and migrates it, a reader
+    keeps up to `READER_CACHE_KIB` of pages in memory."""
     try:
         flags = apsw.SQLITE_OPEN_READWRITE | (apsw.SQLITE_OPEN_CREATE if writer else 0)
         conn = apsw.Connection(str(path), flags=flags)
@@ -179,6 +185,8 @@ def open_records_connection(
             configure(conn, durability)
             if writer:
                 migrate(conn, MIGRATIONS)
+            else:
+                conn.pragma("cache_size", -READER_CACHE_KIB)
     except BaseException:
         conn.close()
         raise
