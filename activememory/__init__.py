@@ -1,7 +1,7 @@
 """activememory: an active memory for chat bots.
 
 Before a bot replies, a bounded recall step searches what the bot knows about the user and
-hands the reply model one short, grounded note, or nothing. See README.md and SPEC §9.
+hands the reply model one short, grounded note, or nothing. See README.md and docs/design.md §9.
 """
 
 from .protocol.config import ActiveMemoryConfig as ActiveMemoryConfig

@@ -1,4 +1,4 @@
-"""The slash commands of SPEC §4.3: `/active-memory`, `/verbose`, `/trace`.
+"""The slash commands of docs/design.md §4.3: `/active-memory`, `/verbose`, `/trace`.
 
 Session switches are written through the agent's indexer (the single writer), so they
 persist across restarts. `--global` changes `config.enabled` and, when the config came from

@@ -1,4 +1,4 @@
-"""Loading the configuration (SPEC §4.1): JSON5 files, `${ENV}` expansion, clear errors.
+"""Loading the configuration (docs/design.md §4.1): JSON5 files, `${ENV}` expansion, clear errors.
 
 The schema is `protocol.config`: this module walks a mapping against the type information
 of those Structs (`msgspec.inspect`), so keys, types, ranges and defaults are written down
@@ -70,7 +70,7 @@ def load_config(
     *,
     env: Mapping[str, str] | None = None,
 ) -> Config:
-    """Load and validate a configuration (SPEC §4.1).
+    """Load and validate a configuration (docs/design.md §4.1).
 
     `source` is a JSON5 file path, a mapping of the same shape, or an `am.Config` (returned
     as it is). `${NAME}` in any string value is replaced by the environment variable `NAME`

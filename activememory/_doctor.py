@@ -1,4 +1,4 @@
-"""`mem.doctor()` (SPEC §4.11): what is set up, what cannot work, and the index's health."""
+"""`mem.doctor()` (docs/design.md §4.11): what is set up, what cannot work, and the index's health."""
 
 from __future__ import annotations
 

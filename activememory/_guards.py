@@ -1,4 +1,4 @@
-"""The recall cache and the circuit breaker (SPEC §4.10). Owned by the recall coordinator.
+"""The recall cache and the circuit breaker (docs/design.md §4.10). Owned by the recall coordinator.
 
 Both run on the event loop's clock (`anyio.current_time()`), so virtual-time simulations
 see exact expiries, and both are bounded maps (least recently used out first).

@@ -1,4 +1,4 @@
-"""`local/extractive`: the embedded recall model (SPEC §4.8). No network, no clock, no randomness.
+"""`local/extractive`: the embedded recall model (docs/design.md §4.8). No network, no clock, no randomness.
 
 One recall is one memory-tool call and a pure function of what it returned:
 
@@ -218,7 +218,7 @@ class Candidate(NamedTuple):
 
 
 class LocalExtractiveModel:
-    """`local/extractive`: the embedded default `RecallModel` (SPEC §4.8).
+    """`local/extractive`: the embedded default `RecallModel` (docs/design.md §4.8).
 
     It searches memory once with the request's search query, scores every piece of
     evidence against the latest user message (the formula is in the module docstring),

@@ -1,4 +1,4 @@
-"""`open_memory()` and the facade objects users hold (SPEC §9)."""
+"""`open_memory()` and the facade objects users hold (docs/design.md §9)."""
 
 from __future__ import annotations
 
@@ -61,7 +61,7 @@ A = TypeVar("A", bound=IndexerAck)
 
 
 class Sessions:
-    """Transcripts of every agent (SPEC §2): `mem.sessions`.
+    """Transcripts of every agent (docs/design.md §2): `mem.sessions`.
 
     Writes go to the agent's indexer (the single writer) and return once committed; reads
     run on the agent's reader connection and see every acknowledged write.
@@ -210,7 +210,7 @@ class Sessions:
         """Store a transcript written before indexing existed; return the event count.
 
         The rows are stored unindexed and the session is dirty until its index is rebuilt
-        (SPEC §2.3). Entries are a tree: each names its parent by an id of an earlier entry;
+        (docs/design.md §2.3). Entries are a tree: each names its parent by an id of an earlier entry;
         the leaf is `leaf_id` or the last entry. The session must be new or empty.
 
         Cancellation: as for `append`; an import is one transaction, all or nothing.
@@ -257,7 +257,7 @@ class Sessions:
         limit: int = DEFAULT_LIMIT,
         match: MatchMode = "phrase",
     ) -> SearchResult:
-        """Full-text search of the user and assistant messages `caller` may see (SPEC §3).
+        """Full-text search of the user and assistant messages `caller` may see (docs/design.md §3).
 
         `caller` is the session key of the conversation asking; `tools.sessions.visibility`
         decides which sessions it sees (`tree` by default: its own and those it spawned).
@@ -294,7 +294,7 @@ class Memory:
     """An open active memory: what `open_memory()` yields.
 
     `sessions` holds the transcripts and their index; `recall`, `command` and
-    `reload_config` are Active Memory (SPEC §4).
+    `reload_config` are Active Memory (docs/design.md §4).
     """
 
     def __init__(
@@ -363,7 +363,7 @@ class Memory:
         return loaded
 
     async def recall(self, turn: Turn) -> RecallOutcome:
-        """Run the recall step for `turn` and say what it found (SPEC §4).
+        """Run the recall step for `turn` and say what it found (docs/design.md §4).
 
         Never raises for storage or model trouble: the outcome's status says what happened
         (`skipped` with a `reason` when the turn is not eligible). Raises
@@ -375,7 +375,7 @@ class Memory:
         return await self._recaller.recall(turn)
 
     async def reply(self, turn: Turn, respond: Respond) -> Reply:
-        """The whole bot path of one turn (SPEC §6).
+        """The whole bot path of one turn (docs/design.md §6).
 
         Persists the latest user message, recalls under the budget, calls
         `await respond(prompt_prefix, turn)` (your main model: `prompt_prefix` is the hidden
@@ -402,7 +402,7 @@ class Memory:
         return await self._recaller.plan(turn)
 
     async def doctor(self) -> DoctorReport:
-        """Check the setup (SPEC §4.11): plugin and config state, the memory provider,
+        """Check the setup (docs/design.md §4.11): plugin and config state, the memory provider,
         memory_search where cross-conversation recall needs it, model resolution per agent,
         index health (re-indexing sessions, FTS integrity), circuit breakers.
 
@@ -418,7 +418,7 @@ class Memory:
         return self._recaller.breaker_states()
 
     async def command(self, session_key: str, text: str, *, sender: Sender) -> str | None:
-        """Handle `/active-memory`, `/verbose` or `/trace` (SPEC §4.3); None for other text.
+        """Handle `/active-memory`, `/verbose` or `/trace` (docs/design.md §4.3); None for other text.
 
         Returns the reply to show. Session switches persist across restarts; `--global`
         needs `sender.owner` or the `operator.admin` scope, and otherwise changes nothing.

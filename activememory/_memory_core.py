@@ -1,4 +1,4 @@
-"""The memory-core memory tools: `memory_search` and `memory_get` (SPEC §4.7).
+"""The memory-core memory tools: `memory_search` and `memory_get` (docs/design.md §4.7).
 
 Memory notes are `MEMORY.md` and `memory/*.md` (one level, no hidden files) in the agent's
 workspace (`Config.workspace`). A person edits them; the index follows: before a search the
@@ -23,7 +23,7 @@ of each scores 1.0, and the rest keep their relative distance to it. Ties go to 
 person wrote them to be remembered). A conversation result's path is
 `session:<session_key>#<message_id>` and its lines are those of its snippet.
 
-Debug fields of `memory_search` beyond SPEC §4.7's (`backend`, `effectiveMode`, `fallback`,
+Debug fields of `memory_search` beyond docs/design.md §4.7's (`backend`, `effectiveMode`, `fallback`,
 `searchMs`, `hits`), each present only when it applies: `indexing` and `warning` (the
 transcript index is being rebuilt: results may be incomplete), `ignored` (notes not
 indexed, and why), `syncError` (the rescan could not be written: the notes indexed before
@@ -211,7 +211,7 @@ class MemoryCore:
         `args`: `query` (1 to 4096 characters) and `maxResults` (1 to 25, default 6); bad
         arguments raise `InvalidInputError` naming the argument. Conversation excerpts come
         only when `transcripts` is true and only from `caller`'s agent's other private
-        conversations (SPEC §4.2). Snippets are redacted and at most 700 characters.
+        conversations (docs/design.md §4.2). Snippets are redacted and at most 700 characters.
 
         Cancellation: nothing is written by a search except a note rescan's `SyncNotes`
         (see `sync_notes`); reads already started finish on their worker.

@@ -1,9 +1,9 @@
-"""The OpenAI-compatible chat-completions recall model (SPEC §4.8).
+"""The OpenAI-compatible chat-completions recall model (docs/design.md §4.8).
 
 One client for every provider under `models.providers` with `api: "openai-completions"`
 (OpenAI, Cerebras, Ollama, vLLM, LM Studio): it asks the model, runs the memory tools the
 model calls, and returns the model's answer. The recall budget is passed down as the
-request timeout, and there are no retries and no failover inside it (SPEC §4.6, §4.9).
+request timeout, and there are no retries and no failover inside it (docs/design.md §4.6, §4.9).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ DEFAULT_REQUEST_TIMEOUT_S: Final = 30.0  # per request, when the run has no dead
 MAX_ANSWER_BYTES: Final = 8 * 1024 * 1024  # a runaway or hostile provider cannot fill memory
 _ERROR_BODY_CHARS: Final = 200
 
-# SPEC §4.1 `thinking` levels as OpenAI `reasoning_effort` values ("off" sends nothing).
+# docs/design.md §4.1 `thinking` levels as OpenAI `reasoning_effort` values ("off" sends nothing).
 _REASONING_EFFORT: Final[Mapping[str, str]] = {
     "minimal": "minimal",
     "low": "low",

@@ -1,4 +1,4 @@
-"""How a recall result is shown (SPEC §4.10, §4.11): the one-line summary, the hidden prefix
+"""How a recall result is shown (docs/design.md §4.10, §4.11): the one-line summary, the hidden prefix
 block for the reply model, and the `/verbose` status and `/trace` debug lines.
 
 All pure string functions: every line they return is a single line, and recalled text can
@@ -28,7 +28,7 @@ def one_line(text: str) -> str:
 
 
 def summarize(text: str, max_chars: int) -> str:
-    """`text` as one line of at most `max_chars` characters (SPEC §4.10).
+    """`text` as one line of at most `max_chars` characters (docs/design.md §4.10).
 
     Whitespace is collapsed. Text that is too long is cut at the last word boundary that
     leaves room for a single trailing `…`; a first word longer than that is hard-cut to
@@ -57,7 +57,7 @@ def escape_xml(text: str) -> str:
 
 
 def hidden_prefix(summary: str) -> str:
-    """The hidden block handed to the reply model, never shown to the user (SPEC §4.11).
+    """The hidden block handed to the reply model, never shown to the user (docs/design.md §4.11).
 
     Four lines: `PREFIX_HEADER`, `<active_memory_plugin>`, the summary collapsed to one line
     and XML-escaped, `</active_memory_plugin>`. Escaping and collapsing mean a recalled text

@@ -1,4 +1,4 @@
-"""When recall runs (SPEC §4.2): the surfaces, the two activation paths, the chat lists.
+"""When recall runs (docs/design.md §4.2): the surfaces, the two activation paths, the chat lists.
 
 `decide` is a pure function of the config, the session and its switches, so the whole rule
 table is tested without a store. What recall may *see* once it runs is decided elsewhere,

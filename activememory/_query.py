@@ -1,4 +1,4 @@
-"""What the recall sub-agent sees (SPEC §4.4–§4.7): its conversation context, its search
+"""What the recall sub-agent sees (docs/design.md §4.4–§4.7): its conversation context, its search
 query, its system prompt, its tools and its model.
 
 Everything here is a pure function of its arguments, so the pipeline can build the whole
@@ -31,7 +31,7 @@ LATEST_MAX_CHARS = 4000
 FULL_TURN_MAX_CHARS = 2000
 FULL_MAX_CHARS = 12000
 
-# The search query handed to the memory tools (SPEC §4.4: "a few hundred characters").
+# The search query handed to the memory tools (docs/design.md §4.4: "a few hundred characters").
 SEARCH_QUERY_MAX_CHARS = 300
 # A latest message with fewer than this many substantial words is a tiny follow-up ("why?")…
 FOLLOW_UP_MIN_WORDS = 2
@@ -52,7 +52,7 @@ _INJECTED_BLOCK = re.compile(
     re.DOTALL | re.MULTILINE,
 )
 _LINE_END = re.compile(r"[ \t]*(?:\r?\n|\Z)")
-# Status and debug follow-up lines (SPEC §4.11); the emoji may carry a variation selector.
+# Status and debug follow-up lines (docs/design.md §4.11); the emoji may carry a variation selector.
 _INJECTED_LINE = re.compile(
     "|".join(
         rf"^[ \t]*{re.escape(label[0])}\ufe0f?{re.escape(label[1:])}[^\n]*(?:\n|\Z)"
@@ -171,7 +171,7 @@ def build_query_text(
     recent_user_chars: int,
     recent_assistant_chars: int,
 ) -> str:
-    """The conversation context the recall sub-agent sees, for one query mode (SPEC §4.4).
+    """The conversation context the recall sub-agent sees, for one query mode (docs/design.md §4.4).
 
     `messages` is the conversation oldest first, ending with the latest user message; tool
     messages and messages without text are skipped, and injected content is stripped from
@@ -304,7 +304,7 @@ def _tail_at_word(text: str, max_chars: int) -> str:
 def build_search_query(
     messages: Sequence[Message], *, max_chars: int = SEARCH_QUERY_MAX_CHARS
 ) -> str:
-    """The short query handed to the memory tools (SPEC §4.4).
+    """The short query handed to the memory tools (docs/design.md §4.4).
 
     It is the latest user message without injected content, without metadata (a line ending
     in `(untrusted metadata):` and the fenced block under it; envelope lines such as
@@ -335,7 +335,7 @@ def build_search_query(
     return _head_at_word(query, max_chars)
 
 
-# --- Prompt styles (SPEC §4.5) ----------------------------------------------------------
+# --- Prompt styles (docs/design.md §4.5) ----------------------------------------------------------
 
 PromptStyle: TypeAlias = Literal[
     "balanced", "strict", "contextual", "recall-heavy", "precision-heavy", "preference-only"
@@ -367,7 +367,7 @@ before it answers with a note instead of NONE.
 
 The score says how well the best memory-tool hit matches the latest message (1.0: every
 content term is there). A higher threshold means more NONE: `precision-heavy` ≥ `strict` ≥
-`balanced` ≥ `contextual` ≥ `recall-heavy`, which is the order of eagerness SPEC §4.5
+`balanced` ≥ `contextual` ≥ `recall-heavy`, which is the order of eagerness docs/design.md §4.5
 describes. `preference-only` takes the balanced threshold; what makes it stricter is that it
 keeps only evidence about preferences, habits and routines.
 """
@@ -439,7 +439,7 @@ def resolve_prompt_style(query_mode: str, prompt_style: str | None) -> str:
 
 
 def system_prompt(style: str, *, prompt_append: str | None, prompt_override: str | None) -> str:
-    """The recall sub-agent's system prompt (SPEC §4.5).
+    """The recall sub-agent's system prompt (docs/design.md §4.5).
 
     `BASE_PROMPT` plus the style's paragraph, or `prompt_override` in place of both; then
     `prompt_append`, after a blank line. Blank override/append strings count as unset. The
@@ -455,7 +455,7 @@ def system_prompt(style: str, *, prompt_append: str | None, prompt_override: str
     return f"{prompt}\n\n{append}" if append else prompt
 
 
-# --- Memory tools (SPEC §4.7) -----------------------------------------------------------
+# --- Memory tools (docs/design.md §4.7) -----------------------------------------------------------
 
 CORE_AGENT_TOOLS: frozenset[str] = frozenset(
     {
@@ -511,7 +511,7 @@ def filter_tools_allow(names: Sequence[str]) -> tuple[str, ...]:
     return tuple(kept)
 
 
-# --- Model resolution (SPEC §4.6) -------------------------------------------------------
+# --- Model resolution (docs/design.md §4.6) -------------------------------------------------------
 
 LOCAL_MODEL = "local/extractive"
 

@@ -1,4 +1,4 @@
-"""`mem.recall(turn)`: the recall coordinator (SPEC §4.9-§4.11).
+"""`mem.recall(turn)`: the recall coordinator (docs/design.md §4.9-§4.11).
 
 One recall: a preflight of at most 1500 ms (switches, eligibility, model and tools, what the
 sub-agent sees); the cache and the circuit breaker; then the recall work, run by a
@@ -471,7 +471,7 @@ class Recaller:
     def resolve_model(
         self, config: Config, key: SessionKey, session_model: str | None
     ) -> str | None:
-        """The model chain of SPEC §4.6 for this agent."""
+        """The model chain of docs/design.md §4.6 for this agent."""
         agent = key.agent or key.store_agent
         return resolve_recall_model(
             config_model=config.active_memory.model,
@@ -559,7 +559,7 @@ def _host_handler(name: str, fn: Callable[[Mapping[str, Any]], Any]) -> ToolHand
 
 
 def _search_details(tools: RecallTools) -> dict[str, object]:
-    """The debug fields of the run's last memory_search (SPEC §4.7)."""
+    """The debug fields of the run's last memory_search (docs/design.md §4.7)."""
     details: dict[str, object] = {"tools": len(tools.results)}
     for result in reversed(tools.results):
         if result.name == "memory_search" and result.data is not None:

@@ -1,4 +1,4 @@
-"""What happens to a records search after the store answered (SPEC §5.5).
+"""What happens to a records search after the store answered (docs/design.md §5.5).
 
 In order: the store's best direct results (each with its linked tree) → the reranker (first
 `reranker_max_candidates`) → pruning by a judge (`PruningMemorySearchConfig`) → the token

@@ -1,7 +1,7 @@
-"""`mem.records`: the scoped memory records store (SPEC §5), and the `memory_recall` tool.
+"""`mem.records`: the scoped memory records store (docs/design.md §5), and the `memory_recall` tool.
 
 Three API layers search the same store and differ only in how an omitted scope field is
-resolved (SPEC §5.2):
+resolved (docs/design.md §5.2):
 
 - `mem.records.thread(user_id=..., agent_id=..., thread_id=...).search(...)` (`RecordThread`):
   omitted → the thread's exact user and agent, and its thread id with
@@ -82,7 +82,7 @@ _MAX_METADATA_DEPTH = 32
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _TYPES = ", ".join(repr(t.value) for t in RecordType)
 
-# The two rejected cells of the SPEC §5.2 table.
+# The two rejected cells of the docs/design.md §5.2 table.
 USER_REQUIRED: Final = (
     "user_id: required; client searches need an exact user scope "
     "(use mem.records.store.search() to search across users)"
@@ -99,7 +99,7 @@ A = TypeVar("A", bound=RecordAck)
 
 
 class Records:
-    """The records store client (SPEC §5): `mem.records`.
+    """The records store client (docs/design.md §5): `mem.records`.
 
     Add, link, invalidate, delete and get records; search with the client's scope rules
     (`user_id` required and exact); `thread(...)` and `store` search with theirs.
@@ -251,7 +251,7 @@ class Records:
         config: MemorySearchConfig | None = None,
         format_config: SearchResultFormatConfig | None = None,
     ) -> list[RecordSearchResult]:
-        """Search one user's records (the client layer, SPEC §5.2); best first.
+        """Search one user's records (the client layer, docs/design.md §5.2); best first.
 
         `user_id` is required and exact (an omitted `user_id`, or `exact_user_match=False`,
         raises `InvalidInputError`); omitted `agent_id`/`thread_id` are not filtered. See
@@ -346,7 +346,7 @@ class Records:
 
 
 class RecordThread:
-    """The thread layer (SPEC §5.2): searches default to one user, agent and thread.
+    """The thread layer (docs/design.md §5.2): searches default to one user, agent and thread.
 
     Made by `mem.records.thread(user_id=..., agent_id=..., thread_id=...)`.
     """
@@ -383,7 +383,7 @@ class RecordThread:
         config: MemorySearchConfig | None = None,
         format_config: SearchResultFormatConfig | None = None,
     ) -> list[RecordSearchResult]:
-        """Search as this thread (SPEC §5.2); best first.
+        """Search as this thread (docs/design.md §5.2); best first.
 
         Omitted fields: exactly this thread's user and agent; this thread's records rank
         higher, but other threads' records of that user and agent come back too
@@ -409,7 +409,7 @@ class RecordThread:
 
 
 class RecordStore:
-    """The store layer (SPEC §5.2): `mem.records.store`; omitted scope fields are not
+    """The store layer (docs/design.md §5.2): `mem.records.store`; omitted scope fields are not
     filtered."""
 
     def __init__(self, records: Records) -> None:
@@ -479,7 +479,7 @@ def resolve_scope(
     flags: tuple[ExactFlag, ExactFlag, ExactFlag],
     thread: RecordThread | None = None,
 ) -> tuple[SearchScope, frozenset[str]]:
-    """The SPEC §5.2 table: a layer's scope arguments → the scope the store filters by, and
+    """The docs/design.md §5.2 table: a layer's scope arguments → the scope the store filters by, and
     the dimensions whose value boosts the ranking.
 
     A dimension boosts when it is not exact and its value was given explicitly, or is the
@@ -740,7 +740,7 @@ def _metadata_filter(value: object) -> tuple[tuple[str, object], ...]:
     return tuple(pairs)
 
 
-# -- the memory_recall tool (SPEC §4.7, memory-records slot) --------------------------------
+# -- the memory_recall tool (docs/design.md §4.7, memory-records slot) --------------------------------
 
 RECALL_ARGS: Final = ("query", "maxResults")
 DEFAULT_RECALL_RESULTS: Final = 6

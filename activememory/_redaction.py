@@ -1,4 +1,4 @@
-"""Redaction of secrets in text, before it is truncated or shown anywhere (SPEC §3).
+"""Redaction of secrets in text, before it is truncated or shown anywhere (docs/design.md §3).
 
 What is redacted:
 

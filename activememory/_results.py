@@ -1,4 +1,4 @@
-"""From a run's report to a recall status (SPEC §4.10): the evidence gate and NONE.
+"""From a run's report to a recall status (docs/design.md §4.10): the evidence gate and NONE.
 
 Pure functions: the coordinator hands in the report and the deadlines, and gets back the
 status, the text to summarise, and a reason for the debug line.
@@ -28,7 +28,7 @@ _TRIM = re.compile(r"^[\s\"'`*_#>.:;!,\-–—()\[\]]+|[\s\"'`*_.:;!,]+$")
 
 
 def is_none_answer(text: str) -> bool:
-    """Whether a model's answer means "no memory" (case-insensitive, SPEC §4.10)."""
+    """Whether a model's answer means "no memory" (case-insensitive, docs/design.md §4.10)."""
     core = " ".join(text.split()).casefold()
     if core in ("[]", "{}", "()"):
         return True

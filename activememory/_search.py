@@ -1,4 +1,4 @@
-"""`mem.sessions.search` (SPEC §3): visibility, ranking, redaction, snippets, limits."""
+"""`mem.sessions.search` (docs/design.md §3): visibility, ranking, redaction, snippets, limits."""
 
 from __future__ import annotations
 
@@ -129,7 +129,7 @@ class SessionSearch:
     async def search_private(
         self, query: str, *, caller: SessionKey, limit: int = DEFAULT_LIMIT
     ) -> SearchResult:
-        """Cross-conversation recall's transcript search (SPEC §4.2).
+        """Cross-conversation recall's transcript search (docs/design.md §4.2).
 
         Only the caller's agent database, scoped in SQL to that agent's other private
         conversations (`storage.search._PRIVATE`); `tools.sessions.visibility` plays no part

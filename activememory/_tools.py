@@ -1,4 +1,4 @@
-"""The memory tools a recall model may call, and the `RecallModel` protocol (SPEC §4.7-§4.8).
+"""The memory tools a recall model may call, and the `RecallModel` protocol (docs/design.md §4.7-§4.8).
 
 A `RecallTools` is made for one recall run: it knows the tools the run may call, calls
 them, keeps every result (the evidence gate reads it afterwards), records the run's
@@ -192,7 +192,7 @@ def _failure(name: str, message: str) -> ToolResult:
 
 
 def host_result(name: str, value: object) -> ToolResult:
-    """Turn what a host tool returned into a `ToolResult` with the SPEC §4.7 evidence rule.
+    """Turn what a host tool returned into a `ToolResult` with the docs/design.md §4.7 evidence rule.
 
     A string is the content; a mapping or list is JSON. Evidence: non-empty content, unless
     structured fields say the result is empty or a failure (`error`, `ok: false`,

@@ -1,4 +1,4 @@
-"""The blocking facade, for hosts with no event loop (SPEC §1.3, §6, §9).
+"""The blocking facade, for hosts with no event loop (docs/design.md §1.3, §6, §9).
 
 `activememory.sync.open_memory(...)` runs the library on an event loop of its own in a
 background thread (an anyio blocking portal, trio by default) and hands back the same

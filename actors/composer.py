@@ -1,4 +1,4 @@
-"""The composer: the bot path of one turn (SPEC §1.2, §6).
+"""The composer: the bot path of one turn (docs/design.md §1.2, §6).
 
 persist the user message → recall (bounded) → compose the reply input (the hidden prefix)
 → the host's `respond` → persist the assistant message → the reply and its follow-ups.

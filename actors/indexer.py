@@ -1,4 +1,4 @@
-"""The indexer: the single writer of one agent database (SPEC §1.2, §2.3).
+"""The indexer: the single writer of one agent database (docs/design.md §1.2, §2.3).
 
 Inbox: `Call`s carrying `IndexerCommand`s (protocol/indexer.py), bounded. Loop: wait for one
 call, drain whatever else is already waiting (up to `max_batch`), apply the whole batch in

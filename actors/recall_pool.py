@@ -1,4 +1,4 @@
-"""The recall pool: runs recall sub-agents under their budget (SPEC §1.2, §4.9).
+"""The recall pool: runs recall sub-agents under their budget (docs/design.md §1.2, §4.9).
 
 Inbox: `RunRecall` jobs (protocol/recall_pool.py). Each job becomes a sub-agent task in the
 pool's own task group, owned by the supervisor and not by the caller, so a caller can stop

@@ -1,4 +1,4 @@
-"""The reconciler: rebuilds the index of dirty sessions in the background (SPEC §2.4).
+"""The reconciler: rebuilds the index of dirty sessions in the background (docs/design.md §2.4).
 
 Inbox: `Poke`s (protocol/reconciler.py), bounded to one: a poke that finds one already
 waiting is dropped, since both mean "look for work". Loop: on a poke, read the dirty

@@ -1,4 +1,4 @@
-"""The records keeper: the single writer of `state_dir/records.db` (SPEC §1.2, §5).
+"""The records keeper: the single writer of `state_dir/records.db` (docs/design.md §1.2, §5).
 
 Inbox: `RecordCall`s carrying `RecordCommand`s (protocol/records.py), bounded. Loop: wait
 for one call, drain whatever else is already waiting (up to `max_batch`), apply the whole

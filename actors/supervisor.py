@@ -1,4 +1,4 @@
-"""The supervisor: the one place where actors are created and wired (SPEC §1.2).
+"""The supervisor: the one place where actors are created and wired (docs/design.md §1.2).
 
 It owns the task group of every actor. Agent databases are opened lazily, the first time a
 session of that agent is used; each gets its writer lock, an indexer actor with its bounded
@@ -107,7 +107,7 @@ class AgentStore:
 
 @dataclass
 class RecordsDatabase:
-    """Everything open for `state_dir/records.db` (SPEC §5): its keeper and its reader."""
+    """Everything open for `state_dir/records.db` (docs/design.md §5): its keeper and its reader."""
 
     path: Path
     keeper: RecordKeeper

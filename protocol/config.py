@@ -1,4 +1,4 @@
-"""The configuration schema (SPEC §4.1): keys, types, ranges and defaults, in one place.
+"""The configuration schema (docs/design.md §4.1): keys, types, ranges and defaults, in one place.
 
 Two families of Structs live here:
 
@@ -43,7 +43,7 @@ PLUGIN_ID = "active-memory"
 DEFAULT_MEMORY_SLOT = "memory-core"
 DEFAULT_AGENT = "main"
 
-# What each memory slot's plugin registers (SPEC §4.7); any other slot has no default tools.
+# What each memory slot's plugin registers (docs/design.md §4.7); any other slot has no default tools.
 SLOT_TOOLS: dict[str, tuple[str, ...]] = {
     "memory-core": ("memory_search", "memory_get"),
     "memory-records": ("memory_recall",),
@@ -108,7 +108,7 @@ class QmdConfig(
 class ActiveMemoryConfig(
     msgspec.Struct, frozen=True, kw_only=True, rename="camel", forbid_unknown_fields=True
 ):
-    """`plugins.entries.active-memory.config`: the Active Memory settings (SPEC §4.1)."""
+    """`plugins.entries.active-memory.config`: the Active Memory settings (docs/design.md §4.1)."""
 
     enabled: Annotated[
         bool,
@@ -261,7 +261,7 @@ class ActiveMemoryConfig(
 
     @property
     def effective_prompt_style(self) -> PromptStyle:
-        """`prompt_style` when set, else the style that goes with `query_mode` (SPEC §4.5)."""
+        """`prompt_style` when set, else the style that goes with `query_mode` (docs/design.md §4.5)."""
         if self.prompt_style is not None:
             return self.prompt_style
         return _STYLE_BY_QUERY_MODE[self.query_mode]
@@ -496,7 +496,7 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
         dict[str, Provider], msgspec.Meta(description="`models.providers` by name")
     ] = {}
     search: Annotated[
-        SearchSettings, msgspec.Meta(description="`sessions_search` settings (SPEC §3)")
+        SearchSettings, msgspec.Meta(description="`sessions_search` settings (docs/design.md §3)")
     ] = SearchSettings()
     source: Annotated[
         str | None, msgspec.Meta(description="The file this was loaded from; None: a mapping")
@@ -510,11 +510,11 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
 
     @property
     def enabled(self) -> bool:
-        """Both switches are on: the plugin entry's `enabled` and `config.enabled` (SPEC §4.2)."""
+        """Both switches are on: the plugin entry's `enabled` and `config.enabled` (docs/design.md §4.2)."""
         return self.plugin_enabled and self.active_memory.enabled
 
     def remember_across_conversations(self, agent: str) -> bool:
-        """The effective `rememberAcrossConversations` of `agent` (SPEC §4.2).
+        """The effective `rememberAcrossConversations` of `agent` (docs/design.md §4.2).
 
         An explicit true/false in `agents.entries.<agent>.memory.search` wins. Otherwise it is
         on only while DMs are not isolated: `session.dmScope` unset or "main", and no binding

@@ -1,4 +1,4 @@
-"""Messages and their content blocks (SPEC §2.2, §2.3, §9).
+"""Messages and their content blocks (docs/design.md §2.2, §2.3, §9).
 
 Content is a string or a list of blocks. Only `user`/`assistant` text is ever indexed: the
 text of a string, or of text/input_text/output_text blocks. Everything else is stored as-is.

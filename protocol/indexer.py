@@ -98,7 +98,7 @@ class SetSwitches(_Command, tag="switches", frozen=True, kw_only=True):
     trace: TraceMode | None = None
 
 
-# A memory note's path inside the agent workspace (SPEC §4.7): `MEMORY.md` or
+# A memory note's path inside the agent workspace (docs/design.md §4.7): `MEMORY.md` or
 # `memory/<name>.md`, one level only, no hidden files, no separators or control characters.
 NOTE_PATH = re.compile(r"MEMORY\.md|memory/[^./\\\x00-\x1f\x7f][^/\\\x00-\x1f\x7f]*\.md")
 
@@ -139,7 +139,7 @@ class NoteFile(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class SyncNotes(msgspec.Struct, frozen=True, kw_only=True, tag_field="op", tag="sync_notes"):
-    """Memory core → indexer: mirror the agent workspace's memory notes (SPEC §4.7).
+    """Memory core → indexer: mirror the agent workspace's memory notes (docs/design.md §4.7).
 
     In one transaction: each of `files` replaces its chunks (or only its stat), each of
     `removed` loses its chunks and its file row. Not a session command: the database is

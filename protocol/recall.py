@@ -1,7 +1,7 @@
-"""What a bot hands the recall pipeline, and what it gets back (SPEC §4, §9).
+"""What a bot hands the recall pipeline, and what it gets back (docs/design.md §4, §9).
 
 `Turn` and `Sender` come from the host; `SessionSwitches` are the per-session slash-command
-switches (SPEC §4.3), persisted in the agent database; `RecallOutcome` is the answer of
+switches (docs/design.md §4.3), persisted in the agent database; `RecallOutcome` is the answer of
 `mem.recall`.
 """
 
@@ -39,7 +39,7 @@ RecallStatus: TypeAlias = Literal[
     "failed",
     "skipped",
 ]
-# The two activation paths of SPEC §4.2.
+# The two activation paths of docs/design.md §4.2.
 RecallPath: TypeAlias = Literal["cross_conversation", "advanced"]
 
 
@@ -101,7 +101,7 @@ class Sender(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class SessionSwitches(msgspec.Struct, frozen=True, kw_only=True):
-    """The per-session switches of SPEC §4.3; a session nobody switched has the defaults."""
+    """The per-session switches of docs/design.md §4.3; a session nobody switched has the defaults."""
 
     active_memory: bool = True
     verbose: bool = False
@@ -109,7 +109,7 @@ class SessionSwitches(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class RecallRequest(msgspec.Struct, frozen=True, kw_only=True):
-    """What the recall sub-agent is given (SPEC §4.4-§4.8), built in preflight.
+    """What the recall sub-agent is given (docs/design.md §4.4-§4.8), built in preflight.
 
     `prompt` is the system prompt (the style's, or `promptOverride`, then `promptAppend`);
     `context` the conversation as `query_mode` shows it (injected Active Memory output
@@ -188,7 +188,7 @@ class ToolResult(msgspec.Struct, frozen=True, kw_only=True):
 
     `content` is the text the model reads (JSON for the built-in tools); `data` the
     structured fields, when the tool has them; `evidence` whether it counts as recall
-    evidence (SPEC §4.7: non-empty, unless its structured fields say empty or failed);
+    evidence (docs/design.md §4.7: non-empty, unless its structured fields say empty or failed);
     `error` a failure message (never evidence).
     """
 

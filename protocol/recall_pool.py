@@ -1,4 +1,4 @@
-"""The recall pool dialog (SPEC §1.2): run a recall sub-agent, and its report.
+"""The recall pool dialog (docs/design.md §1.2): run a recall sub-agent, and its report.
 
 Sent by the recall coordinator (`activememory._recall`), received by
 `activememory.actors.recall_pool`. The coordinator never waits for a run to end: it waits

@@ -1,4 +1,4 @@
-"""The reconciler's inbox (SPEC §1.2): pokes that say "there may be work"."""
+"""The reconciler's inbox (docs/design.md §1.2): pokes that say "there may be work"."""
 
 from __future__ import annotations
 

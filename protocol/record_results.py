@@ -1,4 +1,4 @@
-"""What a records search answers (SPEC §5.6): results, their linked context, XML rendering.
+"""What a records search answers (docs/design.md §5.6): results, their linked context, XML rendering.
 
 A `RecordSearchResult` is one direct match (with a `distance`) or one linked record (reached
 through a relation; `distance` None). Its `linked_results` are a shortest-path tree of
@@ -71,7 +71,7 @@ def estimate_tokens(text: str) -> int:
 
 
 class RecordSearchResult(msgspec.Struct, frozen=True, kw_only=True):
-    """One result of a records search (SPEC §5.6).
+    """One result of a records search (docs/design.md §5.6).
 
     `distance`: smaller is better. For a direct match it is `1 / (1 + s)`, where `s` is
     the FTS5 BM25 relevance (the negated `rank`, ≥ 0) multiplied by `1 + 0.5 × k`, `k` the

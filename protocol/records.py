@@ -1,4 +1,4 @@
-"""The scoped memory records store (SPEC §5): records, scopes, search configs, writer dialog.
+"""The scoped memory records store (docs/design.md §5): records, scopes, search configs, writer dialog.
 
 A record has three independent scope fields (`user_id`, `agent_id`, `thread_id`; `None` =
 not scoped in that dimension), a lifecycle status, metadata, a timestamp, an optional expiry
@@ -55,7 +55,7 @@ class RankingError(ActiveMemoryError):
 
 
 class RecordType(enum.StrEnum):
-    """What a record holds. Only `MEMORY` records are graph-expansion vertices (SPEC §5.4);
+    """What a record holds. Only `MEMORY` records are graph-expansion vertices (docs/design.md §5.4);
     an `IMAGE` is searched by its description (its content)."""
 
     MEMORY = "memory"
@@ -113,7 +113,7 @@ class SearchScope(msgspec.Struct, frozen=True, kw_only=True):
     `exact_<dim>_match=True`: only records whose field equals the value (None: only records
     not scoped in that dimension). False: the dimension is not filtered; when the value was
     given explicitly (or is a thread layer's own thread), records whose field equals it
-    rank higher (SPEC §5.2), while an omitted dimension ranks nothing higher.
+    rank higher (docs/design.md §5.2), while an omitted dimension ranks nothing higher.
     """
 
     user_id: str | None
@@ -124,7 +124,7 @@ class SearchScope(msgspec.Struct, frozen=True, kw_only=True):
     exact_thread_match: bool
 
 
-# -- search configs (SPEC §5.5) ----------------------------------------------------------------
+# -- search configs (docs/design.md §5.5) ----------------------------------------------------------------
 
 
 def _check_int(name: str, value: object, low: int, high: int | None = None) -> None:
@@ -182,7 +182,7 @@ DEFAULT_MAX_RESULTS = 10
 
 
 class MemorySearchConfig(msgspec.Struct, frozen=True, kw_only=True):
-    """What happens after the store found its matches: token budgets (SPEC §5.5).
+    """What happens after the store found its matches: token budgets (docs/design.md §5.5).
 
     Results are counted on their formatted text (`formatted_content`, linked context
     included) with `estimate_tokens` (ceil(characters / 4)) and are never split.
@@ -214,7 +214,7 @@ class MemorySearchConfig(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class TopKMemorySearchConfig(MemorySearchConfig, frozen=True, kw_only=True):
-    """At most `max_results` direct results, fetched before reranking (SPEC §5.5).
+    """At most `max_results` direct results, fetched before reranking (docs/design.md §5.5).
 
     With a `reranker`, its order replaces the store's for the first
     `reranker_max_candidates` results; the rest keep their place after them. Then the
@@ -254,7 +254,7 @@ DEFAULT_PROBE_POINTS: Final[dict[PruningEvaluationMode, int]] = {
 
 
 class PruningMemorySearchConfig(MemorySearchConfig, frozen=True, kw_only=True):
-    """Removes less relevant direct results with a judge (SPEC §5.5).
+    """Removes less relevant direct results with a judge (docs/design.md §5.5).
 
     The store fetches `max_candidates` direct results; a `reranker` reorders the first
     `reranker_max_candidates`; the top `ceil(protected_fraction × n)` of the n candidates
@@ -344,7 +344,7 @@ def _check_reranker(reranker: object) -> None:
         )
 
 
-# -- result formatting (SPEC §5.6) -------------------------------------------------------------
+# -- result formatting (docs/design.md §5.6) -------------------------------------------------------------
 
 
 class SearchResultFormatConfig(msgspec.Struct, frozen=True, kw_only=True):

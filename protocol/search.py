@@ -1,4 +1,4 @@
-"""What `sessions_search` answers (SPEC §3), and the settings that shape it."""
+"""What `sessions_search` answers (docs/design.md §3), and the settings that shape it."""
 
 from __future__ import annotations
 
@@ -69,7 +69,7 @@ class SearchSettings(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def search_settings(config: Mapping[str, Any] | None) -> SearchSettings:
-    """Read the search settings out of a configuration mapping (SPEC §3 key names)."""
+    """Read the search settings out of a configuration mapping (docs/design.md §3 key names)."""
     if not config:
         return SearchSettings()
 

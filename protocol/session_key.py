@@ -1,4 +1,4 @@
-"""Session keys (SPEC §2.1): `agent:<agent>:<chat type marker>:<id>[:thread:<id>]`.
+"""Session keys (docs/design.md §2.1): `agent:<agent>:<chat type marker>:<id>[:thread:<id>]`.
 
 A key can be *malformed* (rejected with `InvalidInputError`: empty, too long, control
 characters, a bad agent id, a missing id where the shape needs one) or merely *unknown*
@@ -59,7 +59,7 @@ class SessionKey(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def parse_session_key(raw: object, *, field: str = "session_key") -> SessionKey:
-    """Parse `raw` per the SPEC §2.1 table; raise `InvalidInputError` naming `field`."""
+    """Parse `raw` per the docs/design.md §2.1 table; raise `InvalidInputError` naming `field`."""
     if not isinstance(raw, str):
         raise InvalidInputError(f"{field}: expected a string, got {type(raw).__name__}")
     return _parse(raw, field)

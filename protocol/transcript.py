@@ -13,7 +13,7 @@ EventKind: TypeAlias = Literal["message", "rewind"]
 
 
 class Event(msgspec.Struct, frozen=True, kw_only=True):
-    """One stored event of a session's tree (SPEC §2.2).
+    """One stored event of a session's tree (docs/design.md §2.2).
 
     `parent_id` is the event it follows (None for a root); `seq` counts the session's events
     in write order. Rewind events are leaf controls: they are stored, but never part of the
@@ -35,7 +35,7 @@ class Event(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class SessionInfo(msgspec.Struct, frozen=True, kw_only=True):
-    """A session's metadata (SPEC §2.1) and its index state."""
+    """A session's metadata (docs/design.md §2.1) and its index state."""
 
     key: str
     session_id: int

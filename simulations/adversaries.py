@@ -1,4 +1,4 @@
-"""Scripted recall models and tools that misbehave on purpose (SPEC §7).
+"""Scripted recall models and tools that misbehave on purpose (docs/design.md §7).
 
 Each is deterministic: it waits on the event loop's clock only, so under trio's `MockClock`
 the same script gives the same virtual times every run.

@@ -1,4 +1,4 @@
-"""Indexing throughput: the library's append path against the raw apsw floor (SPEC §7).
+"""Indexing throughput: the library's append path against the raw apsw floor (docs/design.md §7).
 
 One run, one set of generated chat messages, three ways of storing and indexing them:
 
@@ -434,7 +434,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """The command line (`sys.argv[1:]` when `argv` is None)."""
     parser = argparse.ArgumentParser(
         prog="bench_indexing",
-        description="Indexing throughput of the library against raw apsw inserts (SPEC §7).",
+        description="Indexing throughput of the library against raw apsw inserts (docs/design.md §7).",
     )
     parser.add_argument("--messages-per-appender", type=_positive_int, default=300)
     parser.add_argument("--appenders", type=_positive_int, default=64)

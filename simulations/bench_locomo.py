@@ -1,4 +1,4 @@
-"""Retrieval quality of `sessions_search` on LoCoMo: recall@k of the gold evidence turns (SPEC §7).
+"""Retrieval quality of `sessions_search` on LoCoMo: recall@k of the gold evidence turns (docs/design.md §7).
 
 LoCoMo (Maharana et al., 2024) is a public benchmark of long two-person conversations with
 questions whose gold evidence names the turns that hold the answer. Its dev split (two
@@ -42,7 +42,7 @@ DEFAULT_DATA = (
     Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "locomo" / "locomo-dev.json"
 )
 KS = (1, 5, 10, 20)
-MAX_LIMIT = 25  # the search's own cap (SPEC §3)
+MAX_LIMIT = 25  # the search's own cap (docs/design.md §3)
 CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop", 5: "adversarial"}
 SCORED = (1, 2, 3, 4)
 CONFIG = {"tools": {"sessions": {"visibility": "agent"}}}
@@ -299,7 +299,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     """The command line (`sys.argv[1:]` when `argv` is None)."""
     parser = argparse.ArgumentParser(
         prog="bench_locomo",
-        description="Retrieval quality of sessions_search on LoCoMo (recall@k, SPEC §7).",
+        description="Retrieval quality of sessions_search on LoCoMo (recall@k, docs/design.md §7).",
     )
     parser.add_argument(
         "--data",

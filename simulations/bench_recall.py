@@ -1,4 +1,4 @@
-"""Recall overhead and real-clock budget overshoot (SPEC §4.9, §4.10, §7).
+"""Recall overhead and real-clock budget overshoot (docs/design.md §4.9, §4.10, §7).
 
 Two benchmarks of `mem.recall`, each against what it cannot do better than.
 
@@ -1064,7 +1064,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="bench_recall",
         description="Recall overhead against the raw SQL floor, and real-clock budget "
-        "overshoot (SPEC §4.9, §7).",
+        "overshoot (docs/design.md §4.9, §7).",
     )
     parser.add_argument("--messages", type=_positive_int, default=100_000)
     parser.add_argument("--sessions", type=_positive_int, default=1_000)

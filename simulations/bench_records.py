@@ -1,5 +1,5 @@
 """Records search latency: `mem.records` search with graph expansion at 1M records, against
-a raw FTS5 query on the same rows (SPEC §5, §7).
+a raw FTS5 query on the same rows (docs/design.md §5, §7).
 
 One seeded synthetic store is built twice:
 
@@ -833,7 +833,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="bench_records",
         description="mem.records search with graph expansion against a raw FTS5 query "
-        "(SPEC §5, §7).",
+        "(docs/design.md §5, §7).",
     )
     parser.add_argument("--records", type=_int_at_least(2), default=1_000_000)
     parser.add_argument("--degree", type=_int_at_least(0), default=4, help="mean degree")

@@ -1,4 +1,4 @@
-"""Search latency: `mem.sessions.search` against a raw FTS5 query, at 1M messages (SPEC §3, §7).
+"""Search latency: `mem.sessions.search` against a raw FTS5 query, at 1M messages (docs/design.md §3, §7).
 
 One seeded synthetic corpus (Zipf-distributed words over a made-up vocabulary, roles
 alternating user/assistant, spread evenly over many sessions of one agent) is stored twice:
@@ -705,7 +705,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     """The command line (`sys.argv[1:]` when `argv` is None)."""
     parser = argparse.ArgumentParser(
         prog="bench_search",
-        description="sessions_search latency against a raw FTS5 query (SPEC §3, §7).",
+        description="sessions_search latency against a raw FTS5 query (docs/design.md §3, §7).",
     )
     parser.add_argument("--messages", type=_positive_int, default=1_000_000)
     parser.add_argument("--sessions", type=_positive_int, default=10_000)

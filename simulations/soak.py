@@ -1,4 +1,4 @@
-"""The load soak (SPEC §7): sessions appending and recalling at set rates, under faults.
+"""The load soak (docs/design.md §7): sessions appending and recalling at set rates, under faults.
 
 Three kinds of process:
 
@@ -36,7 +36,7 @@ Three kinds of process:
       first 20% of its samples after `--warmup` against the median of the last 20%. A kill
       starts a fresh process and resets RSS, so kills happen only before the last `--steady`
       seconds (default half the run): the last run lives long enough to show a leak;
-  (e) no group message ever reached a recall (the privacy boundary, SPEC §4.2).
+  (e) no group message ever reached a recall (the privacy boundary, docs/design.md §4.2).
 
 It prints throughput, latency percentiles, statuses, timeouts, breaker trips, rejected
 appends, kills, RSS over time and a PASS/FAIL line per check (`--json`: one JSON object).
@@ -1663,7 +1663,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     """The command line (`sys.argv[1:]` when `argv` is None)."""
     parser = argparse.ArgumentParser(
         prog="activememory soak",
-        description="The load soak (SPEC §7): appends and recalls at set rates under faults "
+        description="The load soak (docs/design.md §7): appends and recalls at set rates under faults "
         "(kill -9 and restart, a busy second writer, misbehaving recall models), then checks "
         "that nothing acknowledged was lost and the index equals the active branches.",
     )

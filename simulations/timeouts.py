@@ -1,4 +1,4 @@
-"""Deterministic timeout simulations of the recall budget (SPEC §4.9, §7).
+"""Deterministic timeout simulations of the recall budget (docs/design.md §4.9, §7).
 
 Every scenario runs a scripted adversary (`simulations/adversaries.py`) through the real
 `mem.recall` path — preflight, cache, breaker, the recall pool, the finalize window — under
@@ -122,7 +122,7 @@ def _config(overrides: dict[str, Any]) -> dict[str, Any]:
 
 
 def scenarios() -> list[Scenario]:
-    """The adversaries of SPEC §7, each with its exact expected virtual times."""
+    """The adversaries of docs/design.md §7, each with its exact expected virtual times."""
     breaker_model = HangForever()
     return [
         Scenario(

@@ -1,4 +1,4 @@
-"""Where blocking SQLite calls run (SPEC §1.3).
+"""Where blocking SQLite calls run (docs/design.md §1.3).
 
 `thread` (production): each connection's calls run on a worker thread, one at a time, so the
 event loop never blocks on disk. `inline` (virtual-time simulations): calls run on the

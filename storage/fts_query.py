@@ -3,7 +3,7 @@
 Both halves live here because they must agree. The index has three columns:
 
 - `words`: the message text with every CJK run blanked out, tokenized by unicode61 with
-  diacritics removed (SPEC §2.3) and Porter-stemmed;
+  diacritics removed (docs/design.md §2.3) and Porter-stemmed;
 - `grams`: every CJK run as overlapping character bigrams ("東京都" -> "東京 京都"); a one-character
   run is kept as is. A CJK word of n ≥ 2 characters is then found as the phrase of its
   bigrams, which matches exactly where the word occurs as a substring;

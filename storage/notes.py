@@ -1,4 +1,4 @@
-"""Memory notes in an agent database (SPEC §4.7): chunking, the writer's half, search.
+"""Memory notes in an agent database (docs/design.md §4.7): chunking, the writer's half, search.
 
 The workspace's `MEMORY.md` and `memory/*.md` are mirrored into three tables (schema v4):
 `note_files` (path, stat, content digest: an unchanged file is never read again),

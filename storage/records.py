@@ -1,4 +1,4 @@
-"""The scoped memory records store (SPEC §5): `state_dir/records.db`, one file for all agents.
+"""The scoped memory records store (docs/design.md §5): `state_dir/records.db`, one file for all agents.
 
 Tables (schema v1, `PRAGMA user_version`, its own migrations):
 
@@ -48,7 +48,7 @@ scattered), where listing costs about 0.35 us per scope record: the list wins be
 `SMALL_SCOPE_FACTOR x sqrt(records in the store)` records (5000 at a million), counted on
 the scope index reading at most that many entries.
 
-Graph expansion (SPEC §5.4) is a breadth-first search run one SQL query per hop for all
+Graph expansion (docs/design.md §5.4) is a breadth-first search run one SQL query per hop for all
 direct results at once: the query returns every relation touching the current frontier
 whose other end passes the link filters (memory records only, same scope/metadata/type
 filters, not expired; any status). Python then grows each result's tree in BFS order.
@@ -166,7 +166,7 @@ SCHEMA_VERSION = len(MIGRATIONS)
 
 
 def records_db_path(state_dir: Path) -> Path:
-    """`state_dir/records.db` (SPEC §1.4)."""
+    """`state_dir/records.db` (docs/design.md §1.4)."""
     return state_dir / RECORDS_DB
 
 

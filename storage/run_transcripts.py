@@ -1,4 +1,4 @@
-"""Sub-agent transcripts (SPEC §4.11): one JSONL file per recall run.
+"""Sub-agent transcripts (docs/design.md §4.11): one JSONL file per recall run.
 
 Each run writes its prompt, tool calls, tool results, drafts and its end as JSON lines, as
 they happen. By default the file lives in a private temporary folder and is deleted when

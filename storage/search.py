@@ -1,4 +1,4 @@
-"""The SQL half of `sessions_search` (SPEC §3) on one agent database.
+"""The SQL half of `sessions_search` (docs/design.md §3) on one agent database.
 
 Visibility is part of the query, never a filter on a page of results: the sessions the
 caller may see (and that are clean) constrain the FTS5 match itself, so the `LIMIT` only
@@ -17,7 +17,7 @@ from ..protocol.session_key import parse_session_key
 from .fts_query import MatchPlan
 
 # "all" is every session in this database; the cross-agent part of `all` is the caller's.
-# "private" is cross-conversation recall's boundary (SPEC §4.2), never a visibility setting.
+# "private" is cross-conversation recall's boundary (docs/design.md §4.2), never a visibility setting.
 DbScope: TypeAlias = Literal["self", "tree", "all", "private"]
 
 

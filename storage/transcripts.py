@@ -1,4 +1,4 @@
-"""The transcript store of one agent database (SPEC §2): writes and reads.
+"""The transcript store of one agent database (docs/design.md §2): writes and reads.
 
 `TranscriptWriter` belongs to the indexer actor alone (the single writer); it turns a batch
 of indexer commands into one transaction. `TranscriptReader` serves history and stats on its
@@ -463,7 +463,7 @@ class TranscriptWriter:
                 node, depth = parents[node], depth - 1
             self.conn.executemany(_INSERT_BRANCH, branch)
             state.leaf_event_id, state.leaf_depth = leaf_id, leaf_depth
-        # Pre-existing rows are reconciled, not indexed inline (SPEC §2.3).
+        # Pre-existing rows are reconciled, not indexed inline (docs/design.md §2.3).
         state.last_text = _UNKNOWN
         state.dirty = True
         self._touch(key, state, cmd.at)
@@ -674,5 +674,5 @@ def _session_info(row: Iterable[object]) -> SessionInfo:
 
 
 def agent_db_path(state_dir: Path, agent: str) -> Path:
-    """`state_dir/agents/<agent>/memory.db` (SPEC §1.4)."""
+    """`state_dir/agents/<agent>/memory.db` (docs/design.md §1.4)."""
     return state_dir / "agents" / agent / "memory.db"

@@ -1,4 +1,4 @@
-"""`activememory chat` (SPEC §4.3, §4.11, §6): scripted conversations through the command line.
+"""`activememory chat` (docs/design.md §4.3, §4.11, §6): scripted conversations through the command line.
 
 Stdin is a StringIO (or a scripted reader that edits the config between turns); one test
 runs the real process with a pipe and sends it Ctrl-C.

@@ -1,4 +1,4 @@
-"""The slash commands (SPEC §4.3): per-session switches, `--global`, `/verbose`, `/trace`."""
+"""The slash commands (docs/design.md §4.3): per-session switches, `--global`, `/verbose`, `/trace`."""
 
 from __future__ import annotations
 

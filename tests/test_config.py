@@ -1,4 +1,4 @@
-"""Config loading (SPEC §4.1): the seed's examples load, bad values get exact, named errors."""
+"""Config loading (docs/design.md §4.1): the seed's examples load, bad values get exact, named errors."""
 
 from __future__ import annotations
 
@@ -355,8 +355,8 @@ def test_inline_fragments_of_the_seed(
 
 # --- Defaults --------------------------------------------------------------------------------
 
-# SPEC §4.1, written out by hand: a wrong default in the Struct fails here.
-SPEC_DEFAULTS: dict[str, object] = {
+# docs/design.md §4.1, written out by hand: a wrong default in the Struct fails here.
+DOCUMENTED_DEFAULTS: dict[str, object] = {
     "enabled": True,
     "agents": None,
     "model": None,
@@ -391,7 +391,7 @@ SPEC_DEFAULTS: dict[str, object] = {
 def test_an_empty_config_has_the_spec_defaults() -> None:
     cfg = load_config({})
     am = cfg.active_memory
-    for name, value in SPEC_DEFAULTS.items():
+    for name, value in DOCUMENTED_DEFAULTS.items():
         assert getattr(am, name) == value, name
     assert am.qmd.search_mode == "search"
     assert am.effective_prompt_style == "balanced"
@@ -410,7 +410,7 @@ def test_an_empty_config_has_the_spec_defaults() -> None:
     assert cfg.remember_across_conversations("main") is True
     assert cfg.search.visibility == "tree"
     # Every key of the table is covered (and nothing else), so a new field needs a default here.
-    assert set(SPEC_DEFAULTS) | {"qmd"} == set(am.__struct_fields__)
+    assert set(DOCUMENTED_DEFAULTS) | {"qmd"} == set(am.__struct_fields__)
 
 
 def test_empty_sections_and_null_optionals_mean_defaults() -> None:
@@ -440,7 +440,7 @@ def test_a_config_passes_through() -> None:
 
 # --- Numeric ranges --------------------------------------------------------------------------
 
-# (key, attribute, minimum, maximum), from the SPEC §4.1 table.
+# (key, attribute, minimum, maximum), from the docs/design.md §4.1 table.
 NUMERIC = [
     ("timeoutMs", "timeout_ms", 250, 120000),
     ("setupGraceTimeoutMs", "setup_grace_timeout_ms", 0, 30000),
@@ -508,7 +508,7 @@ def test_the_spec_example_error_text() -> None:
 
 # --- Choices ---------------------------------------------------------------------------------
 
-# (path under the config section, allowed values in SPEC order)
+# (path under the config section, allowed values in documented order)
 CHOICES = [
     ("queryMode", ["message", "recent", "full"]),
     (

@@ -1,4 +1,4 @@
-"""When recall runs (SPEC §4.2): one row per rule.
+"""When recall runs (docs/design.md §4.2): one row per rule.
 
 Each row is a config, a session, its switches, and where the turn comes from; the expected
 activation paths, or the reason the turn is skipped. `decide` is pure, so the table runs

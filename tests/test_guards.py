@@ -1,4 +1,4 @@
-"""The recall cache and the circuit breaker (SPEC §4.10), on an explicit clock."""
+"""The recall cache and the circuit breaker (docs/design.md §4.10), on an explicit clock."""
 
 from __future__ import annotations
 

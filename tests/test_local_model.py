@@ -1,4 +1,4 @@
-"""`local/extractive` (SPEC §4.5, §4.8): every prompt style measurably, on a fixed corpus.
+"""`local/extractive` (docs/design.md §4.5, §4.8): every prompt style measurably, on a fixed corpus.
 
 The memory tool here is a real `RecallTools` handler over an in-test corpus: a tiny,
 deterministic lexical matcher returning the `memory_search` data shape. It is a fixture,

@@ -1,4 +1,4 @@
-"""The memory-core tools over memory notes (SPEC §4.7): `memory_search` and `memory_get`.
+"""The memory-core tools over memory notes (docs/design.md §4.7): `memory_search` and `memory_get`.
 
 Notes are `MEMORY.md` and `memory/*.md` in the agent workspace; a person edits them and the
 index follows. Every storage test runs on trio and asyncio, with the thread and the inline

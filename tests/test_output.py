@@ -1,4 +1,4 @@
-"""How a recall result is shown (SPEC §4.10, §4.11): the summary cut, the hidden prefix that
+"""How a recall result is shown (docs/design.md §4.10, §4.11): the summary cut, the hidden prefix that
 recalled text can never close or forge, and the exact status and debug lines."""
 
 from __future__ import annotations

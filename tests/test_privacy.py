@@ -1,4 +1,4 @@
-"""The privacy boundary of cross-conversation recall (SPEC §4.2), end to end and in SQL.
+"""The privacy boundary of cross-conversation recall (docs/design.md §4.2), end to end and in SQL.
 
 Every forbidden source holds the answer to the question, each with its own marker word:
 a group, a channel, another agent, unknown-key sessions, archived, headless and spawned

@@ -1,4 +1,4 @@
-"""What the recall sub-agent sees (SPEC §4.4–§4.7): the query-mode layouts byte for byte, the
+"""What the recall sub-agent sees (docs/design.md §4.4–§4.7): the query-mode layouts byte for byte, the
 search query, the prompt styles and their composition, the tool filter and the model chain."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""What the recall sub-agent is given (SPEC §4.4-§4.7), through `mem.plan_recall`."""
+"""What the recall sub-agent is given (docs/design.md §4.4-§4.7), through `mem.plan_recall`."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The recall runtime end to end (SPEC §4.7-§4.11): grounding, tools, transcripts, logs,
+"""The recall runtime end to end (docs/design.md §4.7-§4.11): grounding, tools, transcripts, logs,
 the OpenAI-compatible client against a real loopback server, memory notes, preflight."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The background reconciler (SPEC §2.4): dirty sessions are rebuilt, fenced, and announced.
+"""The background reconciler (docs/design.md §2.4): dirty sessions are rebuilt, fenced, and announced.
 
 A search that sees a dirty session pokes the reconciler; until the rebuild is published the
 session is hidden and the answer says `indexing: true`. A session changed while it is being

@@ -1,4 +1,4 @@
-"""The records store (SPEC §5.1, §5.3): lifecycle, expiry, persistence, bad input, types,
+"""The records store (docs/design.md §5.1, §5.3): lifecycle, expiry, persistence, bad input, types,
 the writer dialog, and the `memory_recall` tool."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Records search configs (SPEC §5.5): token budgets, top-k and reranking, pruning, judges."""
+"""Records search configs (docs/design.md §5.5): token budgets, top-k and reranking, pruning, judges."""
 
 from __future__ import annotations
 

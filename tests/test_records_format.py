@@ -1,4 +1,4 @@
-"""Rendering of records search results (SPEC §5.6): XML safety, the show_* flags, and the
+"""Rendering of records search results (docs/design.md §5.6): XML safety, the show_* flags, and the
 invalid-branch rule."""
 
 from __future__ import annotations

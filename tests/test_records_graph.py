@@ -1,4 +1,4 @@
-"""Graph expansion of records searches (SPEC §5.4): shortest-path trees of linked memories.
+"""Graph expansion of records searches (docs/design.md §5.4): shortest-path trees of linked memories.
 
 Tie-breaking, as documented in storage/records.py: a level's frontier is processed in the
 order its vertices were discovered, each vertex's relations in insertion order (both

@@ -1,4 +1,4 @@
-"""The memory-records slot: recall through memory_recall never crosses users (SPEC §4.7, §5)."""
+"""The memory-records slot: recall through memory_recall never crosses users (docs/design.md §4.7, §5)."""
 
 from __future__ import annotations
 

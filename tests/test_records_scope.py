@@ -1,4 +1,4 @@
-"""Scope resolution of records searches (SPEC §5.2), every cell of the table.
+"""Scope resolution of records searches (docs/design.md §5.2), every cell of the table.
 
 The store holds one record for every combination of user (None, u1, u2), agent (None, a1,
 a2) and thread (None, t1, t2), all with the same content, so BM25 ties and only the scope
@@ -49,7 +49,7 @@ async def grid(tmp_path: Path, executor: str) -> AsyncIterator[tuple[am.Memory, 
         yield mem, ids
 
 
-# The SPEC §5.2 table as data: what each layer does with an omitted field, as
+# The docs/design.md §5.2 table as data: what each layer does with an omitted field, as
 # (value, exact, boosted); "rejected" for the client's omitted user.
 DEFAULTS: dict[str, dict[str, Any]] = {
     "thread": {"user_id": ("u1", True, False), "agent_id": ("a1", True, False),

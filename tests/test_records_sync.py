@@ -1,4 +1,4 @@
-"""`activememory.sync` answers record searches exactly as the async API does (SPEC §5)."""
+"""`activememory.sync` answers record searches exactly as the async API does (docs/design.md §5)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Redaction (SPEC §3): every secret format is masked, prose is left alone, and redaction is
+"""Redaction (docs/design.md §3): every secret format is masked, prose is left alone, and redaction is
 idempotent and never lets the body of a long secret through."""
 
 from __future__ import annotations

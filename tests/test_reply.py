@@ -1,4 +1,4 @@
-"""The bot path (SPEC §6): `mem.reply` on trio and asyncio hosts, and the blocking facade."""
+"""The bot path (docs/design.md §6): `mem.reply` on trio and asyncio hosts, and the blocking facade."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""From a run's report to a status (SPEC §4.10): NONE, the evidence gate, partial answers."""
+"""From a run's report to a status (docs/design.md §4.10): NONE, the evidence gate, partial answers."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""sessions_search (SPEC §3): terms, ranking, snippets, limits, CJK, errors.
+"""sessions_search (docs/design.md §3): terms, ranking, snippets, limits, CJK, errors.
 
 Every test runs on trio and asyncio, with the thread and the inline executor. Messages
 whose ranking is compared go to sessions of their own (`put`), since a message's index also

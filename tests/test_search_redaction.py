@@ -1,4 +1,4 @@
-"""Redaction in search answers (SPEC §3): secrets never reach a snippet or the answer.
+"""Redaction in search answers (docs/design.md §3): secrets never reach a snippet or the answer.
 
 Each listed secret format sits inside a message that search finds; the snippet and the
 whole serialized answer must not hold the secret's body. Redaction happens before the

@@ -1,4 +1,4 @@
-"""Session-key parsing follows the SPEC §2.1 table; malformed keys get a clear error."""
+"""Session-key parsing follows the docs/design.md §2.1 table; malformed keys get a clear error."""
 
 from __future__ import annotations
 

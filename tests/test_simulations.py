@@ -1,4 +1,4 @@
-"""The deterministic timeout simulations (SPEC §7): exact virtual times, same trace twice."""
+"""The deterministic timeout simulations (docs/design.md §7): exact virtual times, same trace twice."""
 
 from __future__ import annotations
 

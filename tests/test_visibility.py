@@ -1,4 +1,4 @@
-"""Who sees what in sessions_search (SPEC §3): the visibility matrix.
+"""Who sees what in sessions_search (docs/design.md §3): the visibility matrix.
 
 caller kind × session kind × agent × sandboxed × visibility setting × agentToAgent ×
 sandbox clamp. Every session holds one "needle" message; a caller must get exactly the
@@ -47,7 +47,7 @@ KEYS = {name: key for name, (key, _, _) in SESSIONS.items()} | {
 
 
 def expected(caller: str, visibility: str, a2a: bool, sandbox: str) -> set[str]:
-    """The SPEC §3 rules, spelled out independently of the implementation."""
+    """The docs/design.md §3 rules, spelled out independently of the implementation."""
     sandboxed = caller in SESSIONS and SESSIONS[caller][2]
     if sandboxed and sandbox == "spawned" and visibility in ("agent", "all"):
         visibility = "tree"
