@@ -35,6 +35,7 @@ from .protocol.records import NOT_SET as NOT_SET
 from .protocol.records import MemorySearchConfig as MemorySearchConfig
 from .protocol.records import PruningEvaluationMode as PruningEvaluationMode
 from .protocol.records import PruningMemorySearchConfig as PruningMemorySearchConfig
+from .protocol.records import RankingError as RankingError
 from .protocol.records import Record as Record
 from .protocol.records import RecordRelation as RecordRelation
 from .protocol.records import RecordResultFormatConfig as RecordResultFormatConfig

@@ -174,10 +174,12 @@ async def test_a_reranker_that_invents_results_fails_the_search(mem: am.Memory) 
         async def rerank(self, query: str, results: Sequence[RecordSearchResult]) -> list[Any]:
             return [result(99)]
 
-    with pytest.raises(RankingError, match=r"^reranker: returned a result it was not given"):
+    # Users catch it by its public name (`am.RankingError`), like every error they can meet.
+    with pytest.raises(am.RankingError, match=r"^reranker: returned a result it was not given"):
         await mem.records.search(
             "seat", user_id="u1", config=TopKMemorySearchConfig(reranker=Liar())
         )
+    assert am.RankingError is RankingError
 
 
 # -- pruning --------------------------------------------------------------------------------
