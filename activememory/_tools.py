@@ -145,22 +145,23 @@ class RecallModel(Protocol):
 
 def tool_failure(name: str, message: str) -> ToolResult:
     """The result of a tool call that failed: `{"error": message}`, not evidence."""
-    content = json.dumps({"error": message}, ensure_ascii=False)
+    # ASCII JSON: a lone surrogate echoed from the model's arguments stays encodable.
+    content = json.dumps({"error": message})
     return ToolResult(name=name, content=content, error=message, evidence=False)
 
 
 def tool_arguments(shape: type[Args], args: Mapping[str, Any]) -> Args:
     """A tool call's `args` as its argument Struct (protocol/tools.py).
 
-    Raises `InvalidInputError` naming each bad argument and what is allowed, in the config
-    loader's words (`maxResults: 0 is below the minimum 1`).
+    Raises `InvalidInputError` naming each bad argument and what is allowed, one a line,
+    in the config loader's words (`maxResults: 0 is below the minimum 1`).
     """
     if not isinstance(args, Mapping):
         raise InvalidInputError(f"arguments: expected an object, got {type(args).__name__}")
     try:
         return msgspec.convert(args, shape)
-    except msgspec.ValidationError as exc:
-        raise InvalidInputError("; ".join(problems(shape, args)) or f"arguments: {exc}") from None
+    except (msgspec.ValidationError, UnicodeEncodeError) as exc:  # a key with a lone surrogate
+        raise InvalidInputError("\n".join(problems(shape, args)) or f"arguments: {exc}") from None
 
 
 def host_result(name: str, value: object) -> ToolResult:
