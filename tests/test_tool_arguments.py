@@ -12,12 +12,11 @@ import pytest
 from chat_server import Answer, serve
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_openai_model import REF, make_request
 
 from activememory._openai_model import OpenAICompatibleModel
 from activememory._tools import RecallTools, tool_arguments
 from activememory.protocol.errors import InvalidInputError
-from activememory.protocol.recall import ToolResult
+from activememory.protocol.recall import RecallRequest, ToolResult
 from activememory.protocol.tools import (
     TOOL_ARGUMENTS,
     MemoryGetArgs,
@@ -96,6 +95,23 @@ EXPECTED = [
 ]
 
 
+REQUEST = RecallRequest(
+    session_key="agent:main:main",
+    agent="main",
+    model="test/chat-model",
+    prompt="Recall.",
+    prompt_style="balanced",
+    query_mode="recent",
+    context="Latest user message:\nhi",
+    latest="hi",
+    search_query="hi",
+    tools=tuple(TOOL_ARGUMENTS),
+    transcripts=False,
+    timeout_ms=15000,
+    max_summary_chars=220,
+)
+
+
 async def echo(args: Mapping[str, Any]) -> ToolResult:
     return ToolResult(name="echo", content=json.dumps(dict(args)), evidence=True)
 
@@ -117,8 +133,8 @@ async def test_the_openai_client_sends_each_struct_s_schema_inlined() -> None:
     tools = built_in_tools()
     assert tools.schemas() == EXPECTED
     with anyio.fail_after(10), serve([Answer(content="NONE")]) as server:
-        async with OpenAICompatibleModel(REF, base_url=server.base_url) as model:
-            await model.recall(make_request(tools=tuple(TOOL_ARGUMENTS)), tools)
+        async with OpenAICompatibleModel(REQUEST.model, base_url=server.base_url) as model:
+            await model.recall(REQUEST, tools)
     (request,) = server.requests
     assert request.body["tools"] == EXPECTED
     assert refs(request.body["tools"]) == []  # no $ref, no $defs
