@@ -22,6 +22,7 @@ import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol, TextIO
+from xml.sax.saxutils import unescape
 
 import msgspec
 import trio
@@ -179,9 +180,7 @@ def _remembered(prompt_prefix: str | None) -> str | None:
         start, end = lines.index(PREFIX_OPEN), lines.index(PREFIX_CLOSE)
     except ValueError:
         return None
-    note = " ".join(lines[start + 1 : end]).strip()
-    # The reverse of `escape_xml`: `&amp;` last, so an escaped "&lt;" stays "&lt;".
-    return note.replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&") or None
+    return unescape(" ".join(lines[start + 1 : end]).strip()) or None  # undoes `escape_xml`
 
 
 def _text(message: Message) -> str:

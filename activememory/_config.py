@@ -362,10 +362,19 @@ def _choices(t: mi.Type, owner: type | None) -> list[str] | None:
     return shown
 
 
-class _Walker:
-    """One walk of a config mapping: expands `${ENV}`, collects errors in document order."""
+def problems(shape: type, value: object) -> list[str]:
+    """What is wrong with `value` as a `shape` Struct, one line per problem in the loader's
+    words (`maxResults: 0 is below the minimum 1`). Strings are taken as they are: no `${ENV}`."""
+    walker = _Walker(None)
+    walker.walk(mi.type_info(shape), value, "")
+    return walker.errors
 
-    def __init__(self, env: Mapping[str, str]) -> None:
+
+class _Walker:
+    """One walk of a config mapping: expands `${ENV}` (unless `env` is None), collects errors
+    in document order."""
+
+    def __init__(self, env: Mapping[str, str] | None) -> None:
         self._env = env
         self.errors: list[str] = []
         self.warnings: list[str] = []
@@ -375,11 +384,15 @@ class _Walker:
         self.errors.append(f"{path}: {text}" if path else text)
 
     def _expand(self, path: str, text: str) -> str:
+        env = self._env
+        if env is None:
+            return text
+
         def replace(match: re.Match[str]) -> str:
             if match.group(1):
                 return match.group(0)[1:]
             name = match.group(2)
-            value = self._env.get(name)
+            value = env.get(name)
             if value is None:
                 self._error(path, f"environment variable {name} is not set")
                 return match.group(0)

@@ -48,14 +48,16 @@ import anyio
 
 from ._redaction import Redactor
 from ._search import SessionSearch, make_snippet
-from ._tools import MAX_TOOL_CONTENT_CHARS
+from ._tools import MAX_TOOL_CONTENT_CHARS, tool_arguments, tool_failure
 from .actors.supervisor import AgentStore, Supervisor
 from .protocol.config import Config
 from .protocol.errors import InvalidInputError, MemoryClosedError, StorageError
 from .protocol.indexer import NOTE_PATH, NoteFile, Rejected, SyncNotes
 from .protocol.recall import ToolResult
-from .protocol.search import MAX_QUERY_CHARS, SearchHit
+from .protocol.search import SearchHit
 from .protocol.session_key import AGENT_ID, SessionKey, parse_session_key
+from .protocol.tools import DEFAULT_RESULTS as DEFAULT_RESULTS  # the benchmarks' default
+from .protocol.tools import MemoryGetArgs, MemorySearchArgs
 from .storage.fts_query import plan_match, query_terms
 from .storage.notes import (
     MAX_CHUNK_CHARS,
@@ -74,10 +76,6 @@ RESCAN_S = 1.0
 MAX_NOTE_BYTES = 1024 * 1024
 """Notes larger than this are not indexed nor served (listed under `ignored`)."""
 
-DEFAULT_RESULTS = 6
-MAX_RESULTS = 25
-DEFAULT_GET_LINES = 40
-MAX_GET_LINES = 200
 MAX_SNIPPET_CHARS = MAX_CHUNK_CHARS
 SESSION_PREFIX = "session:"
 
@@ -88,8 +86,6 @@ _NOT_AVAILABLE = (
     "path: {path!r} is not available (only the agent's other private conversations can be "
     "read, and only when cross-conversation recall is on)"
 )
-_SEARCH_ARGS = ("query", "maxResults")
-_GET_ARGS = ("path", "from", "lines")
 # The message behind a `session:<key>#<id>` path, if it lies inside the caller's private
 # scope: the same predicate as the transcript search (storage/search.py), applied again
 # here because a path is model output and proves nothing.
@@ -216,7 +212,8 @@ class MemoryCore:
         Cancellation: nothing is written by a search except a note rescan's `SyncNotes`
         (see `sync_notes`); reads already started finish on their worker.
         """
-        query, limit = _search_args(args)
+        parsed = tool_arguments(MemorySearchArgs, args)
+        query, limit = parsed.query, parsed.max_results
         started = anyio.current_time()
         store = await self._store(agent)
         sync_error = None
@@ -286,7 +283,8 @@ class MemoryCore:
 
         Cancellation: reads only; a read already started finishes on its worker.
         """
-        path, first, count = _get_args(args)
+        parsed = tool_arguments(MemoryGetArgs, args)
+        path, first, count = parsed.path, parsed.from_, parsed.lines
         store = await self._store(agent)
         redactor = self._search.redactor
         if path.startswith(SESSION_PREFIX):
@@ -312,7 +310,7 @@ class MemoryCore:
         if not sep or not ident.isascii() or not ident.isdigit() or not key_text:
             raise InvalidInputError(f"path: {path!r} is not session:<session_key>#<message_id>")
         key = parse_session_key(key_text, field="path")
-        refused = _failure("memory_get", _NOT_AVAILABLE.format(path=path))
+        refused = tool_failure("memory_get", _NOT_AVAILABLE.format(path=path))
         if not transcripts or not caller.is_private or caller.agent is None:
             return refused
         if key.agent != caller.agent or store.agent != caller.agent:
@@ -439,21 +437,21 @@ def _read_note(root: Path, rel: str, first: int, count: int, redactor: Redactor)
     try:
         real_root = root.resolve(strict=True)
     except (OSError, RuntimeError):
-        return _failure("memory_get", f"path: no note {rel!r} (the workspace does not exist)")
+        return tool_failure("memory_get", f"path: no note {rel!r} (the workspace does not exist)")
     target = _inside(real_root, rel)
     if target is None:
         raise InvalidInputError(f"path: {rel!r} leads outside the workspace")
     try:
         st = target.stat()
         if not stat.S_ISREG(st.st_mode):
-            return _failure("memory_get", f"path: {rel!r} is not a file")
+            return tool_failure("memory_get", f"path: {rel!r} is not a file")
         if st.st_size > MAX_NOTE_BYTES:
-            return _failure("memory_get", f"path: {rel!r} is larger than 1 MiB; it is ignored")
+            return tool_failure("memory_get", f"path: {rel!r} is larger than 1 MiB; it is ignored")
         data = _read_bytes(target)
     except FileNotFoundError:
-        return _failure("memory_get", f"path: no note {rel!r} in the workspace")
+        return tool_failure("memory_get", f"path: no note {rel!r} in the workspace")
     except OSError as exc:
-        return _failure("memory_get", f"path: cannot read {rel!r} ({exc.strerror or exc})")
+        return tool_failure("memory_get", f"path: cannot read {rel!r} ({exc.strerror or exc})")
     lines = redact_lines(redactor, note_lines(data.decode("utf-8-sig", errors="replace")))
     return _excerpt("memory_get", {"path": rel}, lines, first, count)
 
@@ -553,59 +551,6 @@ def _merge(
         result["score"] = round(norm, 4)
         results.append(result)
     return results
-
-
-def _check_args(args: Mapping[str, Any], allowed: tuple[str, ...], tool: str) -> None:
-    if not isinstance(args, Mapping):
-        raise InvalidInputError(f"arguments: expected an object, got {type(args).__name__}")
-    for name in args:
-        if name not in allowed:
-            raise InvalidInputError(f"{name}: unknown argument; {tool} takes {', '.join(allowed)}")
-
-
-def _int_arg(args: Mapping[str, Any], name: str, default: int, low: int, high: int | None) -> int:
-    value = args.get(name, default)
-    if (
-        not isinstance(value, int)
-        or isinstance(value, bool)
-        or value < low
-        or (high is not None and value > high)
-    ):
-        upper = f"from {low} to {high}" if high is not None else f"of at least {low}"
-        raise InvalidInputError(f"{name}: {value!r} is not an integer {upper}")
-    return value
-
-
-def _search_args(args: Mapping[str, Any]) -> tuple[str, int]:
-    _check_args(args, _SEARCH_ARGS, "memory_search")
-    if "query" not in args:
-        raise InvalidInputError("query: required")
-    query = args["query"]
-    if not isinstance(query, str):
-        raise InvalidInputError(f"query: expected a string, got {type(query).__name__}")
-    if not query.strip():
-        raise InvalidInputError("query: must not be blank")
-    if len(query) > MAX_QUERY_CHARS:
-        raise InvalidInputError(
-            f"query: {len(query)} characters is over the maximum {MAX_QUERY_CHARS}"
-        )
-    return query, _int_arg(args, "maxResults", DEFAULT_RESULTS, 1, MAX_RESULTS)
-
-
-def _get_args(args: Mapping[str, Any]) -> tuple[str, int, int]:
-    _check_args(args, _GET_ARGS, "memory_get")
-    if "path" not in args:
-        raise InvalidInputError("path: required")
-    path = args["path"]
-    if not isinstance(path, str):
-        raise InvalidInputError(f"path: expected a string, got {type(path).__name__}")
-    first = _int_arg(args, "from", 1, 1, None)
-    count = _int_arg(args, "lines", DEFAULT_GET_LINES, 1, MAX_GET_LINES)
-    return path, first, count
-
-
-def _failure(name: str, message: str) -> ToolResult:
-    return ToolResult(name=name, content=_dumps({"error": message}), error=message, evidence=False)
 
 
 def _dumps(data: Mapping[str, Any]) -> str:

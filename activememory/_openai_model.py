@@ -12,7 +12,7 @@ import json
 import math
 from collections.abc import Mapping
 from types import TracebackType
-from typing import Any, Final
+from typing import Any, Final, Self
 
 import anyio
 import httpx
@@ -40,6 +40,87 @@ _BAD_ARGUMENTS: Final = json.dumps({"error": "arguments are not a JSON object"})
 _NO_NAME: Final = json.dumps({"error": "the tool call names no function"})
 
 
+class ChatCompletionsClient:
+    """An OpenAI-compatible chat-completions endpoint: the one round trip (request, capped
+    read, answer checks) of the recall model and the pruning judge (`OpenAIJudge`).
+
+    Requests go to `{base_url}/chat/completions`, with `Authorization: Bearer <api_key>`
+    when a key is set. One `httpx.AsyncClient` serves every request (connections are
+    reused); pass `client` to share one of your own (then `aclose` leaves it open). A
+    subclass says how a failure reads (`_error`).
+    """
+
+    def __init__(
+        self, base_url: str, api_key: str | None, client: httpx.AsyncClient | None
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.url = self.base_url + "/chat/completions"
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._owns_client = client is None
+        self._client = client if client is not None else httpx.AsyncClient()
+
+    async def complete(self, body: dict[str, Any], *, seconds: float, late: str) -> dict[str, Any]:
+        """POST `body`; the answer's `choices[0].message`.
+
+        Raises `self._error(...)` for no answer within `seconds` (saying `late`), a
+        network error, a non-2xx status, an answer over `MAX_ANSWER_BYTES`, one that is not
+        JSON, or one without `choices[0].message`.
+
+        Cancellation: the request is abandoned; its connection is dropped, not reused.
+        """
+        try:
+            async with self._client.stream(
+                "POST", self.url, json=body, headers=self._headers, timeout=httpx.Timeout(seconds)
+            ) as response:
+                raw = await _read_capped(response)
+        except httpx.TimeoutException:
+            raise self._error(late) from None
+        except httpx.HTTPError as exc:
+            raise self._error(f"the request failed ({type(exc).__name__}: {exc})") from exc
+        if raw is None:
+            raise self._error(f"the answer is larger than {MAX_ANSWER_BYTES} bytes")
+        if not response.is_success:
+            said = " ".join(raw.decode("utf-8", "replace")[:_ERROR_BODY_CHARS].split())
+            status = f"{response.status_code} {response.reason_phrase}".strip()
+            raise self._error(f"the provider answered {status}" + (f": {said}" if said else ""))
+        try:
+            answer = json.loads(raw)
+        except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
+            raise self._error(f"the answer is not valid JSON ({exc})") from None
+        message = _first_message(answer)
+        if message is None:
+            error = answer.get("error") if isinstance(answer, dict) else None
+            if error:
+                said = " ".join(str(error)[:_ERROR_BODY_CHARS].split())
+                raise self._error(f"the provider answered an error: {said}")
+            raise self._error("the answer has no choices[0].message")
+        return message
+
+    def _error(self, what: str) -> Exception:
+        raise NotImplementedError
+
+    async def aclose(self) -> None:
+        """Close the HTTP client (unless it was passed in).
+
+        Cancellation: shielded, so closing is never interrupted half-way; connections are
+        dropped.
+        """
+        if self._owns_client:
+            with anyio.CancelScope(shield=True):
+                await self._client.aclose()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+
 class RecallModelError(ActiveMemoryError):
     """A recall model call failed: the message names the provider, the model and what happened.
 
@@ -49,15 +130,12 @@ class RecallModelError(ActiveMemoryError):
     """
 
 
-class OpenAICompatibleModel:
+class OpenAICompatibleModel(ChatCompletionsClient):
     """A `RecallModel` that speaks OpenAI chat completions with tool calling.
 
     `ref` is `provider/model`; the part after the first `/` is the model id sent to the
-    provider. `base_url` is the provider's API root (`https://host/v1`): requests go to
-    `{base_url}/chat/completions`, with `Authorization: Bearer <api_key>` when a key is
-    set. One `httpx.AsyncClient` is shared by every call of this object (connections are
-    reused); pass `client` to share one of your own (then `aclose` leaves it open). Works
-    under trio and asyncio.
+    provider. `base_url` is the provider's API root (`https://host/v1`); requests, the API
+    key and `client` are as `ChatCompletionsClient` says. Works under trio and asyncio.
 
     The request's switches are forwarded to the recall model only:
 
@@ -86,14 +164,10 @@ class OpenAICompatibleModel:
             raise ValueError(f"{ref}: base URL {base_url!r} is not an http(s) URL")
         if type(max_rounds) is not int or max_rounds < 0:
             raise ValueError(f"{ref}: max_rounds must be an int >= 0, got {max_rounds!r}")
+        super().__init__(base_url, api_key, client)
         self.ref = ref
         self.model_id = model
-        self.base_url = base_url.rstrip("/")
-        self.url = self.base_url + "/chat/completions"
         self.max_rounds = max_rounds
-        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._owns_client = client is None
-        self._client = client if client is not None else httpx.AsyncClient()
 
     async def recall(self, request: RecallRequest, tools: RecallTools) -> str:
         """Ask the model, run the tools it calls, and return its answer ("" for none).
@@ -116,25 +190,6 @@ class OpenAICompatibleModel:
             return await self._converse(request, tools)
         assert budget.cancelled_caught  # the only way out of the scope without a return
         raise self._error("no answer within the budget")
-
-    async def aclose(self) -> None:
-        """Close the HTTP client (unless it was passed in).
-
-        Cancellation: closing is not interrupted half-way; connections are dropped.
-        """
-        if self._owns_client:
-            await self._client.aclose()
-
-    async def __aenter__(self) -> OpenAICompatibleModel:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     def __repr__(self) -> str:
         return f"OpenAICompatibleModel({self.ref!r}, base_url={self.base_url!r})"
@@ -161,7 +216,7 @@ class OpenAICompatibleModel:
         rounds = 0
         while True:
             message = await self._ask(body, request.deadline)
-            text = _text(message.get("content"))
+            text = content_text(message.get("content"))
             calls = message.get("tool_calls")
             if not isinstance(calls, list) or not calls:
                 return text
@@ -193,42 +248,12 @@ class OpenAICompatibleModel:
         return reply
 
     async def _ask(self, body: dict[str, Any], deadline: float) -> dict[str, Any]:
-        """One chat-completions request; the answer's `choices[0].message`."""
+        """One chat-completions request, given the time left of the run."""
         if math.isinf(deadline):
             seconds = DEFAULT_REQUEST_TIMEOUT_S
         else:
             seconds = max(0.001, deadline - anyio.current_time())
-        try:
-            async with self._client.stream(
-                "POST",
-                self.url,
-                json=body,
-                headers=self._headers,
-                timeout=httpx.Timeout(seconds),
-            ) as response:
-                raw = await _read_capped(response)
-        except httpx.TimeoutException:
-            raise self._error("no answer within the budget") from None
-        except httpx.HTTPError as exc:
-            raise self._error(f"the request failed ({type(exc).__name__}: {exc})") from exc
-        if raw is None:
-            raise self._error(f"the answer is larger than {MAX_ANSWER_BYTES} bytes")
-        if not response.is_success:
-            said = " ".join(raw.decode("utf-8", "replace")[:_ERROR_BODY_CHARS].split())
-            status = f"{response.status_code} {response.reason_phrase}".strip()
-            raise self._error(f"the provider answered {status}" + (f": {said}" if said else ""))
-        try:
-            answer = json.loads(raw)
-        except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
-            raise self._error(f"the answer is not valid JSON ({exc})") from None
-        message = _first_message(answer)
-        if message is None:
-            error = answer.get("error") if isinstance(answer, dict) else None
-            if error:
-                said = " ".join(str(error)[:_ERROR_BODY_CHARS].split())
-                raise self._error(f"the provider answered an error: {said}")
-            raise self._error("the answer has no choices[0].message")
-        return message
+        return await self.complete(body, seconds=seconds, late="no answer within the budget")
 
     def _error(self, what: str) -> RecallModelError:
         return RecallModelError(f"{self.ref}: {what}")
@@ -281,7 +306,7 @@ def _first_message(answer: object) -> dict[str, Any] | None:
     return message if isinstance(message, dict) else None
 
 
-def _text(content: object) -> str:
+def content_text(content: object) -> str:
     """The text of a message's `content`: a string, or the text parts of a list."""
     if isinstance(content, str):
         return content

@@ -19,6 +19,7 @@ from ._output import (
     PREFIX_OPEN,
     STATUS_LINE_LABEL,
 )
+from .protocol.config import STYLE_BY_QUERY_MODE
 from .protocol.content import Message
 from .storage.fts_query import STOPWORDS
 
@@ -348,11 +349,6 @@ PROMPT_STYLES: tuple[PromptStyle, ...] = (
     "precision-heavy",
     "preference-only",
 )
-_STYLE_BY_MODE: dict[str, PromptStyle] = {
-    "message": "strict",
-    "recent": "balanced",
-    "full": "contextual",
-}
 
 STYLE_THRESHOLDS: dict[str, float] = {
     "precision-heavy": 0.75,
@@ -433,9 +429,9 @@ def resolve_prompt_style(query_mode: str, prompt_style: str | None) -> str:
                 f"promptStyle: expected one of {', '.join(PROMPT_STYLES)}, got {prompt_style!r}"
             )
         return prompt_style
-    if query_mode not in _STYLE_BY_MODE:
+    if query_mode not in QUERY_MODES:
         raise ValueError(f"queryMode: expected one of {', '.join(QUERY_MODES)}, got {query_mode!r}")
-    return _STYLE_BY_MODE[query_mode]
+    return STYLE_BY_QUERY_MODE[query_mode]
 
 
 def system_prompt(style: str, *, prompt_append: str | None, prompt_override: str | None) -> str:

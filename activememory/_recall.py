@@ -43,7 +43,7 @@ from ._results import judge
 from ._search import SessionSearch
 from ._tools import RecallModel, RecallTools, ToolHandler, host_result
 from .actors.supervisor import Supervisor
-from .protocol.config import Config
+from .protocol.config import SLOT_TOOLS, Config
 from .protocol.errors import InvalidInputError
 from .protocol.recall import (
     RecallOutcome,
@@ -62,12 +62,6 @@ from .storage.run_transcripts import SubAgentTranscript, TranscriptPlace
 
 PREFLIGHT_S = 1.5
 FINALIZE_S = 1.5
-# The tools each built-in memory slot provides (memory-lancedb: the source's name).
-_SLOT_TOOLS = {
-    "memory-core": frozenset({"memory_search", "memory_get"}),
-    "memory-records": frozenset({"memory_recall"}),
-    "memory-lancedb": frozenset({"memory_recall"}),
-}
 _LOG_LINE_CHARS = 500
 log = logging.getLogger("activememory.recall")
 
@@ -494,7 +488,7 @@ class Recaller:
         """`toolsAllow` (or the memory slot's default), kept to the tools that exist."""
         allowed = config.active_memory.tools_allow
         names = filter_tools_allow(allowed) if allowed is not None else config.default_tools()
-        available = _SLOT_TOOLS.get(config.memory_slot, frozenset()) | set(self._tools)
+        available = {*SLOT_TOOLS.get(config.memory_slot, ()), *self._tools}
         return tuple(name for name in names if name in available)
 
     def _finish(

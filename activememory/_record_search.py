@@ -15,14 +15,12 @@ import math
 import re
 from collections.abc import Sequence
 from itertools import pairwise
-from types import TracebackType
 from typing import Any, Final
 
-import anyio
 import httpx
 
 from ._local_model import terms
-from ._openai_model import MAX_ANSWER_BYTES, _first_message, _read_capped, _text
+from ._openai_model import ChatCompletionsClient, content_text
 from ._redaction import DEFAULT_REDACTOR, Redactor
 from .protocol.record_results import RecordSearchResult, estimate_tokens
 from .protocol.records import (
@@ -195,15 +193,13 @@ _WORDS: Final[dict[str, bool]] = {
 }
 
 
-class OpenAIJudge:
+class OpenAIJudge(ChatCompletionsClient):
     """A pruning `Judge` backed by an OpenAI-compatible chat-completions endpoint.
 
-    Sends `POST {base_url}/chat/completions` (`Authorization: Bearer <api_key>` when a key
-    is set) with the query and the candidates' contents, redacted and cut to
-    `max_chars` characters each, as JSON data, and reads back `{"keep": [bool, ...]}` (a
-    bare list, code fences, and "keep"/"drop"/"yes"/"no" strings are accepted too). Works
-    under trio and asyncio; one `httpx.AsyncClient` is reused (pass `client` to share
-    yours; `aclose` then leaves it open).
+    Sends the query and the candidates' contents, redacted and cut to `max_chars`
+    characters each, as JSON data, and reads back `{"keep": [bool, ...]}` (a bare list,
+    code fences, and "keep"/"drop"/"yes"/"no" strings are accepted too). Requests, the API
+    key and `client` are as `ChatCompletionsClient` says. Works under trio and asyncio.
 
     Raises `RankingError` naming the model for a non-2xx status, a network error or
     timeout, an answer that is not a chat completion, or a verdict list that is not one
@@ -225,15 +221,11 @@ class OpenAIJudge:
             raise ValueError(f"model: {model!r} is not a model id")
         if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
             raise ValueError(f"base_url: {base_url!r} is not an http(s) URL")
+        super().__init__(base_url, api_key, client)
         self.model = model
-        self.base_url = base_url.rstrip("/")
-        self.url = self.base_url + "/chat/completions"
         self.timeout = timeout
         self.max_chars = max_chars
         self._redactor = redactor or DEFAULT_REDACTOR
-        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._owns_client = client is None
-        self._client = client if client is not None else httpx.AsyncClient()
 
     async def judge(self, query: str, candidates: Sequence[RecordSearchResult]) -> list[bool]:
         """Ask the model for one keep/drop per candidate.
@@ -258,27 +250,9 @@ class OpenAIJudge:
                 },
             ],
         }
-        try:
-            async with self._client.stream(
-                "POST", self.url, json=body, headers=self._headers, timeout=self.timeout
-            ) as response:
-                raw = await _read_capped(response)
-        except httpx.TimeoutException:
-            raise self._error(f"no answer within {self.timeout:g} s") from None
-        except httpx.HTTPError as exc:
-            raise self._error(f"the request failed ({type(exc).__name__}: {exc})") from exc
-        if raw is None:
-            raise self._error(f"the answer is larger than {MAX_ANSWER_BYTES} bytes")
-        if not response.is_success:
-            said = " ".join(raw.decode("utf-8", "replace")[:200].split())
-            raise self._error(f"the provider answered {response.status_code}: {said}")
-        try:
-            message = _first_message(json.loads(raw))
-        except ValueError:
-            message = None
-        if message is None:
-            raise self._error("the answer is not a chat completion")
-        return self._parse(_text(message.get("content")), len(candidates))
+        late = f"no answer within {self.timeout:g} s"
+        message = await self.complete(body, seconds=self.timeout, late=late)
+        return self._parse(content_text(message.get("content")), len(candidates))
 
     def _parse(self, text: str, n: int) -> list[bool]:
         try:
@@ -303,26 +277,6 @@ class OpenAIJudge:
 
     def _error(self, what: str) -> RankingError:
         return RankingError(f"judge {self.model}: {what}")
-
-    async def aclose(self) -> None:
-        """Close the HTTP client (unless it was passed in).
-
-        Cancellation: closing is not interrupted half-way; connections are dropped.
-        """
-        if self._owns_client:
-            with anyio.CancelScope(shield=True):
-                await self._client.aclose()
-
-    async def __aenter__(self) -> OpenAIJudge:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     def __repr__(self) -> str:
         return f"OpenAIJudge({self.model!r}, base_url={self.base_url!r})"

@@ -33,7 +33,7 @@ import msgspec
 
 from ._record_search import refine
 from ._redaction import DEFAULT_REDACTOR, Redactor
-from ._tools import MAX_TOOL_CONTENT_CHARS
+from ._tools import MAX_TOOL_CONTENT_CHARS, tool_arguments
 from .actors.supervisor import Supervisor
 from .protocol.errors import InvalidInputError, MemoryClosedError, StorageError
 from .protocol.recall import ToolResult
@@ -63,6 +63,7 @@ from .protocol.records import (
     is_finite_number,
 )
 from .protocol.search import MAX_QUERY_CHARS
+from .protocol.tools import MemoryRecallArgs
 from .storage.fts_query import plan_match
 from .storage.records import LinkedNode, RecordHit, RecordQuery
 
@@ -742,9 +743,6 @@ def _metadata_filter(value: object) -> tuple[tuple[str, object], ...]:
 
 # -- the memory_recall tool (docs/design.md §4.7, memory-records slot) --------------------------------
 
-RECALL_ARGS: Final = ("query", "maxResults")
-DEFAULT_RECALL_RESULTS: Final = 6
-MAX_RECALL_RESULTS: Final = 25
 _RECALL_FORMAT = RecordResultFormatConfig(include_invalid_results=False)
 
 
@@ -771,24 +769,13 @@ async def recall_tool(
 
     Cancellation: nothing is written; a read that has started finishes on its worker.
     """
-    if not isinstance(args, Mapping):
-        raise InvalidInputError(f"arguments: expected an object, got {type(args).__name__}")
-    for name in args:
-        if name not in RECALL_ARGS:
-            raise InvalidInputError(
-                f"{name}: unknown argument; memory_recall takes {', '.join(RECALL_ARGS)}"
-            )
-    if "query" not in args:
-        raise InvalidInputError("query: required")
-    query = _query(args["query"])
-    limit = args.get("maxResults", DEFAULT_RECALL_RESULTS)
-    _int_in("maxResults", limit, 1, MAX_RECALL_RESULTS)
+    parsed = tool_arguments(MemoryRecallArgs, args)
     thread = records.thread(user_id=user_id, agent_id=agent_id, thread_id=thread_id)
     found = await thread.search(
-        query,
+        parsed.query,
         include_invalid_results=False,
         num_hops=1,
-        config=TopKMemorySearchConfig(max_results=limit),
+        config=TopKMemorySearchConfig(max_results=parsed.max_results),
         format_config=_RECALL_FORMAT,
     )
     scrub = (redactor or DEFAULT_REDACTOR).redact

@@ -10,72 +10,28 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import anyio
 import msgspec
 
+from ._config import problems
 from .protocol.errors import InvalidInputError
 from .protocol.recall import RecallRequest, ToolResult
+from .protocol.tools import TOOL_ARGUMENTS, function_schema
 
 ToolHandler = Callable[[Mapping[str, Any]], Awaitable[ToolResult]]
 # A line of the sub-agent transcript (JSONL): {"type": ..., "at": seconds since start, ...}.
 TranscriptSink = Callable[[dict[str, Any]], None]
 
-# JSON schemas of the built-in tools, in the OpenAI function-calling shape.
-TOOL_SCHEMAS: dict[str, dict[str, Any]] = {
-    "memory_search": {
-        "description": (
-            "Search the user's memory notes and, when allowed, the agent's other private "
-            "conversations. Returns the best matching excerpts."
-        ),
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "query": {"type": "string", "description": "What to look for"},
-                "maxResults": {"type": "integer", "minimum": 1, "maximum": 25},
-            },
-            "required": ["query"],
-            "additionalProperties": False,
-        },
-    },
-    "memory_get": {
-        "description": (
-            "Read lines of a memory note, or one message of a conversation, by the path a "
-            "memory_search result gave."
-        ),
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "path": {"type": "string"},
-                "from": {"type": "integer", "minimum": 1},
-                "lines": {"type": "integer", "minimum": 1, "maximum": 200},
-            },
-            "required": ["path"],
-            "additionalProperties": False,
-        },
-    },
-    "memory_recall": {
-        "description": (
-            "Search the scoped memory records of the user (this conversation's first). "
-            "Returns the best matching records with their linked context, as XML."
-        ),
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "query": {"type": "string", "description": "What to look for"},
-                "maxResults": {"type": "integer", "minimum": 1, "maximum": 25},
-            },
-            "required": ["query"],
-            "additionalProperties": False,
-        },
-    },
-}
+# The built-in tools in the OpenAI function-calling shape, derived from their argument Structs.
+TOOL_SCHEMAS = {name: function_schema(args) for name, args in TOOL_ARGUMENTS.items()}
 # A host tool without a `schema` attribute takes any object.
 ANY_ARGUMENTS: dict[str, Any] = {"type": "object", "additionalProperties": True}
 MAX_TOOL_CONTENT_CHARS = 16_000  # what one tool call can put in front of the model
 
 _encode = msgspec.json.Encoder().encode
+Args = TypeVar("Args", bound=msgspec.Struct)
 
 
 class RecallTools:
@@ -137,16 +93,18 @@ class RecallTools:
         handler = self._handlers.get(name)
         if handler is None:
             allowed = ", ".join(self._handlers) or "none"
-            result = _failure(name, f"{name} is not an allowed memory tool (allowed: {allowed})")
+            result = tool_failure(
+                name, f"{name} is not an allowed memory tool (allowed: {allowed})"
+            )
         else:
             try:
                 result = await handler(args)
             except InvalidInputError as exc:
-                result = _failure(name, str(exc))
+                result = tool_failure(name, str(exc))
             except anyio.get_cancelled_exc_class():
                 raise
             except Exception as exc:  # a tool's own bug must not sink the run
-                result = _failure(name, f"{type(exc).__name__}: {exc}")
+                result = tool_failure(name, f"{type(exc).__name__}: {exc}")
         self.results.append(result)
         self._record(
             {
@@ -185,10 +143,25 @@ class RecallModel(Protocol):
     async def recall(self, request: RecallRequest, tools: RecallTools) -> str: ...
 
 
-def _failure(name: str, message: str) -> ToolResult:
-    return ToolResult(
-        name=name, content=json.dumps({"error": message}), error=message, evidence=False
-    )
+def tool_failure(name: str, message: str) -> ToolResult:
+    """The result of a tool call that failed: `{"error": message}`, not evidence."""
+    # ASCII JSON: a lone surrogate echoed from the model's arguments stays encodable.
+    content = json.dumps({"error": message})
+    return ToolResult(name=name, content=content, error=message, evidence=False)
+
+
+def tool_arguments(shape: type[Args], args: Mapping[str, Any]) -> Args:
+    """A tool call's `args` as its argument Struct (protocol/tools.py).
+
+    Raises `InvalidInputError` naming each bad argument and what is allowed, one a line,
+    in the config loader's words (`maxResults: 0 is below the minimum 1`).
+    """
+    if not isinstance(args, Mapping):
+        raise InvalidInputError(f"arguments: expected an object, got {type(args).__name__}")
+    try:
+        return msgspec.convert(args, shape)
+    except (msgspec.ValidationError, UnicodeEncodeError) as exc:  # a key with a lone surrogate
+        raise InvalidInputError("\n".join(problems(shape, args)) or f"arguments: {exc}") from None
 
 
 def host_result(name: str, value: object) -> ToolResult:

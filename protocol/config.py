@@ -50,7 +50,7 @@ SLOT_TOOLS: dict[str, tuple[str, ...]] = {
     "memory-lancedb": ("memory_recall",),
 }
 
-_STYLE_BY_QUERY_MODE: dict[QueryMode, PromptStyle] = {
+STYLE_BY_QUERY_MODE: dict[QueryMode, PromptStyle] = {
     "message": "strict",
     "recent": "balanced",
     "full": "contextual",
@@ -264,7 +264,7 @@ class ActiveMemoryConfig(
         """`prompt_style` when set, else the style that goes with `query_mode` (docs/design.md §4.5)."""
         if self.prompt_style is not None:
             return self.prompt_style
-        return _STYLE_BY_QUERY_MODE[self.query_mode]
+        return STYLE_BY_QUERY_MODE[self.query_mode]
 
 
 # --- The file shape of the sections Active Memory reads -------------------------------------

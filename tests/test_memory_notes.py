@@ -519,30 +519,33 @@ async def test_memory_get_rejects_paths_leaving_the_notes(
 @bounded
 async def test_bad_arguments_name_the_argument(mem: am.Memory, core: MemoryCore) -> None:
     cases: list[tuple[Callable[[], Awaitable[object]], str]] = [
-        (lambda: core.search("main", {}, caller=CALLER, transcripts=False), "query: required"),
-        (lambda: search(core, " "), "query: must not be blank"),
-        (lambda: search(core, "x" * 4097), "query: 4097 characters is over the maximum 4096"),
+        (
+            lambda: core.search("main", {}, caller=CALLER, transcripts=False),
+            'missing required key "query"',
+        ),
+        (lambda: search(core, " "), 'query: " " is blank'),
+        (lambda: search(core, "x" * 4097), f'query: "{"x" * 58}… is longer than 4096 characters'),
         (
             lambda: core.search("main", {"query": 3}, caller=CALLER, transcripts=False),
-            "query: expected a string, got int",
+            "query: expected a non-empty string, got 3",
         ),
-        (lambda: search(core, "x", maxResults=0), "maxResults: 0 is not an integer from 1 to 25"),
+        (lambda: search(core, "x", maxResults=0), "maxResults: 0 is below the minimum 1"),
         (
             lambda: search(core, "x", maxResults=True),
-            "maxResults: True is not an integer from 1 to 25",
+            "maxResults: expected an integer, got true",
         ),
         (
             lambda: search(core, "x", limit=3),
-            "limit: unknown argument; memory_search takes query, maxResults",
+            "limit: unknown key; expected one of query, maxResults",
         ),
         (
             lambda: get(core, "MEMORY.md", {"lines": 201}),
-            "lines: 201 is not an integer from 1 to 200",
+            "lines: 201 is above the maximum 200",
         ),
-        (lambda: get(core, "MEMORY.md", {"from": 0}), "from: 0 is not an integer of at least 1"),
+        (lambda: get(core, "MEMORY.md", {"from": 0}), "from: 0 is below the minimum 1"),
         (
             lambda: core.get("main", {"path": 1}, caller=CALLER, transcripts=False),
-            "path: expected a string, got int",
+            "path: expected a string, got 1",
         ),
         (
             lambda: get(core, "session:agent:main:direct:bob"),

@@ -414,12 +414,12 @@ async def test_memory_recall_tool_shape(mem: am.Memory) -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        ({}, r"^query: required$"),
-        ({"query": ""}, r"^query: must not be blank$"),
-        ({"query": "x", "maxResults": 26}, r"^maxResults: 26 is not an integer from 1 to 25$"),
+        ({}, r'^missing required key "query"$'),
+        ({"query": ""}, r'^query: expected a non-empty string, got ""$'),
+        ({"query": "x", "maxResults": 26}, r"^maxResults: 26 is above the maximum 25$"),
         (
             {"query": "x", "limit": 2},
-            r"^limit: unknown argument; memory_recall takes query, maxResults$",
+            r"^limit: unknown key; expected one of query, maxResults$",
         ),
     ],
 )

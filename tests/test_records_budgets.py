@@ -302,8 +302,12 @@ async def test_openai_judge_asks_the_endpoint_and_reads_its_verdicts() -> None:
 @pytest.mark.parametrize(
     ("step", "message"),
     [
-        (Status(500), r"^judge judge-model: the provider answered 500: "),
-        (Malformed(), r"^judge judge-model: the answer is not a chat completion$"),
+        (
+            Status(500),
+            r"^judge judge-model: the provider answered 500 Internal Server Error: "
+            r'\{"error": \{"message": "try again later"\}\}$',
+        ),
+        (Malformed(), r"^judge judge-model: the answer is not valid JSON \(Expecting value"),
         (Answer(content="maybe"), r"^judge judge-model: the verdicts are not JSON: 'maybe'$"),
         (Answer(content='{"keep": [true]}'), r"^judge judge-model: answered 1 verdicts for 2 "),
         (
