@@ -14,9 +14,6 @@ import anyio
 from ._commands import Commands
 from ._config import load_config
 from ._doctor import DoctorReport, diagnose
-from ._guards import BreakerInfo
-from ._memory_core import MemoryCore
-from ._recall import Recaller
 from ._records import Records
 from ._search import SessionSearch
 from .actors.composer import Composer, Respond
@@ -52,6 +49,9 @@ from .protocol.recall import RecallOutcome, RecallPlan, Reply, Sender, Turn
 from .protocol.search import DEFAULT_LIMIT, SearchResult
 from .protocol.session_key import SessionKey, parse_session_key
 from .protocol.transcript import Event, ImportEntry, IndexStats, SessionInfo
+from .recall.cache import BreakerInfo
+from .recall.coordinator import Recaller
+from .recall.memory_core import MemoryCore
 from .storage.db import DURABILITY_LEVELS, Durability
 from .storage.executor import EXECUTOR_KINDS, ExecutorKind
 from .storage.fts_query import MatchMode

@@ -21,8 +21,6 @@ from typing import Any, Final
 import anyio
 import httpx
 
-from ._local_model import terms
-from ._openai_model import MAX_ANSWER_BYTES, _first_message, _read_capped, _text
 from ._redaction import DEFAULT_REDACTOR, Redactor
 from .protocol.record_results import RecordSearchResult, estimate_tokens
 from .protocol.records import (
@@ -34,6 +32,8 @@ from .protocol.records import (
     Reranker,
     TopKMemorySearchConfig,
 )
+from .recall.local_model import terms
+from .recall.openai_model import MAX_ANSWER_BYTES, _first_message, _read_capped, _text
 
 # Ignore differences below this when turning a fraction of n into a count, so that
 # 0.7 × 10 protects 7 results, not ceil(7.000000000000001) = 8.

@@ -33,7 +33,6 @@ import msgspec
 
 from ._record_search import refine
 from ._redaction import DEFAULT_REDACTOR, Redactor
-from ._tools import MAX_TOOL_CONTENT_CHARS
 from .actors.supervisor import Supervisor
 from .protocol.errors import InvalidInputError, MemoryClosedError, StorageError
 from .protocol.recall import ToolResult
@@ -63,6 +62,7 @@ from .protocol.records import (
     is_finite_number,
 )
 from .protocol.search import MAX_QUERY_CHARS
+from .recall.tools import MAX_TOOL_CONTENT_CHARS
 from .storage.fts_query import plan_match
 from .storage.records import LinkedNode, RecordHit, RecordQuery
 

@@ -1,6 +1,6 @@
 """The recall pool dialog (docs/design.md §1.2): run a recall sub-agent, and its report.
 
-Sent by the recall coordinator (`activememory._recall`), received by
+Sent by the recall coordinator (`activememory.recall.coordinator`), received by
 `activememory.actors.recall_pool`. The coordinator never waits for a run to end: it waits
 for a `RunReport` on the job's one-slot reply channel, until the finalize deadline, and
 then stops waiting whatever the run is doing.

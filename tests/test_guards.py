@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from activememory._guards import CircuitBreakers, RecallCache
 from activememory.protocol.recall import RecallOutcome
+from activememory.recall.cache import CircuitBreakers, RecallCache
 
 KEY = ("main", "sim/model")
 

@@ -21,13 +21,13 @@ import pytest
 import trio.testing
 
 import activememory as am
-from activememory import _memory_core
-from activememory._memory_core import MemoryCore, redact_lines
 from activememory._redaction import Redactor
-from activememory._tools import RecallTools
 from activememory.protocol.indexer import NoteChunk, NoteFile, SyncNotes
 from activememory.protocol.recall import ToolResult
 from activememory.protocol.session_key import parse_session_key
+from activememory.recall import memory_core as _memory_core
+from activememory.recall.memory_core import MemoryCore, redact_lines
+from activememory.recall.tools import RecallTools
 from activememory.storage import transcripts
 from activememory.storage.notes import chunk_note, note_lines, notes_integrity_ok
 

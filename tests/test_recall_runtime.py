@@ -17,7 +17,7 @@ import trio.testing
 from chat_server import Answer, Call, serve
 
 import activememory as am
-from activememory._recall import Recaller
+from activememory.recall.coordinator import Recaller
 
 pytestmark = pytest.mark.anyio
 

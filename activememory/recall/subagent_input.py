@@ -11,7 +11,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Literal, TypeAlias
 
-from ._output import (
+from .._output import (
     DEBUG_LINE_LABEL,
     ELLIPSIS,
     PREFIX_CLOSE,
@@ -19,8 +19,8 @@ from ._output import (
     PREFIX_OPEN,
     STATUS_LINE_LABEL,
 )
-from .protocol.content import Message
-from .storage.fts_query import STOPWORDS
+from ..protocol.content import Message
+from ..storage.fts_query import STOPWORDS
 
 QueryMode: TypeAlias = Literal["message", "recent", "full"]
 QUERY_MODES: tuple[QueryMode, ...] = ("message", "recent", "full")

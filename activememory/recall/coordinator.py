@@ -20,14 +20,33 @@ import anyio
 import msgspec
 from anyio.streams.memory import MemoryObjectSendStream
 
-from ._commands import Commands
-from ._guards import BreakerInfo, CircuitBreakers, RecallCache
-from ._local_model import LocalExtractiveModel
-from ._memory_core import MemoryCore
-from ._openai_model import model_from_config
-from ._output import debug_line, hidden_prefix, status_line, summarize
-from ._policy import decide
-from ._query import (
+from .._commands import Commands
+from .._output import debug_line, hidden_prefix, status_line, summarize
+from .._policy import decide
+from .._records import Records, recall_tool
+from .._search import SessionSearch
+from ..actors.supervisor import Supervisor
+from ..protocol.config import Config
+from ..protocol.errors import InvalidInputError
+from ..protocol.recall import (
+    RecallOutcome,
+    RecallPath,
+    RecallPlan,
+    RecallRequest,
+    RecallStatus,
+    SessionSwitches,
+    ToolResult,
+    Turn,
+)
+from ..protocol.recall_pool import RunRecall, RunReport
+from ..protocol.session_key import SessionKey, parse_session_key
+from ..protocol.transcript import SessionInfo
+from ..storage.run_transcripts import SubAgentTranscript, TranscriptPlace
+from .cache import BreakerInfo, CircuitBreakers, RecallCache
+from .local_model import LocalExtractiveModel
+from .memory_core import MemoryCore
+from .openai_model import model_from_config
+from .subagent_input import (
     LOCAL_MODEL,
     agent_primary_model,
     build_query_text,
@@ -38,27 +57,8 @@ from ._query import (
     resolve_recall_model,
     system_prompt,
 )
-from ._records import Records, recall_tool
-from ._results import judge
-from ._search import SessionSearch
-from ._tools import RecallModel, RecallTools, ToolHandler, host_result
-from .actors.supervisor import Supervisor
-from .protocol.config import Config
-from .protocol.errors import InvalidInputError
-from .protocol.recall import (
-    RecallOutcome,
-    RecallPath,
-    RecallPlan,
-    RecallRequest,
-    RecallStatus,
-    SessionSwitches,
-    ToolResult,
-    Turn,
-)
-from .protocol.recall_pool import RunRecall, RunReport
-from .protocol.session_key import SessionKey, parse_session_key
-from .protocol.transcript import SessionInfo
-from .storage.run_transcripts import SubAgentTranscript, TranscriptPlace
+from .tools import RecallModel, RecallTools, ToolHandler, host_result
+from .verdict import judge
 
 PREFLIGHT_S = 1.5
 FINALIZE_S = 1.5

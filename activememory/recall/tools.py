@@ -15,8 +15,8 @@ from typing import Any, Protocol, runtime_checkable
 import anyio
 import msgspec
 
-from .protocol.errors import InvalidInputError
-from .protocol.recall import RecallRequest, ToolResult
+from ..protocol.errors import InvalidInputError
+from ..protocol.recall import RecallRequest, ToolResult
 
 ToolHandler = Callable[[Mapping[str, Any]], Awaitable[ToolResult]]
 # A line of the sub-agent transcript (JSONL): {"type": ..., "at": seconds since start, ...}.

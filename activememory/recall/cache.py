@@ -12,7 +12,7 @@ from typing import Literal
 
 import msgspec
 
-from .protocol.recall import RecallOutcome
+from ..protocol.recall import RecallOutcome
 
 CACHE_ENTRIES = 1024
 BREAKER_KEYS = 256

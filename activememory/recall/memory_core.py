@@ -46,18 +46,17 @@ from typing import Any
 
 import anyio
 
-from ._redaction import Redactor
-from ._search import SessionSearch, make_snippet
-from ._tools import MAX_TOOL_CONTENT_CHARS
-from .actors.supervisor import AgentStore, Supervisor
-from .protocol.config import Config
-from .protocol.errors import InvalidInputError, MemoryClosedError, StorageError
-from .protocol.indexer import NOTE_PATH, NoteFile, Rejected, SyncNotes
-from .protocol.recall import ToolResult
-from .protocol.search import MAX_QUERY_CHARS, SearchHit
-from .protocol.session_key import AGENT_ID, SessionKey, parse_session_key
-from .storage.fts_query import plan_match, query_terms
-from .storage.notes import (
+from .._redaction import Redactor
+from .._search import SessionSearch, make_snippet
+from ..actors.supervisor import AgentStore, Supervisor
+from ..protocol.config import Config
+from ..protocol.errors import InvalidInputError, MemoryClosedError, StorageError
+from ..protocol.indexer import NOTE_PATH, NoteFile, Rejected, SyncNotes
+from ..protocol.recall import ToolResult
+from ..protocol.search import MAX_QUERY_CHARS, SearchHit
+from ..protocol.session_key import AGENT_ID, SessionKey, parse_session_key
+from ..storage.fts_query import plan_match, query_terms
+from ..storage.notes import (
     MAX_CHUNK_CHARS,
     NoteHit,
     chunk_note,
@@ -65,8 +64,9 @@ from .storage.notes import (
     note_lines,
     search_notes,
 )
-from .storage.search import _PRIVATE
-from .storage.transcripts import TranscriptReader
+from ..storage.search import _PRIVATE
+from ..storage.transcripts import TranscriptReader
+from .tools import MAX_TOOL_CONTENT_CHARS
 
 RESCAN_S = 1.0
 """A workspace is rescanned for edited notes at most this often (seconds, per agent)."""
