@@ -56,7 +56,7 @@ from ._config import ConfigWarning as ConfigWarning  # isort: skip
 from ._config import load_config as load_config  # isort: skip
 from ._doctor import DoctorCheck as DoctorCheck  # isort: skip
 from ._doctor import DoctorReport as DoctorReport  # isort: skip
-from .recall.cache import BreakerInfo as BreakerInfo  # isort: skip
+from .recall.breaker import BreakerInfo as BreakerInfo  # isort: skip
 from .recall.tools import RecallModel as RecallModel  # isort: skip
 from .recall.tools import RecallTools as RecallTools  # isort: skip
 from ._record_search import LocalJudge as LocalJudge  # isort: skip

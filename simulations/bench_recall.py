@@ -93,7 +93,7 @@ import trio
 import activememory as am
 
 from ..protocol.recall import RecallRequest, ToolResult
-from ..recall.coordinator import FINALIZE_S
+from ..recall.budget import FINALIZE_S
 from ..recall.memory_core import DEFAULT_RESULTS, RESCAN_S
 from ..recall.subagent_input import build_search_query
 from ..recall.tools import RecallTools

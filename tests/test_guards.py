@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from activememory.protocol.recall import RecallOutcome
-from activememory.recall.cache import CircuitBreakers, RecallCache
+from activememory.recall.breaker import CircuitBreakers
+from activememory.recall.cache import RecallCache
 
 KEY = ("main", "sim/model")
 

@@ -2,31 +2,31 @@
 
 One recall: a preflight of at most 1500 ms (switches, eligibility, model and tools, what the
 sub-agent sees); the cache and the circuit breaker; then the recall work, run by a
-sub-agent in the supervisor's recall pool (`actors/recall_pool.py`) with a budget of
-`timeoutMs + setupGraceTimeoutMs` that starts when the preflight ends; then the finalize
-window of 1500 ms in which the coordinator still waits for the run's report. The
-coordinator never waits on the run itself, only on its report, so whatever the model,
-tools or disk do, `recall` returns by `timeoutMs + setupGraceTimeoutMs + 3000` ms.
+sub-agent in the supervisor's recall pool (`actors/recall_pool.py`) under a `RecallBudget`
+(`budget.py`), the coordinator waiting for the run's report until the finalize deadline.
+It never waits on the run itself, only on its report, so whatever the model, tools or disk
+do, `recall` returns by `timeoutMs + setupGraceTimeoutMs + 3000` ms. The coordinator owns
+the run's transcript: it opens it before the run and closes it when it stops waiting.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import anyio
 import msgspec
 from anyio.streams.memory import MemoryObjectSendStream
 
-from .._commands import Commands
 from .._output import debug_line, hidden_prefix, status_line, summarize
 from .._policy import decide
-from .._records import Records, recall_tool
-from .._search import SessionSearch
+from .._records import Records
+from .._redaction import Redactor
+from .._settings import Settings
 from ..actors.supervisor import Supervisor
-from ..protocol.config import Config
+from ..protocol.config import ActiveMemoryConfig, Config
 from ..protocol.errors import InvalidInputError
 from ..protocol.recall import (
     RecallOutcome,
@@ -35,33 +35,28 @@ from ..protocol.recall import (
     RecallRequest,
     RecallStatus,
     SessionSwitches,
-    ToolResult,
     Turn,
 )
 from ..protocol.recall_pool import RunRecall, RunReport
 from ..protocol.session_key import SessionKey, parse_session_key
 from ..protocol.transcript import SessionInfo
 from ..storage.run_transcripts import SubAgentTranscript, TranscriptPlace
-from .cache import BreakerInfo, CircuitBreakers, RecallCache
-from .local_model import LocalExtractiveModel
+from .breaker import BreakerInfo, CircuitBreakers
+from .budget import PREFLIGHT_S, RecallBudget
+from .cache import RecallCache
 from .memory_core import MemoryCore
-from .openai_model import model_from_config
+from .models import RecallModels
 from .subagent_input import (
-    LOCAL_MODEL,
-    agent_primary_model,
     build_query_text,
     build_search_query,
     filter_tools_allow,
     latest_user_text,
     resolve_prompt_style,
-    resolve_recall_model,
     system_prompt,
 )
-from .tools import RecallModel, RecallTools, ToolHandler, host_result
+from .tools import RecallModel, RecallTools, run_tools
 from .verdict import judge
 
-PREFLIGHT_S = 1.5
-FINALIZE_S = 1.5
 # The tools each built-in memory slot provides (memory-lancedb: the source's name).
 _SLOT_TOOLS = {
     "memory-core": frozenset({"memory_search", "memory_get"}),
@@ -72,17 +67,28 @@ _LOG_LINE_CHARS = 500
 log = logging.getLogger("activememory.recall")
 
 
+class Findings(msgspec.Struct, frozen=True, kw_only=True):
+    """What one recall learned; `_outcome` turns it into the `RecallOutcome`, in one place."""
+
+    status: RecallStatus
+    paths: tuple[RecallPath, ...] = ()
+    model: str | None = None
+    summary: str = ""
+    reason: str = ""
+    details: dict[str, object] = {}
+    cached: bool = False
+    circuit_breaker: bool = False
+    elapsed_ms: float | None = None  # None: from the start of the recall to its outcome
+
+
 class Recaller:
-    """Runs `mem.recall` against the config snapshot current when the turn starts."""
+    """Runs `mem.recall`, each turn under the settings snapshot it is given."""
 
     def __init__(
         self,
         supervisor: Supervisor,
-        search: SessionSearch,
-        commands: Commands,
-        get_config: Callable[[], Config],
         *,
-        models: Mapping[str, Any],
+        models: RecallModels,
         tools: Mapping[str, Any],
         pool: MemoryObjectSendStream[RunRecall],
         core: MemoryCore,
@@ -90,60 +96,47 @@ class Recaller:
         records: Records,
     ) -> None:
         self._supervisor = supervisor
-        self._search = search
-        self._commands = commands
-        self._get_config = get_config
-        self._models = models
+        self.models = models
         self._tools = tools
         self._pool = pool
         self._core = core
         self._records = records
         self._transcripts = transcripts
-        self._local = LocalExtractiveModel()
-        self._provider_models: dict[tuple[str, str | None, str | None], RecallModel] = {}
-        self.cache = RecallCache()
+        self.cache: RecallCache[Findings] = RecallCache()
         self.breakers = CircuitBreakers()
         self._run_ids = itertools.count(1)
 
-    async def recall(self, turn: Turn) -> RecallOutcome:
-        if not isinstance(turn, Turn):
-            raise InvalidInputError(f"turn: expected am.Turn, got {type(turn).__name__}")
-        config = self._get_config()  # one snapshot: a reload applies from the next turn
+    async def recall(self, turn: Turn, settings: Settings) -> RecallOutcome:
+        """The preflight, then (if the turn recalls) the run; one outcome either way."""
+        _check_turn(turn)
         started = anyio.current_time()
-        query_mode = config.active_memory.query_mode
         switches = SessionSwitches()
         plan: RecallPlan | None = None
         with anyio.move_on_after(PREFLIGHT_S):
             key = parse_session_key(turn.session_key, field="Turn.session_key")
             session, switches = await self._session_state(key)
-            plan = await self._plan(config, turn, key, session, switches)
+            plan = await self._plan(settings.config, turn, key, session, switches)
         if plan is None:  # the preflight ran out of time: no recall, and no recall time lost
-            return self._finish(
-                "skipped", started, query_mode, switches, reason="preflight over 1500 ms"
-            )
-        request = plan.request
-        if request is None:
+            found = Findings(status="skipped", reason="preflight over 1500 ms")
+        elif plan.request is None:
             assert plan.status is not None
-            return self._finish(
-                plan.status,
-                started,
-                query_mode,
-                switches,
-                plan.paths,
-                model=plan.model,
-                reason=plan.reason,
+            found = Findings(
+                status=plan.status, paths=plan.paths, model=plan.model, reason=plan.reason
             )
-        return await self._run(config, key, request, plan.paths, switches, started)
+        else:
+            found = await self._run(settings, key, plan.request, plan.paths, started)
+        return _outcome(found, started, settings.config.active_memory.query_mode, switches)
 
     async def _run(
         self,
-        config: Config,
+        settings: Settings,
         key: SessionKey,
         request: RecallRequest,
         paths: tuple[RecallPath, ...],
-        switches: SessionSwitches,
         started: float,
-    ) -> RecallOutcome:
+    ) -> Findings:
+        """The cache, the circuit breaker and the model, then the sub-agent run."""
+        config = settings.config
         am = config.active_memory
         cache_key = RecallCache.key(
             request.agent,
@@ -160,62 +153,43 @@ class Recaller:
         now = anyio.current_time()
         cached = self.cache.get(cache_key, now)
         if cached is not None:
-            return self._finish(
-                "ok",
-                started,
-                request.query_mode,
-                switches,
-                paths,
-                model=request.model,
-                summary=cached.summary or "",
-                cached=True,
-                details={"cached": "yes"},
-            )
+            return msgspec.structs.replace(cached, cached=True, details={"cached": "yes"})
         breaker = (request.agent, request.model)
         if not self.breakers.allow(breaker, now):
-            return self._finish(
-                "timeout",
-                started,
-                request.query_mode,
-                switches,
-                paths,
+            return Findings(
+                status="timeout",
+                paths=paths,
                 model=request.model,
                 reason="circuit breaker open",
                 circuit_breaker=True,
                 elapsed_ms=0.0,
             )
-        model = self._model(config, request.model)
+        model = self.models.build(config, request.model)
         if model is None:
             self.breakers.record_failed(breaker)
-            return self._finish(
-                "failed",
-                started,
-                request.query_mode,
-                switches,
-                paths,
+            return Findings(
+                status="failed",
+                paths=paths,
                 model=request.model,
                 reason=f"recall model {request.model} cannot be built",
             )
-        run_id = f"recall-{next(self._run_ids):06d}"
-        budget_s = (request.timeout_ms + request.setup_grace_timeout_ms) / 1000
-        request = msgspec.structs.replace(request, deadline=now + budget_s)
-        finalize_deadline = request.deadline + FINALIZE_S
-        transcript = self._open_transcript(
-            am.persist_transcripts, am.transcript_dir, run_id, request
+        budget = RecallBudget.after_preflight(
+            now,
+            timeout_ms=request.timeout_ms,
+            setup_grace_timeout_ms=request.setup_grace_timeout_ms,
         )
-        tools = self._run_tools(request, key, transcript)
+        request = msgspec.structs.replace(request, deadline=budget.deadline)
+        run_id = f"recall-{next(self._run_ids):06d}"
         if am.logging:
             _log(
                 f"active-memory: start run={run_id} agent={request.agent} session={key.raw} "
                 f"model={request.model} query={request.query_mode} "
                 f"chars={len(request.context)} tools={','.join(request.tools)}",
-                self._search,
+                settings.redactor,
             )
-        report = await self._submit_and_wait(
-            run_id, request, finalize_deadline, model, tools, transcript
-        )
-        verdict = judge(report, deadline=request.deadline, finalize_deadline=finalize_deadline)
-        if verdict.status in ("timeout", "timeout_partial"):
+        found = await self._run_subagent(settings, key, request, budget, model, run_id)
+        found = msgspec.structs.replace(found, paths=paths)
+        if found.status in ("timeout", "timeout_partial"):
             self.breakers.record_timeout(
                 breaker,
                 anyio.current_time(),
@@ -224,50 +198,72 @@ class Recaller:
             )
             if am.logging:
                 _log(
-                    f"active-memory: timeout after {budget_s * 1000:.0f}ms run={run_id}",
-                    self._search,
+                    f"active-memory: timeout after {budget.work_s * 1000:.0f}ms run={run_id}",
+                    settings.redactor,
                 )
-        elif verdict.status == "failed":
+        elif found.status == "failed":
             self.breakers.record_failed(breaker)
         else:
             self.breakers.record_completed(breaker)
-        details: dict[str, object] = _search_details(tools)
-        if transcript.failed:
-            details["transcript"] = transcript.failed
-        summary = summarize(verdict.text, request.max_summary_chars)
-        outcome = self._finish(
-            verdict.status,
-            started,
-            request.query_mode,
-            switches,
-            paths,
-            model=request.model,
-            summary=summary,
-            reason=verdict.reason if verdict.status != "ok" else "",
-            details=details,
-        )
-        if verdict.status == "ok":
-            self.cache.put(
-                cache_key, outcome, now=anyio.current_time(), ttl_s=am.cache_ttl_ms / 1000
-            )
+        if found.status == "ok":
+            self.cache.put(cache_key, found, now=anyio.current_time(), ttl_s=am.cache_ttl_ms / 1000)
         if am.logging:
             _log(
                 f"active-memory: done run={run_id} agent={request.agent} session={key.raw} "
-                f"model={request.model} status={outcome.status} "
-                f"elapsed={outcome.elapsed_ms:.0f}ms summary={len(summary)} chars "
-                f"tools={len(tools.results)}",
-                self._search,
+                f"model={request.model} status={found.status} "
+                f"elapsed={(anyio.current_time() - started) * 1000:.0f}ms "
+                f"summary={len(found.summary)} chars tools={found.details['tools']}",
+                settings.redactor,
             )
-        return outcome
+        return found
+
+    async def _run_subagent(
+        self,
+        settings: Settings,
+        key: SessionKey,
+        request: RecallRequest,
+        budget: RecallBudget,
+        model: RecallModel,
+        run_id: str,
+    ) -> Findings:
+        """Run the sub-agent in the pool and judge its report; its transcript ends here."""
+        am = settings.config.active_memory
+        transcript = self._open_transcript(am, run_id, request)
+        report: RunReport | None = None
+        try:
+            tools = run_tools(
+                request,
+                key,
+                settings=settings,
+                core=self._core,
+                records=self._records,
+                host_tools=self._tools,
+                transcript=transcript,
+            )
+            report = await self._submit_and_wait(run_id, request, budget, model, tools)
+        finally:  # however the wait ended: the pool never got the job, was full, or reported
+            transcript.finish(report, at=anyio.current_time())
+        verdict = judge(
+            report, deadline=budget.deadline, finalize_deadline=budget.finalize_deadline
+        )
+        details = _search_details(tools)
+        if transcript.failed:
+            details["transcript"] = transcript.failed
+        return Findings(
+            status=verdict.status,
+            model=request.model,
+            summary=summarize(verdict.text, request.max_summary_chars),
+            reason=verdict.reason if verdict.status != "ok" else "",
+            details=details,
+        )
 
     async def _submit_and_wait(
         self,
         run_id: str,
         request: RecallRequest,
-        finalize_deadline: float,
+        budget: RecallBudget,
         model: RecallModel,
         tools: RecallTools,
-        transcript: SubAgentTranscript,
     ) -> RunReport | None:
         """Hand the run to the pool; wait for its report until the finalize deadline.
 
@@ -276,15 +272,10 @@ class Recaller:
         """
         send, receive = anyio.create_memory_object_stream[RunReport](1)
         job = RunRecall(
-            run_id=run_id,
-            request=request,
-            finalize_deadline=finalize_deadline,
-            model=model,
-            tools=tools,
-            transcript=transcript,
-            reply=send,
+            run_id=run_id, request=request, budget=budget, model=model, tools=tools, reply=send
         )
-        with receive, anyio.move_on_after(max(0.0, finalize_deadline - anyio.current_time())):
+        wait_s = max(0.0, budget.finalize_deadline - anyio.current_time())
+        with receive, anyio.move_on_after(wait_s):
             try:
                 self._pool.send_nowait(job)
             except anyio.WouldBlock:
@@ -295,11 +286,11 @@ class Recaller:
         return None
 
     def _open_transcript(
-        self, persist: bool, transcript_dir: str, run_id: str, request: RecallRequest
+        self, am: ActiveMemoryConfig, run_id: str, request: RecallRequest
     ) -> SubAgentTranscript:
-        path = None
+        persist, path = am.persist_transcripts, None
         if persist:
-            path = self._transcripts.kept_path(request.agent, transcript_dir, run_id)
+            path = self._transcripts.kept_path(request.agent, am.transcript_dir, run_id)
         keep = path is not None
         if path is None:
             path = self._transcripts.temp_dir() / f"{run_id}.jsonl"
@@ -319,90 +310,16 @@ class Recaller:
         )
         return transcript
 
-    def _run_tools(
-        self, request: RecallRequest, key: SessionKey, transcript: SubAgentTranscript
-    ) -> RecallTools:
-        handlers: dict[str, ToolHandler] = {}
-        core, agent, transcripts = self._core, request.agent, request.transcripts
-        for name in request.tools:
-            if name == "memory_search":
-
-                async def search(args: Mapping[str, Any]) -> ToolResult:
-                    return await core.search(agent, args, caller=key, transcripts=transcripts)
-
-                handlers[name] = search
-            elif name == "memory_get":
-
-                async def get(args: Mapping[str, Any]) -> ToolResult:
-                    return await core.get(agent, args, caller=key, transcripts=transcripts)
-
-                handlers[name] = get
-            elif name == "memory_recall" and name not in self._tools:
-                handlers[name] = self._records_handler(key, request.agent)
-            elif name in self._tools:
-                handlers[name] = _host_handler(name, self._tools[name])
-        schemas = {name: fn.schema for name, fn in self._tools.items() if hasattr(fn, "schema")}
-        return RecallTools(
-            handlers,
-            schemas=schemas,
-            transcript=lambda line: transcript.write(line, at=anyio.current_time()),
-        )
-
-    def _records_handler(self, key: SessionKey, agent: str) -> ToolHandler:
-        """memory_recall over the records store, scoped to this conversation's user.
-
-        The user of a direct conversation is its peer (`agent:<a>:direct:<peer>`; the main
-        conversation's user is "main"); a group, channel or explicit session names no user,
-        so only records scoped to no user are searched there. The agent is exact; the
-        session key is the thread, a boost rather than a filter.
-        """
-        if key.chat_type == "direct":
-            user_id: str | None = key.conversation_id or "main"
-        else:
-            user_id = None
-        records, redactor = self._records, self._search.redactor
-
-        async def recall(args: Mapping[str, Any]) -> ToolResult:
-            return await recall_tool(
-                records, args, user_id=user_id, agent_id=agent, thread_id=key.raw, redactor=redactor
-            )
-
-        return recall
-
-    def _model(self, config: Config, ref: str) -> RecallModel | None:
-        if ref in self._models:
-            return self._models[ref]  # type: ignore[no-any-return]
-        if ref == LOCAL_MODEL:
-            return self._local
-        provider_name, _, _ = ref.partition("/")
-        provider = config.providers.get(provider_name)
-        if provider is None or not provider.serves_recall:
-            return None
-        cache_key = (ref, provider.base_url, provider.api_key)
-        model = self._provider_models.get(cache_key)
-        if model is None:
-            model = self._provider_models[cache_key] = model_from_config(ref, provider)
-        return model
-
-    async def aclose(self) -> None:
-        """Close the provider models this coordinator built (their HTTP connections)."""
-        models, self._provider_models = list(self._provider_models.values()), {}
-        for model in models:
-            close = getattr(model, "aclose", None)
-            if close is not None:
-                await close()
-
     def breaker_states(self) -> list[BreakerInfo]:
         """Every circuit breaker the coordinator knows, with its state now."""
         return self.breakers.info(anyio.current_time())
 
-    async def plan(self, turn: Turn) -> RecallPlan:
+    async def plan(self, turn: Turn, settings: Settings) -> RecallPlan:
         """The preflight alone: eligibility, model, tools and what the sub-agent would see."""
-        if not isinstance(turn, Turn):
-            raise InvalidInputError(f"turn: expected am.Turn, got {type(turn).__name__}")
+        _check_turn(turn)
         key = parse_session_key(turn.session_key, field="Turn.session_key")
         session, switches = await self._session_state(key)
-        return await self._plan(self._get_config(), turn, key, session, switches)
+        return await self._plan(settings.config, turn, key, session, switches)
 
     async def _session_state(self, key: SessionKey) -> tuple[SessionInfo | None, SessionSwitches]:
         """The stored session and its switches, in one read (one hop to the reader)."""
@@ -420,7 +337,7 @@ class Recaller:
         verdict = decide(config, key, session, switches, trigger=turn.trigger, surface=turn.surface)
         if not verdict.eligible:
             return RecallPlan(request=None, status="skipped", reason=verdict.reason)
-        model = self.resolve_model(config, key, turn.model)
+        model = self.models.resolve(config, key, turn.model)
         if model is None:
             return RecallPlan(
                 request=None,
@@ -468,28 +385,6 @@ class Recaller:
         )
         return RecallPlan(request=request, paths=verdict.paths, model=model)
 
-    def resolve_model(
-        self, config: Config, key: SessionKey, session_model: str | None
-    ) -> str | None:
-        """The model chain of docs/design.md §4.6 for this agent."""
-        agent = key.agent or key.store_agent
-        return resolve_recall_model(
-            config_model=config.active_memory.model,
-            session_model=session_model,
-            agent_model=agent_primary_model(config.agent_model(agent)),
-            fallback=config.active_memory.model_fallback,
-            is_available=lambda ref: self._model_available(config, ref),
-        )
-
-    def _model_available(self, config: Config, ref: str) -> bool:
-        if ref == LOCAL_MODEL or ref in self._models:
-            return True
-        provider, _, model = ref.partition("/")
-        settings = config.providers.get(provider)
-        if settings is None or not settings.serves_recall:
-            return False
-        return not settings.models or any(m.id == model for m in settings.models)
-
     def usable_tools(self, config: Config) -> tuple[str, ...]:
         """`toolsAllow` (or the memory slot's default), kept to the tools that exist."""
         allowed = config.active_memory.tools_allow
@@ -497,65 +392,54 @@ class Recaller:
         available = _SLOT_TOOLS.get(config.memory_slot, frozenset()) | set(self._tools)
         return tuple(name for name in names if name in available)
 
-    def _finish(
-        self,
-        status: RecallStatus,
-        started: float,
-        query_mode: str,
-        switches: SessionSwitches,
-        paths: tuple[RecallPath, ...] = (),
-        *,
-        model: str | None = None,
-        summary: str = "",
-        reason: str = "",
-        details: Mapping[str, object] | None = None,
-        cached: bool = False,
-        circuit_breaker: bool = False,
-        elapsed_ms: float | None = None,
-    ) -> RecallOutcome:
-        if elapsed_ms is None:
-            elapsed_ms = (anyio.current_time() - started) * 1000
-        prefix = hidden_prefix(summary) if status in ("ok", "timeout_partial") else None
-        line = status_line(
-            status=status,
-            elapsed_ms=elapsed_ms,
-            query_mode=query_mode,
-            summary_chars=len(summary),
-            cached=cached,
-            circuit_breaker=circuit_breaker,
-        )
-        shown = dict(details or {})
-        if reason:
-            shown["reason"] = reason
-        debug = debug_line(summary=summary, status=status, details=shown or None)
-        followups: list[str] = []
-        if switches.verbose:
-            followups.append(line)
-        if switches.trace != "off":
-            followups.append(debug)
-        if switches.trace == "raw" and prefix is not None:
-            followups.append(prefix)
-        return RecallOutcome(
-            status=status,
-            summary=summary or None,
-            elapsed_ms=elapsed_ms,
-            prompt_prefix=prefix,
-            status_line=line,
-            debug_line=debug,
-            followups=tuple(followups),
-            cached=cached,
-            query_mode=query_mode,
-            model=model,
-            paths=paths,
-            reason=reason,
-        )
+
+def _check_turn(turn: object) -> None:
+    if not isinstance(turn, Turn):
+        raise InvalidInputError(f"turn: expected am.Turn, got {type(turn).__name__}")
 
 
-def _host_handler(name: str, fn: Callable[[Mapping[str, Any]], Any]) -> ToolHandler:
-    async def call(args: Mapping[str, Any]) -> ToolResult:
-        return host_result(name, await fn(args))
-
-    return call
+def _outcome(
+    found: Findings, started: float, query_mode: str, switches: SessionSwitches
+) -> RecallOutcome:
+    """The outcome of a recall: its lines, its hidden prefix, and the follow-ups to send."""
+    status, summary, reason = found.status, found.summary, found.reason
+    elapsed_ms = found.elapsed_ms
+    if elapsed_ms is None:
+        elapsed_ms = (anyio.current_time() - started) * 1000
+    prefix = hidden_prefix(summary) if status in ("ok", "timeout_partial") else None
+    line = status_line(
+        status=status,
+        elapsed_ms=elapsed_ms,
+        query_mode=query_mode,
+        summary_chars=len(summary),
+        cached=found.cached,
+        circuit_breaker=found.circuit_breaker,
+    )
+    shown = dict(found.details)
+    if reason:
+        shown["reason"] = reason
+    debug = debug_line(summary=summary, status=status, details=shown or None)
+    followups: list[str] = []
+    if switches.verbose:
+        followups.append(line)
+    if switches.trace != "off":
+        followups.append(debug)
+    if switches.trace == "raw" and prefix is not None:
+        followups.append(prefix)
+    return RecallOutcome(
+        status=status,
+        summary=summary or None,
+        elapsed_ms=elapsed_ms,
+        prompt_prefix=prefix,
+        status_line=line,
+        debug_line=debug,
+        followups=tuple(followups),
+        cached=found.cached,
+        query_mode=query_mode,
+        model=found.model,
+        paths=found.paths,
+        reason=reason,
+    )
 
 
 def _search_details(tools: RecallTools) -> dict[str, object]:
@@ -570,9 +454,9 @@ def _search_details(tools: RecallTools) -> dict[str, object]:
     return details
 
 
-def _log(line: str, search: SessionSearch) -> None:
+def _log(line: str, redactor: Redactor) -> None:
     """One structured, redacted, single-line log record, capped."""
-    text = " ".join(search.redactor.redact(line).split())
+    text = " ".join(redactor.redact(line).split())
     if len(text) > _LOG_LINE_CHARS:
         text = text[: _LOG_LINE_CHARS - 1] + "…"
     log.info(text)
