@@ -426,7 +426,7 @@ class Memory:
 
         Cancellation: not a blocking call.
         """
-        return self._recaller.breaker_states()
+        return self._recaller.breakers.info(anyio.current_time())
 
     async def command(self, session_key: str, text: str, *, sender: Sender) -> str | None:
         """Handle `/active-memory`, `/verbose` or `/trace` (docs/design.md §4.3); None for other text.

@@ -72,6 +72,17 @@ class CircuitBreakers:
         state.probing = True
         return True
 
+    def record(
+        self, key: tuple[str, str], status: str, now: float, *, max_timeouts: int, cooldown_s: float
+    ) -> None:
+        """Count a run that ran: a timeout (partial or not), a failure, or a completed run."""
+        if status in ("timeout", "timeout_partial"):
+            self.record_timeout(key, now, max_timeouts=max_timeouts, cooldown_s=cooldown_s)
+        elif status == "failed":
+            self.record_failed(key)
+        else:
+            self.record_completed(key)
+
     def record_timeout(
         self, key: tuple[str, str], now: float, *, max_timeouts: int, cooldown_s: float
     ) -> None:

@@ -41,7 +41,7 @@ from ..protocol.recall_pool import RunRecall, RunReport
 from ..protocol.session_key import SessionKey, parse_session_key
 from ..protocol.transcript import SessionInfo
 from ..storage.run_transcripts import SubAgentTranscript, TranscriptPlace
-from .breaker import BreakerInfo, CircuitBreakers
+from .breaker import CircuitBreakers
 from .budget import PREFLIGHT_S, RecallBudget
 from .cache import RecallCache
 from .memory_core import MemoryCore
@@ -68,11 +68,9 @@ log = logging.getLogger("activememory.recall")
 
 
 class Findings(msgspec.Struct, frozen=True, kw_only=True):
-    """What one recall learned; `_outcome` turns it into the `RecallOutcome`, in one place."""
+    """What one recall learned; `_outcome` turns it and the plan into the `RecallOutcome`."""
 
     status: RecallStatus
-    paths: tuple[RecallPath, ...] = ()
-    model: str | None = None
     summary: str = ""
     reason: str = ""
     details: dict[str, object] = {}
@@ -108,24 +106,20 @@ class Recaller:
 
     async def recall(self, turn: Turn, settings: Settings) -> RecallOutcome:
         """The preflight, then (if the turn recalls) the run; one outcome either way."""
-        _check_turn(turn)
         started = anyio.current_time()
         switches = SessionSwitches()
         plan: RecallPlan | None = None
         with anyio.move_on_after(PREFLIGHT_S):
-            key = parse_session_key(turn.session_key, field="Turn.session_key")
-            session, switches = await self._session_state(key)
-            plan = await self._plan(settings.config, turn, key, session, switches)
+            key, switches, plan = await self._preflight(turn, settings)
         if plan is None:  # the preflight ran out of time: no recall, and no recall time lost
             found = Findings(status="skipped", reason="preflight over 1500 ms")
         elif plan.request is None:
             assert plan.status is not None
-            found = Findings(
-                status=plan.status, paths=plan.paths, model=plan.model, reason=plan.reason
-            )
+            found = Findings(status=plan.status, reason=plan.reason)
         else:
             found = await self._run(settings, key, plan.request, plan.paths, started)
-        return _outcome(found, started, settings.config.active_memory.query_mode, switches)
+        query_mode = settings.config.active_memory.query_mode
+        return _outcome(found, plan, started, query_mode, switches)
 
     async def _run(
         self,
@@ -151,15 +145,13 @@ class Recaller:
             paths,
         )
         now = anyio.current_time()
+        breaker = (request.agent, request.model)
         cached = self.cache.get(cache_key, now)
         if cached is not None:
             return msgspec.structs.replace(cached, cached=True, details={"cached": "yes"})
-        breaker = (request.agent, request.model)
         if not self.breakers.allow(breaker, now):
             return Findings(
                 status="timeout",
-                paths=paths,
-                model=request.model,
                 reason="circuit breaker open",
                 circuit_breaker=True,
                 elapsed_ms=0.0,
@@ -167,54 +159,23 @@ class Recaller:
         model = self.models.build(config, request.model)
         if model is None:
             self.breakers.record_failed(breaker)
-            return Findings(
-                status="failed",
-                paths=paths,
-                model=request.model,
-                reason=f"recall model {request.model} cannot be built",
-            )
+            return Findings(status="failed", reason=f"recall model {request.model} cannot be built")
         budget = RecallBudget.after_preflight(
             now,
             timeout_ms=request.timeout_ms,
             setup_grace_timeout_ms=request.setup_grace_timeout_ms,
         )
         request = msgspec.structs.replace(request, deadline=budget.deadline)
-        run_id = f"recall-{next(self._run_ids):06d}"
-        if am.logging:
-            _log(
-                f"active-memory: start run={run_id} agent={request.agent} session={key.raw} "
-                f"model={request.model} query={request.query_mode} "
-                f"chars={len(request.context)} tools={','.join(request.tools)}",
-                settings.redactor,
-            )
-        found = await self._run_subagent(settings, key, request, budget, model, run_id)
-        found = msgspec.structs.replace(found, paths=paths)
-        if found.status in ("timeout", "timeout_partial"):
-            self.breakers.record_timeout(
-                breaker,
-                anyio.current_time(),
-                max_timeouts=am.circuit_breaker_max_timeouts,
-                cooldown_s=am.circuit_breaker_cooldown_ms / 1000,
-            )
-            if am.logging:
-                _log(
-                    f"active-memory: timeout after {budget.work_s * 1000:.0f}ms run={run_id}",
-                    settings.redactor,
-                )
-        elif found.status == "failed":
-            self.breakers.record_failed(breaker)
-        else:
-            self.breakers.record_completed(breaker)
+        found = await self._run_subagent(settings, key, request, budget, model, started)
+        self.breakers.record(
+            breaker,
+            found.status,
+            anyio.current_time(),
+            max_timeouts=am.circuit_breaker_max_timeouts,
+            cooldown_s=am.circuit_breaker_cooldown_ms / 1000,
+        )
         if found.status == "ok":
             self.cache.put(cache_key, found, now=anyio.current_time(), ttl_s=am.cache_ttl_ms / 1000)
-        if am.logging:
-            _log(
-                f"active-memory: done run={run_id} agent={request.agent} session={key.raw} "
-                f"model={request.model} status={found.status} "
-                f"elapsed={(anyio.current_time() - started) * 1000:.0f}ms "
-                f"summary={len(found.summary)} chars tools={found.details['tools']}",
-                settings.redactor,
-            )
         return found
 
     async def _run_subagent(
@@ -224,10 +185,18 @@ class Recaller:
         request: RecallRequest,
         budget: RecallBudget,
         model: RecallModel,
-        run_id: str,
+        started: float,
     ) -> Findings:
         """Run the sub-agent in the pool and judge its report; its transcript ends here."""
         am = settings.config.active_memory
+        run_id = f"recall-{next(self._run_ids):06d}"
+        if am.logging:
+            _log(
+                f"active-memory: start run={run_id} agent={request.agent} session={key.raw} "
+                f"model={request.model} query={request.query_mode} "
+                f"chars={len(request.context)} tools={','.join(request.tools)}",
+                settings.redactor,
+            )
         transcript = self._open_transcript(am, run_id, request)
         report: RunReport | None = None
         try:
@@ -249,13 +218,20 @@ class Recaller:
         details = _search_details(tools)
         if transcript.failed:
             details["transcript"] = transcript.failed
-        return Findings(
-            status=verdict.status,
-            model=request.model,
-            summary=summarize(verdict.text, request.max_summary_chars),
-            reason=verdict.reason if verdict.status != "ok" else "",
-            details=details,
-        )
+        summary = summarize(verdict.text, request.max_summary_chars)
+        if am.logging:
+            if verdict.status in ("timeout", "timeout_partial"):
+                line = f"timeout after {budget.work_s * 1000:.0f}ms run={run_id}"
+                _log(f"active-memory: {line}", settings.redactor)
+            _log(
+                f"active-memory: done run={run_id} agent={request.agent} session={key.raw} "
+                f"model={request.model} status={verdict.status} "
+                f"elapsed={(anyio.current_time() - started) * 1000:.0f}ms "
+                f"summary={len(summary)} chars tools={len(tools.results)}",
+                settings.redactor,
+            )
+        reason = verdict.reason if verdict.status != "ok" else ""
+        return Findings(status=verdict.status, summary=summary, reason=reason, details=details)
 
     async def _submit_and_wait(
         self,
@@ -310,16 +286,18 @@ class Recaller:
         )
         return transcript
 
-    def breaker_states(self) -> list[BreakerInfo]:
-        """Every circuit breaker the coordinator knows, with its state now."""
-        return self.breakers.info(anyio.current_time())
-
     async def plan(self, turn: Turn, settings: Settings) -> RecallPlan:
         """The preflight alone: eligibility, model, tools and what the sub-agent would see."""
-        _check_turn(turn)
+        return (await self._preflight(turn, settings))[2]
+
+    async def _preflight(
+        self, turn: Turn, settings: Settings
+    ) -> tuple[SessionKey, SessionSwitches, RecallPlan]:
+        if not isinstance(turn, Turn):
+            raise InvalidInputError(f"turn: expected am.Turn, got {type(turn).__name__}")
         key = parse_session_key(turn.session_key, field="Turn.session_key")
         session, switches = await self._session_state(key)
-        return await self._plan(settings.config, turn, key, session, switches)
+        return key, switches, await self._plan(settings.config, turn, key, session, switches)
 
     async def _session_state(self, key: SessionKey) -> tuple[SessionInfo | None, SessionSwitches]:
         """The stored session and its switches, in one read (one hop to the reader)."""
@@ -393,13 +371,12 @@ class Recaller:
         return tuple(name for name in names if name in available)
 
 
-def _check_turn(turn: object) -> None:
-    if not isinstance(turn, Turn):
-        raise InvalidInputError(f"turn: expected am.Turn, got {type(turn).__name__}")
-
-
 def _outcome(
-    found: Findings, started: float, query_mode: str, switches: SessionSwitches
+    found: Findings,
+    plan: RecallPlan | None,
+    started: float,
+    query_mode: str,
+    switches: SessionSwitches,
 ) -> RecallOutcome:
     """The outcome of a recall: its lines, its hidden prefix, and the follow-ups to send."""
     status, summary, reason = found.status, found.summary, found.reason
@@ -436,8 +413,8 @@ def _outcome(
         followups=tuple(followups),
         cached=found.cached,
         query_mode=query_mode,
-        model=found.model,
-        paths=found.paths,
+        model=plan.model if plan is not None else None,
+        paths=plan.paths if plan is not None else (),
         reason=reason,
     )
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable, Mapping
+from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import anyio
@@ -259,22 +260,11 @@ def run_tools(
     handlers: dict[str, ToolHandler] = {}
     agent, transcripts = request.agent, request.transcripts
     for name in request.tools:
-        if name == "memory_search":
-
-            async def search(args: Mapping[str, Any]) -> ToolResult:
-                return await core.search(
-                    agent, args, caller=key, transcripts=transcripts, settings=settings
-                )
-
-            handlers[name] = search
-        elif name == "memory_get":
-
-            async def get(args: Mapping[str, Any]) -> ToolResult:
-                return await core.get(
-                    agent, args, caller=key, transcripts=transcripts, settings=settings
-                )
-
-            handlers[name] = get
+        if name in ("memory_search", "memory_get"):
+            tool = core.search if name == "memory_search" else core.get
+            handlers[name] = partial(
+                tool, agent, caller=key, transcripts=transcripts, settings=settings
+            )
         elif name == "memory_recall" and name not in host_tools:
             handlers[name] = _records_handler(records, key, request.agent, settings)
         elif name in host_tools:
