@@ -57,9 +57,9 @@ from ._config import ConfigWarning as ConfigWarning  # isort: skip
 from ._config import load_config as load_config  # isort: skip
 from ._doctor import DoctorCheck as DoctorCheck  # isort: skip
 from ._doctor import DoctorReport as DoctorReport  # isort: skip
-from ._guards import BreakerInfo as BreakerInfo  # isort: skip
-from ._tools import RecallModel as RecallModel  # isort: skip
-from ._tools import RecallTools as RecallTools  # isort: skip
+from .recall.breaker import BreakerInfo as BreakerInfo  # isort: skip
+from .recall.tools import RecallModel as RecallModel  # isort: skip
+from .recall.tools import RecallTools as RecallTools  # isort: skip
 from ._record_search import LocalJudge as LocalJudge  # isort: skip
 from ._record_search import OpenAIJudge as OpenAIJudge  # isort: skip
 from ._records import Records as Records  # isort: skip

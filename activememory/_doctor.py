@@ -47,7 +47,7 @@ async def diagnose(memory: Memory) -> DoctorReport:
     recaller = memory._recaller
     for agent in _agents_of_interest(config, memory):
         key = parse_session_key(f"agent:{agent}:main")
-        model = recaller.resolve_model(config, key, None)
+        model = recaller.models.resolve(config, key, None)
         if model is None:
             add(
                 DoctorCheck(name=f"model:{agent}", level="error", detail="no recall model resolves")
@@ -101,6 +101,10 @@ async def diagnose(memory: Memory) -> DoctorReport:
         if info.reopens_in_ms:
             detail += f", next probe in {info.reopens_in_ms / 1000:.1f}s"
         add(DoctorCheck(name=f"breaker:{info.agent}/{info.model}", level=level, detail=detail))
+    abandoned = memory._supervisor.recall_pool.abandoned
+    level = "warn" if abandoned else "ok"
+    detail = f"runs that ignored cancellation and outlived their budget: {abandoned}"
+    add(DoctorCheck(name="recall-pool", level=level, detail=detail))
     return DoctorReport(checks=tuple(checks))
 
 

@@ -14,11 +14,9 @@ import anyio
 from ._commands import Commands
 from ._config import load_config
 from ._doctor import DoctorReport, diagnose
-from ._guards import BreakerInfo
-from ._memory_core import MemoryCore
-from ._recall import Recaller
 from ._records import Records
 from ._search import SessionSearch
+from ._settings import Settings
 from .actors.composer import Composer, Respond
 from .actors.supervisor import AgentStore, Supervisor, open_supervisor
 from .protocol.config import Config
@@ -52,6 +50,10 @@ from .protocol.recall import RecallOutcome, RecallPlan, Reply, Sender, Turn
 from .protocol.search import DEFAULT_LIMIT, SearchResult
 from .protocol.session_key import SessionKey, parse_session_key
 from .protocol.transcript import Event, ImportEntry, IndexStats, SessionInfo
+from .recall.breaker import BreakerInfo
+from .recall.coordinator import Recaller
+from .recall.memory_core import MemoryCore
+from .recall.models import RecallModels
 from .storage.db import DURABILITY_LEVELS, Durability
 from .storage.executor import EXECUTOR_KINDS, ExecutorKind
 from .storage.fts_query import MatchMode
@@ -68,11 +70,16 @@ class Sessions:
     """
 
     def __init__(
-        self, supervisor: Supervisor, clock: Callable[[], float], search: SessionSearch
+        self,
+        supervisor: Supervisor,
+        clock: Callable[[], float],
+        search: SessionSearch,
+        current: Callable[[], Settings],
     ) -> None:
         self._supervisor = supervisor
         self._clock = clock
         self._search = search
+        self._current = current  # read once per search: the settings it runs under
 
     async def _store(self, key: SessionKey) -> AgentStore:
         return await self._supervisor.agent(key.store_agent)
@@ -273,7 +280,12 @@ class Sessions:
         written, nothing is left behind.
         """
         return await self._search.search(
-            query, caller=caller, session_key=session_key, limit=limit, match=match
+            query,
+            settings=self._current(),
+            caller=caller,
+            session_key=session_key,
+            limit=limit,
+            match=match,
         )
 
     async def stats(self, *, check_integrity: bool = True) -> list[IndexStats]:
@@ -310,22 +322,20 @@ class Memory:
         self._supervisor = supervisor
         self.state_dir = supervisor.state_dir
         self.executor: ExecutorKind = supervisor.executor_kind
-        self._config = config
+        # One snapshot, swapped in one assignment: work reads it once, when it starts.
+        self._settings = Settings.compile(config, supervisor.state_dir)
         self.models = dict(models or {})
         self.tools = dict(tools or {})
-        search = SessionSearch(supervisor, config.search, on_dirty=AgentStore.poke)
-        self.sessions = Sessions(supervisor, clock, search)
-        self._commands = Commands(supervisor, lambda: self._config, self._swap_config)
-        self.notes = MemoryCore(supervisor, search, lambda: self._config)
+        search = SessionSearch(supervisor, on_dirty=AgentStore.poke)
+        self.sessions = Sessions(supervisor, clock, search, lambda: self._settings)
+        self._commands = Commands(supervisor, lambda: self._settings.config, self._swap_config)
+        self.notes = MemoryCore(supervisor, search, lambda: self._settings)
         self.records = Records(supervisor, clock)
         self._composer = Composer(self.sessions.append, self.recall)
         self._transcripts = transcripts or TranscriptPlace(supervisor.state_dir)
         self._recaller = Recaller(
             supervisor,
-            search,
-            self._commands,
-            lambda: self._config,
-            models=self.models,
+            models=RecallModels(self.models),
             tools=self.tools,
             pool=supervisor.recall_inbox,
             core=self.notes,
@@ -336,12 +346,10 @@ class Memory:
     @property
     def config(self) -> Config:
         """The configuration the next turn uses."""
-        return self._config
+        return self._settings.config
 
     def _swap_config(self, config: Config) -> None:
-        # Search settings (visibility, redaction) follow the config, like recall does.
-        self.sessions._search.configure(config.search)
-        self._config = config
+        self._settings = Settings.compile(config, self.state_dir)
 
     def reload_config(
         self, config: str | os.PathLike[str] | Mapping[str, Any] | Config | None = None
@@ -350,14 +358,15 @@ class Memory:
 
         `config` is a path, a mapping or an `am.Config`; None re-reads the file the current
         config came from. Recalls already running finish under the values they started
-        with. Raises `am.ConfigError` for bad config, and then nothing changes.
+        with: their searches, redaction and workspace. Raises `am.ConfigError` for bad
+        config, and then nothing changes.
 
         Cancellation: not a blocking call; it reads the file synchronously.
         """
         if config is None:
-            if self._config.source is None:
+            if self.config.source is None:
                 raise InvalidInputError("config: there is no config file to reload")
-            config = self._config.source
+            config = self.config.source
         loaded = load_config(config)
         self._swap_config(loaded)
         return loaded
@@ -369,10 +378,12 @@ class Memory:
         (`skipped` with a `reason` when the turn is not eligible). Raises
         `InvalidInputError` only for a malformed `turn`.
 
-        Cancellation: nothing is written by a recall, so cancelling it leaves nothing
-        behind; reads already started finish on their worker thread.
+        Cancellation: a recall writes only the note index (a notes rescan sends `SyncNotes`
+        to the indexer, which may commit after a cancel) and its temporary transcript,
+        closed and deleted on the way out; reads already started finish on their worker
+        thread; a run already handed to the pool goes on, unawaited, until its budget ends.
         """
-        return await self._recaller.recall(turn)
+        return await self._recaller.recall(turn, self._settings)
 
     async def reply(self, turn: Turn, respond: Respond) -> Reply:
         """The whole bot path of one turn (docs/design.md §6).
@@ -399,7 +410,7 @@ class Memory:
 
         Cancellation: as for `recall`.
         """
-        return await self._recaller.plan(turn)
+        return await self._recaller.plan(turn, self._settings)
 
     async def doctor(self) -> DoctorReport:
         """Check the setup (docs/design.md §4.11): plugin and config state, the memory provider,
@@ -415,7 +426,7 @@ class Memory:
 
         Cancellation: not a blocking call.
         """
-        return self._recaller.breaker_states()
+        return self._recaller.breakers.info(anyio.current_time())
 
     async def command(self, session_key: str, text: str, *, sender: Sender) -> str | None:
         """Handle `/active-memory`, `/verbose` or `/trace` (docs/design.md §4.3); None for other text.
@@ -482,7 +493,7 @@ async def open_memory(
         transcripts.close()
         if memory is not None:
             with anyio.CancelScope(shield=True):
-                await memory._recaller.aclose()
+                await memory._recaller.models.aclose()
 
 
 async def _submit_to(store: AgentStore, command: IndexerCommand, expect: type[A]) -> A:

@@ -19,8 +19,6 @@ from typing import Any, Final
 
 import httpx
 
-from ._local_model import terms
-from ._openai_model import ChatCompletionsClient, content_text
 from ._redaction import DEFAULT_REDACTOR, Redactor
 from .protocol.record_results import RecordSearchResult, estimate_tokens
 from .protocol.records import (
@@ -32,6 +30,8 @@ from .protocol.records import (
     Reranker,
     TopKMemorySearchConfig,
 )
+from .recall.local_model import terms
+from .recall.openai_model import ChatCompletionsClient, content_text
 
 # Ignore differences below this when turning a fraction of n into a count, so that
 # 0.7 × 10 protects 7 results, not ceil(7.000000000000001) = 8.

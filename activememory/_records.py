@@ -33,7 +33,6 @@ import msgspec
 
 from ._record_search import refine
 from ._redaction import DEFAULT_REDACTOR, Redactor
-from ._tools import MAX_TOOL_CONTENT_CHARS, tool_arguments
 from .actors.supervisor import Supervisor
 from .protocol.errors import InvalidInputError, MemoryClosedError, StorageError
 from .protocol.recall import ToolResult
@@ -64,6 +63,7 @@ from .protocol.records import (
 )
 from .protocol.search import MAX_QUERY_CHARS
 from .protocol.tools import MemoryRecallArgs
+from .recall.tools import MAX_TOOL_CONTENT_CHARS, tool_arguments
 from .storage.fts_query import plan_match
 from .storage.records import LinkedNode, RecordHit, RecordQuery
 

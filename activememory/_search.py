@@ -12,6 +12,7 @@ import apsw
 import msgspec
 
 from ._redaction import Redactor
+from ._settings import Settings
 from .actors.supervisor import AgentStore, Supervisor
 from .protocol.errors import InvalidInputError
 from .protocol.search import (
@@ -23,7 +24,6 @@ from .protocol.search import (
     MAX_SNIPPET_CHARS,
     SearchHit,
     SearchResult,
-    SearchSettings,
 )
 from .protocol.session_key import SessionKey, parse_session_key
 from .storage.fts_query import (
@@ -47,33 +47,24 @@ _ELLIPSIS = "…"
 
 
 class SessionSearch:
-    """Runs searches for `Sessions.search`; holds the settings and the redactor."""
+    """Runs searches for `Sessions.search`; each call brings the settings it runs under."""
 
     def __init__(
         self,
         supervisor: Supervisor,
-        settings: SearchSettings,
         *,
         on_dirty: Callable[[AgentStore], None] = lambda store: None,
     ) -> None:
         self._supervisor = supervisor
-        self.configure(settings)
         self._on_dirty = on_dirty
         # Per agent database; only ever used on that database's reader executor.
         self._term_stats: dict[str, TermStats] = {}
-
-    def configure(self, settings: SearchSettings) -> None:
-        """Use these settings from the next search on (searches running keep theirs)."""
-        try:
-            redactor = Redactor(settings.redact_patterns)
-        except InvalidInputError as exc:  # name the key as it is spelled in the config
-            raise InvalidInputError(f"logging.{exc}") from None
-        self.settings, self.redactor = settings, redactor
 
     async def search(
         self,
         query: object,
         *,
+        settings: Settings,
         caller: object,
         session_key: object = None,
         limit: object = DEFAULT_LIMIT,
@@ -92,10 +83,10 @@ class SessionSearch:
             return SearchResult(results=())
         terms = query_terms(text)
 
-        settings = self.settings
+        redactor, visibility = settings.redactor, settings.config.search
         own = await self._supervisor.agent(caller_key.store_agent)
-        targets: list[tuple[AgentStore, DbScope]] = [(own, _own_scope(settings.visibility))]
-        if settings.visibility == "all" and settings.agent_to_agent:
+        targets: list[tuple[AgentStore, DbScope]] = [(own, _own_scope(visibility.visibility))]
+        if visibility.visibility == "all" and visibility.agent_to_agent:
             for agent in self._supervisor.known_agents():
                 if agent != own.agent:
                     targets.append((await self._supervisor.agent(agent), "all"))
@@ -103,7 +94,7 @@ class SessionSearch:
             targets = [(s, sc) for s, sc in targets if s.agent == only.store_agent]
 
         pool = limit + 1  # one more than shown tells whether the limit cut anything
-        clamp = settings.sandbox_visibility == "spawned"
+        clamp = visibility.sandbox_visibility == "spawned"
         pages: list[_AgentPage] = []
         for store, scope in targets:
             if store is not own and clamp and await self._caller_sandboxed(own, caller_key):
@@ -118,7 +109,7 @@ class SessionSearch:
                 session_key=None if only is None else only.raw,
                 pool=pool,
                 terms=terms,
-                redactor=self.redactor,
+                redactor=redactor,
             )
             found = await store.read(run)
             if found.page.any_dirty:
@@ -126,27 +117,16 @@ class SessionSearch:
             pages.append(found)
         return _assemble(pages, limit)
 
-    async def search_private(
-        self, query: str, *, caller: SessionKey, limit: int = DEFAULT_LIMIT
-    ) -> SearchResult:
-        """Cross-conversation recall's transcript search (docs/design.md §4.2).
+    def private_job(
+        self, query: str, *, caller: SessionKey, redactor: Redactor, limit: int = DEFAULT_LIMIT
+    ) -> PrivateSearch | None:
+        """Cross-conversation recall's transcript search (docs/design.md §4.2), as a job to run
+        inside a reader call of the caller's own (memory_search pays one thread hop).
 
         Only the caller's agent database, scoped in SQL to that agent's other private
         conversations (`storage.search._PRIVATE`); `tools.sessions.visibility` plays no part
-        and is not widened. A caller that is not itself private gets nothing.
+        and is not widened. None when there is nothing to search, or the caller is not private.
         """
-        job = self.private_job(query, caller=caller, limit=limit)
-        if job is None:
-            return SearchResult(results=())
-        store = await self._supervisor.agent(job.agent)
-        return job.finish(await store.read(job.run), store)
-
-    def private_job(
-        self, query: str, *, caller: SessionKey, limit: int = DEFAULT_LIMIT
-    ) -> PrivateSearch | None:
-        """`search_private` as a job to run inside a reader call of the caller's own, so a
-        caller with other reads on that database (memory_search) pays one thread hop.
-        None when there is nothing to search."""
         text = _check_query(query)
         if not 1 <= limit <= MAX_LIMIT:
             raise InvalidInputError(f"limit: {limit!r} is not an integer from 1 to {MAX_LIMIT}")
@@ -163,7 +143,7 @@ class SessionSearch:
             session_key=None,
             pool=limit + 1,
             terms=query_terms(text),
-            redactor=self.redactor,
+            redactor=redactor,
         )
         return PrivateSearch(caller.agent, run, limit, self._on_dirty)
 

@@ -1,7 +1,8 @@
 """The composer: the bot path of one turn (docs/design.md §1.2, §6).
 
-persist the user message → recall (bounded) → compose the reply input (the hidden prefix)
-→ the host's `respond` → persist the assistant message → the reply and its follow-ups.
+persist the user message → recall (bounded) → the host's `respond`, given the reply input
+the recall built (`outcome.prompt_prefix`, the hidden prefix: `recall/coordinator.py`)
+→ persist the assistant message → the reply and its follow-ups.
 
 Decision: the composer runs in the caller's task rather than as a task of its own, so the
 host's `respond` runs in the host's context (its context variables, its cancel scopes,

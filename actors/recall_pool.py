@@ -5,11 +5,12 @@ pool's own task group, owned by the supervisor and not by the caller, so a calle
 waiting for a run without waiting for it to die. At most `max_runs` run at once; a job that
 cannot start before its deadline is reported as cancelled without running.
 
-A run: the model works inside a cancel scope ending at `request.deadline`; then the
-finalize (synchronous: it cannot be cut short or hang) closes the sub-agent transcript and
-sends the report, which the coordinator waits for until `finalize_deadline`. A model that ignores cancellation (or a tool stuck in a thread) keeps its task
-alive past the deadline, but nobody waits for it: the coordinator has stopped listening,
-and the late report is dropped.
+A run: the model works inside a cancel scope ending at `budget.deadline`; then the
+finalize (synchronous: it cannot be cut short or hang) sends the report, which the
+coordinator waits for until `budget.finalize_deadline`. The coordinator owns the run's
+transcript (the tools write its lines) and closes it. A model that ignores cancellation (or
+a tool stuck in a thread) keeps its task alive past the deadline, but nobody waits for it:
+the coordinator has stopped listening, the late report is dropped, and `abandoned` counts it.
 """
 
 from __future__ import annotations
@@ -33,9 +34,7 @@ class RecallPool:
     def __init__(self, inbox: MemoryObjectReceiveStream[RunRecall], *, max_runs: int = MAX_RUNS):
         self.inbox = inbox
         self.limiter = anyio.CapacityLimiter(max_runs)
-        self.running = 0
         self.abandoned = 0  # runs still alive after their finalize deadline (ignored cancel)
-        self.started = 0
 
     async def run(self) -> None:
         """Start a sub-agent task per job until the inbox closes, then cancel what is left."""
@@ -46,18 +45,14 @@ class RecallPool:
             tg.cancel_scope.cancel()  # closing: runs still going end now (or when they can)
 
     async def _run_one(self, job: RunRecall) -> None:
-        request = job.request
-        with anyio.move_on_after(max(0.0, request.deadline - anyio.current_time())) as queued:
+        with anyio.move_on_after(max(0.0, job.budget.deadline - anyio.current_time())) as queued:
             await self.limiter.acquire()
         if queued.cancelled_caught:
             _send(job, RunReport(run_id=job.run_id, cancelled=True, error="the pool was full"))
             return
-        self.running += 1
-        self.started += 1
         try:
             await self._work(job)
         finally:
-            self.running -= 1
             self.limiter.release()
 
     async def _work(self, job: RunRecall) -> None:
@@ -65,7 +60,7 @@ class RecallPool:
         answer: str | None = None
         answer_at: float | None = None
         error: str | None = None
-        work = anyio.CancelScope(deadline=request.deadline)
+        work = anyio.CancelScope(deadline=job.budget.deadline)
         try:
             with work:
                 try:
@@ -75,7 +70,7 @@ class RecallPool:
                 except Exception as exc:  # a model's failure is a status, never a crash
                     error = f"{type(exc).__name__}: {exc}"
         finally:  # also when the pool itself is closing
-            if anyio.current_time() > job.finalize_deadline:
+            if anyio.current_time() > job.budget.finalize_deadline:
                 self.abandoned += 1  # it ignored cancellation; nobody is listening any more
             # The finalize is synchronous (no await), so cancellation cannot cut it short
             # and it cannot wait on anything; the coordinator's wait for this report is what
@@ -91,7 +86,6 @@ class RecallPool:
                 evidence=tools.evidence,
                 tool_calls=len(tools.results),
             )
-            job.transcript.finish(report, at=anyio.current_time())
             _send(job, report)
 
 

@@ -1,6 +1,6 @@
 """The recall pool dialog (docs/design.md §1.2): run a recall sub-agent, and its report.
 
-Sent by the recall coordinator (`activememory._recall`), received by
+Sent by the recall coordinator (`activememory.recall.coordinator`), received by
 `activememory.actors.recall_pool`. The coordinator never waits for a run to end: it waits
 for a `RunReport` on the job's one-slot reply channel, until the finalize deadline, and
 then stops waiting whatever the run is doing.
@@ -8,28 +8,34 @@ then stops waiting whatever the run is doing.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import msgspec
 
 from .recall import RecallRequest
 
+if TYPE_CHECKING:  # the recall runtime imports this module; msgspec resolves these lazily
+    from anyio.streams.memory import MemoryObjectSendStream
+
+    from ..recall.budget import RecallBudget
+    from ..recall.tools import RecallModel, RecallTools
+
 
 class RunRecall(msgspec.Struct, frozen=True, kw_only=True, tag_field="op", tag="run"):
     """Coordinator → pool: run `model` on `request` with `tools`; report on `reply`.
 
-    `request.deadline` ends the recall work (the run is cancelled then); `finalize_deadline`
-    bounds the shielded finalize that follows (partial answer, transcript). In-process only:
-    `model`, `tools`, `transcript` and `reply` are live objects, never encoded.
+    `budget.deadline` (also `request.deadline`) ends the recall work: the run is cancelled
+    then, and its synchronous finalize sends the report; the coordinator waits for it until
+    `budget.finalize_deadline`. In-process only: `model`, `tools` and `reply` (one slot) are
+    live objects, never encoded.
     """
 
     run_id: str
     request: RecallRequest
-    finalize_deadline: float
-    model: Any  # a RecallModel
-    tools: Any  # the run's RecallTools
-    transcript: Any  # the run's SubAgentTranscript
-    reply: Any  # MemoryObjectSendStream[RunReport], one slot
+    budget: RecallBudget
+    model: RecallModel
+    tools: RecallTools
+    reply: MemoryObjectSendStream[RunReport]
 
 
 class RunReport(msgspec.Struct, frozen=True, kw_only=True, tag_field="op", tag="report"):

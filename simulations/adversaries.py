@@ -13,8 +13,8 @@ from typing import Any
 import anyio
 import apsw
 
-from .._tools import RecallTools
 from ..protocol.recall import RecallRequest
+from ..recall.tools import RecallTools
 
 ANSWER = "The user drinks oolong tea every morning."
 

@@ -92,11 +92,11 @@ import trio
 
 import activememory as am
 
-from .._memory_core import DEFAULT_RESULTS, RESCAN_S
-from .._query import build_search_query
-from .._recall import FINALIZE_S
-from .._tools import RecallTools
 from ..protocol.recall import RecallRequest, ToolResult
+from ..recall.budget import FINALIZE_S
+from ..recall.memory_core import DEFAULT_RESULTS, RESCAN_S
+from ..recall.subagent_input import build_search_query
+from ..recall.tools import RecallTools
 from ..storage import fts_query, notes, transcripts
 from ..storage.db import SCHEMA_VERSION, open_connection
 from ..storage.executor import ExecutorKind

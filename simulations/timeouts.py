@@ -23,8 +23,8 @@ import trio.testing
 
 import activememory as am
 
-from .._tools import RecallTools
 from ..protocol.recall import RecallRequest
+from ..recall.tools import RecallTools
 from .adversaries import (
     ANSWER,
     BusyDatabase,

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from activememory._guards import CircuitBreakers, RecallCache
 from activememory.protocol.recall import RecallOutcome
+from activememory.recall.breaker import CircuitBreakers
+from activememory.recall.cache import RecallCache
 
 KEY = ("main", "sim/model")
 

@@ -16,7 +16,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from activememory._local_model import (
+from activememory.protocol.recall import RecallRequest, ToolResult
+from activememory.recall.local_model import (
     NONE,
     Candidate,
     LocalExtractiveModel,
@@ -28,9 +29,8 @@ from activememory._local_model import (
     terms,
     third_person,
 )
-from activememory._query import PROMPT_STYLES
-from activememory._tools import RecallTools, host_result
-from activememory.protocol.recall import RecallRequest, ToolResult
+from activememory.recall.subagent_input import PROMPT_STYLES
+from activememory.recall.tools import RecallTools, host_result
 
 pytestmark = pytest.mark.anyio
 

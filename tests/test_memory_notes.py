@@ -21,13 +21,13 @@ import pytest
 import trio.testing
 
 import activememory as am
-from activememory import _memory_core
-from activememory._memory_core import MemoryCore, redact_lines
 from activememory._redaction import Redactor
-from activememory._tools import RecallTools
 from activememory.protocol.indexer import NoteChunk, NoteFile, SyncNotes
 from activememory.protocol.recall import ToolResult
 from activememory.protocol.session_key import parse_session_key
+from activememory.recall import memory_core as _memory_core
+from activememory.recall.memory_core import MemoryCore, redact_lines
+from activememory.recall.tools import RecallTools
 from activememory.storage import transcripts
 from activememory.storage.notes import chunk_note, note_lines, notes_integrity_ok
 
@@ -58,7 +58,7 @@ async def mem(tmp_path: Path, executor: str) -> AsyncIterator[am.Memory]:
 
 @pytest.fixture
 def core(mem: am.Memory) -> MemoryCore:
-    return MemoryCore(mem._supervisor, mem.sessions._search, lambda: mem.config)
+    return MemoryCore(mem._supervisor, mem.sessions._search, lambda: mem._settings)
 
 
 @pytest.fixture(autouse=True)
@@ -345,7 +345,7 @@ async def test_missing_or_empty_workspace_has_no_notes(mem: am.Memory, core: Mem
 async def test_a_configured_workspace_is_used(tmp_path: Path, executor: str) -> None:
     config = {"agents": {"entries": {"main": {"workspace": "ws"}}}}
     async with am.open_memory(tmp_path / "s", config=config, executor=executor) as mem:  # type: ignore[arg-type]
-        core = MemoryCore(mem._supervisor, mem.sessions._search, lambda: mem.config)
+        core = MemoryCore(mem._supervisor, mem.sessions._search, lambda: mem._settings)
         (tmp_path / "s" / "ws").mkdir()
         (tmp_path / "s" / "ws" / "MEMORY.md").write_text("kumquat\n")
         assert await paths(core, "kumquat") == ["MEMORY.md"]
@@ -364,7 +364,7 @@ async def test_edits_show_up_within_rescan_s(
     monkeypatch.setattr(_memory_core, "RESCAN_S", 1.0)
     with anyio.fail_after(30):
         async with am.open_memory(tmp_path / "s", executor="inline") as mem:
-            core = MemoryCore(mem._supervisor, mem.sessions._search, lambda: mem.config)
+            core = MemoryCore(mem._supervisor, mem.sessions._search, lambda: mem._settings)
             start = anyio.current_time()
             note = write(mem, "MEMORY.md", "The cat is Miso.\n")
             assert await paths(core, "Miso") == ["MEMORY.md"]  # the first search scans
@@ -609,13 +609,13 @@ async def test_reopening_needs_no_reindex(
 ) -> None:
     state = tmp_path / "s"
     async with am.open_memory(state, executor=executor) as mem:  # type: ignore[arg-type]
-        core = MemoryCore(mem._supervisor, mem.sessions._search, lambda: mem.config)
+        core = MemoryCore(mem._supervisor, mem.sessions._search, lambda: mem._settings)
         write(mem, "MEMORY.md", "Prefers tea.\n", past=True)
         write(mem, "memory/pets.md", "The cat is Miso.\n", past=True)
         assert await core.sync_notes("main") == 2
     reads = count_reads(monkeypatch)
     async with am.open_memory(state, executor=executor) as mem:  # type: ignore[arg-type]
-        core = MemoryCore(mem._supervisor, mem.sessions._search, lambda: mem.config)
+        core = MemoryCore(mem._supervisor, mem.sessions._search, lambda: mem._settings)
         assert await paths(core, "Miso") == ["memory/pets.md"]
         assert reads == []
         store = await mem._supervisor.agent("main")

@@ -14,14 +14,14 @@ import httpx
 import pytest
 from chat_server import Answer, Call, Hang, Malformed, Status, Step, serve
 
-from activememory._openai_model import (
+from activememory.protocol.config import Provider
+from activememory.protocol.recall import RecallRequest, ToolResult
+from activememory.recall.openai_model import (
     OpenAICompatibleModel,
     RecallModelError,
     model_from_config,
 )
-from activememory._tools import RecallTools
-from activememory.protocol.config import Provider
-from activememory.protocol.recall import RecallRequest, ToolResult
+from activememory.recall.tools import RecallTools
 
 pytestmark = pytest.mark.anyio
 

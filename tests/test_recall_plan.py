@@ -9,7 +9,7 @@ import pytest
 
 import activememory as am
 from activememory._output import debug_line, hidden_prefix, status_line
-from activememory._query import BASE_PROMPT, STYLE_PROMPTS
+from activememory.recall.subagent_input import BASE_PROMPT, STYLE_PROMPTS
 
 pytestmark = pytest.mark.anyio
 

@@ -17,7 +17,9 @@ import trio.testing
 from chat_server import Answer, Call, serve
 
 import activememory as am
-from activememory._recall import Recaller
+from activememory.recall import coordinator
+from activememory.recall.coordinator import Recaller
+from activememory.storage.run_transcripts import SubAgentTranscript
 
 pytestmark = pytest.mark.anyio
 
@@ -269,3 +271,36 @@ def test_preflight_is_bounded_and_never_eats_recall_time(tmp_path: Path) -> None
 
     out = trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
     assert (out.status, out.reason) == ("skipped", "preflight over 1500 ms")
+
+
+@pytest.mark.parametrize("path", ["pool-full", "never-queued"])
+def test_a_run_that_never_starts_leaves_no_transcript(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, path: str
+) -> None:
+    opened: list[SubAgentTranscript] = []
+
+    class Recorded(SubAgentTranscript):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            opened.append(self)
+
+    monkeypatch.setattr(coordinator, "SubAgentTranscript", Recorded)
+
+    async def main() -> am.RecallOutcome:
+        async with am.open_memory(tmp_path / "s", executor="inline") as mem:
+            pool = mem._supervisor.recall_pool
+            if path == "pool-full":
+                pool.limiter.total_tokens = 1
+                await pool.limiter.acquire_on_behalf_of(pool)  # every slot taken
+            else:
+                mem._supervisor.recall_inbox.close()  # nothing can be queued
+            out = await mem.recall(turn())
+            temp = mem._transcripts.temp_dir()
+            assert list(temp.iterdir()) == []  # deleted when `recall` returns, not at exit
+            assert [t._file for t in opened] == [None]  # and its file closed
+            if path == "pool-full":
+                pool.limiter.release_on_behalf_of(pool)
+            return out
+
+    out = trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert out.status == "timeout"

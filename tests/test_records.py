@@ -13,7 +13,6 @@ import msgspec
 import pytest
 
 import activememory as am
-from activememory._local_model import candidates_of
 from activememory._records import recall_tool
 from activememory._redaction import Redactor
 from activememory.protocol.records import (
@@ -34,6 +33,7 @@ from activememory.protocol.records import (
     RecordType,
     TopKMemorySearchConfig,
 )
+from activememory.recall.local_model import candidates_of
 from activememory.storage.records import fts_integrity_ok
 
 pytestmark = pytest.mark.anyio

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from activememory._results import Verdict, is_none_answer, judge
 from activememory.protocol.recall_pool import RunReport
+from activememory.recall.verdict import Verdict, is_none_answer, judge
 
 NONE_ANSWERS = [
     "NONE", "none", "None.", " NONE ", "**NONE**", "`none`", '"NONE"', "NONE - nothing about seats",

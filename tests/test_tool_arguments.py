@@ -13,8 +13,6 @@ from chat_server import Answer, serve
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from activememory._openai_model import OpenAICompatibleModel
-from activememory._tools import RecallTools, tool_arguments
 from activememory.protocol.errors import InvalidInputError
 from activememory.protocol.recall import RecallRequest, ToolResult
 from activememory.protocol.tools import (
@@ -23,6 +21,8 @@ from activememory.protocol.tools import (
     MemoryRecallArgs,
     MemorySearchArgs,
 )
+from activememory.recall.openai_model import OpenAICompatibleModel
+from activememory.recall.tools import RecallTools, tool_arguments
 
 NOT_BLANK = r"^[\s\S]*\S[\s\S]*$"
 QUERY = {

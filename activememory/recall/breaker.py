@@ -1,58 +1,19 @@
-"""The recall cache and the circuit breaker (docs/design.md §4.10). Owned by the recall coordinator.
+"""The recall circuit breaker (docs/design.md §4.10), owned by the recall coordinator.
 
-Both run on the event loop's clock (`anyio.current_time()`), so virtual-time simulations
-see exact expiries, and both are bounded maps (least recently used out first).
+It runs on the event loop's clock (`anyio.current_time()`), so virtual-time simulations see
+exact cooldowns, and it is a bounded map (least recently used out first).
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections import OrderedDict
 from typing import Literal
 
 import msgspec
 
-from .protocol.recall import RecallOutcome
-
-CACHE_ENTRIES = 1024
 BREAKER_KEYS = 256
 
 BreakerState = Literal["closed", "open", "half_open"]
-
-
-class RecallCache:
-    """Grounded `ok` outcomes by everything that changes what recall may see or who answers."""
-
-    def __init__(self, max_entries: int = CACHE_ENTRIES) -> None:
-        self._entries: OrderedDict[str, tuple[float, RecallOutcome]] = OrderedDict()
-        self.max_entries = max_entries
-        self.hits = 0
-
-    @staticmethod
-    def key(*parts: object) -> str:
-        """A digest of the parts: agent, session, query text, model, tools, slot, scope..."""
-        return hashlib.sha256(msgspec.json.encode(parts)).hexdigest()
-
-    def get(self, key: str, now: float) -> RecallOutcome | None:
-        found = self._entries.get(key)
-        if found is None:
-            return None
-        expires, outcome = found
-        if now >= expires:
-            del self._entries[key]
-            return None
-        self._entries.move_to_end(key)
-        self.hits += 1
-        return outcome
-
-    def put(self, key: str, outcome: RecallOutcome, *, now: float, ttl_s: float) -> None:
-        self._entries[key] = (now + ttl_s, outcome)
-        self._entries.move_to_end(key)
-        while len(self._entries) > self.max_entries:
-            self._entries.popitem(last=False)
-
-    def __len__(self) -> int:
-        return len(self._entries)
 
 
 class BreakerInfo(msgspec.Struct, frozen=True, kw_only=True):
@@ -110,6 +71,17 @@ class CircuitBreakers:
             return False
         state.probing = True
         return True
+
+    def record(
+        self, key: tuple[str, str], status: str, now: float, *, max_timeouts: int, cooldown_s: float
+    ) -> None:
+        """Count a run that ran: a timeout (partial or not), a failure, or a completed run."""
+        if status in ("timeout", "timeout_partial"):
+            self.record_timeout(key, now, max_timeouts=max_timeouts, cooldown_s=cooldown_s)
+        elif status == "failed":
+            self.record_failed(key)
+        else:
+            self.record_completed(key)
 
     def record_timeout(
         self, key: tuple[str, str], now: float, *, max_timeouts: int, cooldown_s: float

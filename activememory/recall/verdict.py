@@ -9,8 +9,8 @@ from __future__ import annotations
 import re
 from typing import NamedTuple
 
-from .protocol.recall import RecallStatus
-from .protocol.recall_pool import RunReport
+from ..protocol.recall import RecallStatus
+from ..protocol.recall_pool import RunReport
 
 # The usual "nothing" answers, after lower-casing and trimming quotes, markdown and
 # punctuation. A leading NONE followed by an explanation ("NONE - nothing about seats")

@@ -1,24 +1,32 @@
 """The memory tools a recall model may call, and the `RecallModel` protocol (docs/design.md §4.7-§4.8).
 
-A `RecallTools` is made for one recall run: it knows the tools the run may call, calls
-them, keeps every result (the evidence gate reads it afterwards), records the run's
-transcript lines, and holds the model's latest draft answer (what a timed-out run can still
-offer as a partial answer).
+A `RecallTools` is made for one recall run (`run_tools`): it knows the tools the run may
+call, bound to the settings the run started with, calls them, keeps every result (the
+evidence gate reads it afterwards), records the run's transcript lines, and holds the
+model's latest draft answer (what a timed-out run can still offer as a partial answer).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, Protocol, TypeVar, runtime_checkable
+from functools import partial
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
 import anyio
 import msgspec
 
-from ._config import problems
-from .protocol.errors import InvalidInputError
-from .protocol.recall import RecallRequest, ToolResult
-from .protocol.tools import TOOL_ARGUMENTS, function_schema
+from .._config import problems
+from ..protocol.errors import InvalidInputError
+from ..protocol.recall import RecallRequest, ToolResult
+from ..protocol.session_key import SessionKey
+from ..protocol.tools import TOOL_ARGUMENTS, function_schema
+
+if TYPE_CHECKING:  # they import this module
+    from .._records import Records
+    from .._settings import Settings
+    from ..storage.run_transcripts import SubAgentTranscript
+    from .memory_core import MemoryCore
 
 ToolHandler = Callable[[Mapping[str, Any]], Awaitable[ToolResult]]
 # A line of the sub-agent transcript (JSONL): {"type": ..., "at": seconds since start, ...}.
@@ -209,3 +217,67 @@ def _encode_loose(value: object) -> str:
         return _encode(value).decode()
     except (TypeError, msgspec.EncodeError):
         return json.dumps(value, default=str, ensure_ascii=False)
+
+
+def run_tools(
+    request: RecallRequest,
+    key: SessionKey,
+    *,
+    settings: Settings,
+    core: MemoryCore,
+    records: Records,
+    host_tools: Mapping[str, Any],
+    transcript: SubAgentTranscript,
+) -> RecallTools:
+    """The tools of one run: the built-in ones under `settings`, then the host's."""
+    handlers: dict[str, ToolHandler] = {}
+    agent, transcripts = request.agent, request.transcripts
+    for name in request.tools:
+        if name in ("memory_search", "memory_get"):
+            tool = core.search if name == "memory_search" else core.get
+            handlers[name] = partial(
+                tool, agent, caller=key, transcripts=transcripts, settings=settings
+            )
+        elif name == "memory_recall" and name not in host_tools:
+            handlers[name] = _records_handler(records, key, request.agent, settings)
+        elif name in host_tools:
+            handlers[name] = _host_handler(name, host_tools[name])
+    schemas = {name: fn.schema for name, fn in host_tools.items() if hasattr(fn, "schema")}
+    return RecallTools(
+        handlers,
+        schemas=schemas,
+        transcript=lambda line: transcript.write(line, at=anyio.current_time()),
+    )
+
+
+def _records_handler(
+    records: Records, key: SessionKey, agent: str, settings: Settings
+) -> ToolHandler:
+    """memory_recall over the records store, scoped to this conversation's user.
+
+    The user of a direct conversation is its peer (`agent:<a>:direct:<peer>`; the main
+    conversation's user is "main"); a group, channel or explicit session names no user,
+    so only records scoped to no user are searched there. The agent is exact; the
+    session key is the thread, a boost rather than a filter.
+    """
+    from .._records import recall_tool  # here: `_records` imports this module
+
+    if key.chat_type == "direct":
+        user_id: str | None = key.conversation_id or "main"
+    else:
+        user_id = None
+    redactor = settings.redactor
+
+    async def recall(args: Mapping[str, Any]) -> ToolResult:
+        return await recall_tool(
+            records, args, user_id=user_id, agent_id=agent, thread_id=key.raw, redactor=redactor
+        )
+
+    return recall
+
+
+def _host_handler(name: str, fn: Callable[[Mapping[str, Any]], Any]) -> ToolHandler:
+    async def call(args: Mapping[str, Any]) -> ToolResult:
+        return host_result(name, await fn(args))
+
+    return call

@@ -17,10 +17,10 @@ from typing import Any, Final, Self
 import anyio
 import httpx
 
-from ._tools import RecallTools
-from .protocol.config import Provider
-from .protocol.errors import ActiveMemoryError
-from .protocol.recall import RecallRequest
+from ..protocol.config import Provider
+from ..protocol.errors import ActiveMemoryError
+from ..protocol.recall import RecallRequest
+from .tools import RecallTools
 
 DEFAULT_REQUEST_TIMEOUT_S: Final = 30.0  # per request, when the run has no deadline
 MAX_ANSWER_BYTES: Final = 8 * 1024 * 1024  # a runaway or hostile provider cannot fill memory

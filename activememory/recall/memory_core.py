@@ -17,7 +17,7 @@ at once). Files over 1 MiB, unreadable files and symlinks leading out of the wor
 not indexed; `memory_search` lists them under `ignored` in its debug fields.
 
 Ranking across sources: notes (BM25 of `note_fts`) and the agent's other private
-conversations (`SessionSearch.search_private`, BM25 with conversational reranking) score on
+conversations (`SessionSearch.private_job`, BM25 with conversational reranking) score on
 different scales, so each source's scores are divided by that source's best: the best hit
 of each scores 1.0, and the rest keep their relative distance to it. Ties go to notes (a
 person wrote them to be remembered). A conversation result's path is
@@ -46,20 +46,19 @@ from typing import Any
 
 import anyio
 
-from ._redaction import Redactor
-from ._search import SessionSearch, make_snippet
-from ._tools import MAX_TOOL_CONTENT_CHARS, tool_arguments, tool_failure
-from .actors.supervisor import AgentStore, Supervisor
-from .protocol.config import Config
-from .protocol.errors import InvalidInputError, MemoryClosedError, StorageError
-from .protocol.indexer import NOTE_PATH, NoteFile, Rejected, SyncNotes
-from .protocol.recall import ToolResult
-from .protocol.search import SearchHit
-from .protocol.session_key import AGENT_ID, SessionKey, parse_session_key
-from .protocol.tools import DEFAULT_RESULTS as DEFAULT_RESULTS  # the benchmarks' default
-from .protocol.tools import MemoryGetArgs, MemorySearchArgs
-from .storage.fts_query import plan_match, query_terms
-from .storage.notes import (
+from .._redaction import Redactor
+from .._search import SessionSearch, make_snippet
+from .._settings import Settings
+from ..actors.supervisor import AgentStore, Supervisor
+from ..protocol.errors import InvalidInputError, MemoryClosedError, StorageError
+from ..protocol.indexer import NOTE_PATH, NoteFile, Rejected, SyncNotes
+from ..protocol.recall import ToolResult
+from ..protocol.search import SearchHit
+from ..protocol.session_key import AGENT_ID, SessionKey, parse_session_key
+from ..protocol.tools import DEFAULT_RESULTS as DEFAULT_RESULTS  # the benchmarks' default
+from ..protocol.tools import MemoryGetArgs, MemorySearchArgs
+from ..storage.fts_query import plan_match, query_terms
+from ..storage.notes import (
     MAX_CHUNK_CHARS,
     NoteHit,
     chunk_note,
@@ -67,8 +66,9 @@ from .storage.notes import (
     note_lines,
     search_notes,
 )
-from .storage.search import _PRIVATE
-from .storage.transcripts import TranscriptReader
+from ..storage.search import _PRIVATE
+from ..storage.transcripts import TranscriptReader
+from .tools import MAX_TOOL_CONTENT_CHARS, tool_arguments, tool_failure
 
 RESCAN_S = 1.0
 """A workspace is rescanned for edited notes at most this often (seconds, per agent)."""
@@ -126,11 +126,12 @@ class MemoryCore:
         self,
         supervisor: Supervisor,
         search: SessionSearch,
-        get_config: Callable[[], Config],
+        current: Callable[[], Settings],
     ) -> None:
         self._supervisor = supervisor
         self._search = search
-        self._get_config = get_config
+        # Read once when a call starts without settings (`mem.notes`); a recall passes its own.
+        self._current = current
         self._scanned_at: dict[str, float] = {}
         self._locks: dict[str, anyio.Lock] = {}
         self._ignored: dict[str, tuple[tuple[str, str], ...]] = {}
@@ -138,9 +139,9 @@ class MemoryCore:
 
     def workspace(self, agent: str) -> Path:
         """The workspace folder whose notes `agent`'s tools read (from the current config)."""
-        return self._get_config().workspace(agent, self._supervisor.state_dir)
+        return self._current().workspace(agent)
 
-    async def sync_notes(self, agent: str) -> int:
+    async def sync_notes(self, agent: str, *, settings: Settings | None = None) -> int:
         """Bring the note index of `agent` up to date with its workspace, now.
 
         Returns how many note files changed (added, edited or removed). A missing workspace
@@ -152,15 +153,15 @@ class MemoryCore:
         """
         store = await self._store(agent)
         async with self._lock(agent):
-            return await self._sync(store)
+            return await self._sync(store, settings or self._current())
 
-    async def _refresh(self, store: AgentStore) -> None:
+    async def _refresh(self, store: AgentStore, settings: Settings) -> None:
         """`sync_notes` unless the workspace was scanned less than `RESCAN_S` ago."""
         if not self._stale(store.agent):
             return
         async with self._lock(store.agent):
             if self._stale(store.agent):  # another search may have scanned while we waited
-                await self._sync(store)
+                await self._sync(store, settings)
 
     def _stale(self, agent: str) -> bool:
         last = self._scanned_at.get(agent)
@@ -169,14 +170,14 @@ class MemoryCore:
     def _lock(self, agent: str) -> anyio.Lock:
         return self._locks.setdefault(agent, anyio.Lock())
 
-    async def _sync(self, store: AgentStore) -> int:
+    async def _sync(self, store: AgentStore, settings: Settings) -> int:
         agent = store.agent
         started = anyio.current_time()
         scan = partial(
             _plan_sync,
-            root=self.workspace(agent),
+            root=settings.workspace(agent),
             racy=self._racy.get(agent, frozenset()),
-            redactor=self._search.redactor,
+            redactor=settings.redactor,
         )
         try:
             plan = await store.read(scan)
@@ -200,7 +201,13 @@ class MemoryCore:
         return await self._supervisor.agent(agent)
 
     async def search(
-        self, agent: str, args: Mapping[str, Any], *, caller: SessionKey, transcripts: bool
+        self,
+        agent: str,
+        args: Mapping[str, Any],
+        *,
+        caller: SessionKey,
+        transcripts: bool,
+        settings: Settings | None = None,
     ) -> ToolResult:
         """The `memory_search` tool: the best note chunks and, if allowed, conversation excerpts.
 
@@ -216,16 +223,17 @@ class MemoryCore:
         query, limit = parsed.query, parsed.max_results
         started = anyio.current_time()
         store = await self._store(agent)
+        settings = settings or self._current()
         sync_error = None
         try:
-            await self._refresh(store)
+            await self._refresh(store, settings)
         except StorageError as exc:  # the notes indexed before still answer
             sync_error = str(exc)
-        redactor = self._search.redactor
+        redactor = settings.redactor
         plan = plan_match(query)
         private = None
         if transcripts and caller.agent == agent:
-            private = self._search.private_job(query, caller=caller, limit=limit)
+            private = self._search.private_job(query, caller=caller, redactor=redactor, limit=limit)
 
         def both(reader: TranscriptReader) -> tuple[list[NoteHit], Any]:
             # One hop to the reader thread for the notes and the conversations.
@@ -269,7 +277,13 @@ class MemoryCore:
         return ToolResult(name="memory_search", content=content, data=data, evidence=bool(results))
 
     async def get(
-        self, agent: str, args: Mapping[str, Any], *, caller: SessionKey, transcripts: bool
+        self,
+        agent: str,
+        args: Mapping[str, Any],
+        *,
+        caller: SessionKey,
+        transcripts: bool,
+        settings: Settings | None = None,
     ) -> ToolResult:
         """The `memory_get` tool: lines of a memory note, or one conversation message.
 
@@ -286,15 +300,15 @@ class MemoryCore:
         parsed = tool_arguments(MemoryGetArgs, args)
         path, first, count = parsed.path, parsed.from_, parsed.lines
         store = await self._store(agent)
-        redactor = self._search.redactor
+        settings = settings or self._current()
         if path.startswith(SESSION_PREFIX):
-            return await self._get_message(store, path, first, count, caller, transcripts)
+            return await self._get_message(store, path, first, count, caller, transcripts, settings)
         if NOTE_PATH.fullmatch(path) is None:
             raise InvalidInputError(
                 f"path: {path!r} is not MEMORY.md, memory/<name>.md or "
                 "session:<session_key>#<message_id>"
             )
-        read = partial(_read_note, self.workspace(agent), path, first, count, redactor)
+        read = partial(_read_note, settings.workspace(agent), path, first, count, settings.redactor)
         return await store.read_executor.run(read)
 
     async def _get_message(
@@ -305,6 +319,7 @@ class MemoryCore:
         count: int,
         caller: SessionKey,
         transcripts: bool,
+        settings: Settings,
     ) -> ToolResult:
         key_text, sep, ident = path.removeprefix(SESSION_PREFIX).rpartition("#")
         if not sep or not ident.isascii() or not ident.isdigit() or not key_text:
@@ -322,7 +337,7 @@ class MemoryCore:
         if row is None:
             return refused  # the same answer whether absent or forbidden: no oracle
         role, ts, text = row
-        lines = redact_lines(self._search.redactor, note_lines(str(text)))
+        lines = redact_lines(settings.redactor, note_lines(str(text)))
         data: dict[str, Any] = {"path": path, "role": str(role), "timestamp": float(ts)}
         return _excerpt("memory_get", data, lines, first, count)
 

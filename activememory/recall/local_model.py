@@ -58,11 +58,11 @@ from typing import NamedTuple
 
 import apsw
 
-from ._output import ELLIPSIS, one_line, summarize
-from ._query import FULL_HEADING, LATEST_HEADING, RECENT_HEADING, STYLE_THRESHOLDS
-from ._tools import RecallTools
-from .protocol.recall import RecallRequest, ToolResult
-from .storage.fts_query import STOPWORDS, TOKENIZE, index_columns, tokens
+from .._output import ELLIPSIS, one_line, summarize
+from ..protocol.recall import RecallRequest, ToolResult
+from ..storage.fts_query import STOPWORDS, TOKENIZE, index_columns, tokens
+from .subagent_input import FULL_HEADING, LATEST_HEADING, RECENT_HEADING, STYLE_THRESHOLDS
+from .tools import RecallTools
 
 NONE = "NONE"
 """What the model answers when no evidence passes its style's gate."""

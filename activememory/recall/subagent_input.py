@@ -1,5 +1,5 @@
 """What the recall sub-agent sees (docs/design.md §4.4–§4.7): its conversation context, its search
-query, its system prompt, its tools and its model.
+query, its system prompt and its tools (its model: `models.py`).
 
 Everything here is a pure function of its arguments, so the pipeline can build the whole
 input of a recall inside the preflight window without touching disk or network.
@@ -8,10 +8,10 @@ input of a recall inside the preflight window without touching disk or network.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Literal, TypeAlias
 
-from ._output import (
+from .._output import (
     DEBUG_LINE_LABEL,
     ELLIPSIS,
     PREFIX_CLOSE,
@@ -19,9 +19,9 @@ from ._output import (
     PREFIX_OPEN,
     STATUS_LINE_LABEL,
 )
-from .protocol.config import STYLE_BY_QUERY_MODE
-from .protocol.content import Message
-from .storage.fts_query import STOPWORDS
+from ..protocol.config import STYLE_BY_QUERY_MODE
+from ..protocol.content import Message
+from ..storage.fts_query import STOPWORDS
 
 QueryMode: TypeAlias = Literal["message", "recent", "full"]
 QUERY_MODES: tuple[QueryMode, ...] = ("message", "recent", "full")
@@ -505,38 +505,3 @@ def filter_tools_allow(names: Sequence[str]) -> tuple[str, ...]:
             continue
         kept.append(name)
     return tuple(kept)
-
-
-# --- Model resolution (docs/design.md §4.6) -------------------------------------------------------
-
-LOCAL_MODEL = "local/extractive"
-
-
-def agent_primary_model(configured: str | None) -> str:
-    """An agent's primary model: the configured one, else the embedded `LOCAL_MODEL`."""
-    if configured is not None and configured.strip():
-        return configured.strip()
-    return LOCAL_MODEL
-
-
-def resolve_recall_model(
-    *,
-    config_model: str | None,
-    session_model: str | None,
-    agent_model: str | None,
-    fallback: str | None,
-    is_available: Callable[[str], bool],
-) -> str | None:
-    """The recall model: the first of `config.model` → the session's model → the agent's
-    primary model → `config.modelFallback` that is set and `is_available`.
-
-    Blank strings count as unset. None when nothing resolves: recall is skipped for the turn.
-    `fallback` is only the last link of this chain, never a failover when a model errors.
-    """
-    for candidate in (config_model, session_model, agent_model, fallback):
-        if candidate is None:
-            continue
-        model = candidate.strip()
-        if model and is_available(model):
-            return model
-    return None

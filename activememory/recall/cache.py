@@ -1,0 +1,49 @@
+"""The recall cache (docs/design.md §4.10), owned by the recall coordinator.
+
+It runs on the event loop's clock (`anyio.current_time()`), so virtual-time simulations see
+exact expiries, and it is a bounded map (least recently used out first).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from typing import Generic, TypeVar
+
+import msgspec
+
+CACHE_ENTRIES = 1024
+T = TypeVar("T")
+
+
+class RecallCache(Generic[T]):
+    """Grounded `ok` results by everything that changes what recall may see or who answers."""
+
+    def __init__(self, max_entries: int = CACHE_ENTRIES) -> None:
+        self._entries: OrderedDict[str, tuple[float, T]] = OrderedDict()
+        self.max_entries = max_entries
+
+    @staticmethod
+    def key(*parts: object) -> str:
+        """A digest of the parts: agent, session, query text, model, tools, slot, scope..."""
+        return hashlib.sha256(msgspec.json.encode(parts)).hexdigest()
+
+    def get(self, key: str, now: float) -> T | None:
+        found = self._entries.get(key)
+        if found is None:
+            return None
+        expires, outcome = found
+        if now >= expires:
+            del self._entries[key]
+            return None
+        self._entries.move_to_end(key)
+        return outcome
+
+    def put(self, key: str, outcome: T, *, now: float, ttl_s: float) -> None:
+        self._entries[key] = (now + ttl_s, outcome)
+        self._entries.move_to_end(key)
+        while len(self._entries) > self.max_entries:
+            self._entries.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._entries)

@@ -1,0 +1,68 @@
+"""`mem.doctor()` and `activememory doctor` (docs/design.md §4.11): the recall pool's line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import anyio
+import pytest
+import trio
+import trio.testing
+
+import activememory as am
+from activememory._cli import main
+
+
+class Stubborn:
+    """Ignores cancellation: its run outlives the finalize deadline, unawaited."""
+
+    async def recall(self, request: am.RecallRequest, tools: am.RecallTools) -> str:
+        with anyio.CancelScope(shield=True):
+            await anyio.sleep(30)
+        return "too late"
+
+
+def test_doctor_counts_the_runs_abandoned_by_the_pool(tmp_path: Path) -> None:
+    config = {"plugins": {"entries": {"active-memory": {"config": {"model": "test/stubborn"}}}}}
+
+    async def main_() -> tuple[am.DoctorReport, am.DoctorReport]:
+        async with am.open_memory(
+            tmp_path / "s", config=config, models={"test/stubborn": Stubborn()}, executor="inline"
+        ) as mem:
+            before = await mem.doctor()
+            turn = am.Turn(
+                session_key="agent:main:direct:alice",
+                messages=[am.Message(role="user", content="what do I drink?")],
+            )
+            assert (await mem.recall(turn)).status == "timeout"
+            await trio.sleep(60)  # the run ends, long after its finalize deadline
+            return before, await mem.doctor()
+
+    before, after = trio.run(main_, clock=trio.testing.MockClock(autojump_threshold=0))
+    pool = {c.name: c for c in before.checks}["recall-pool"]
+    assert (pool.level, pool.detail) == (
+        "ok",
+        "runs that ignored cancellation and outlived their budget: 0",
+    )
+    pool = {c.name: c for c in after.checks}["recall-pool"]
+    assert (pool.level, pool.detail) == (
+        "warn",
+        "runs that ignored cancellation and outlived their budget: 1",
+    )
+
+
+def test_the_cli_doctor_shows_the_recall_pool(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    assert main(["doctor", "--state-dir", str(tmp_path)]) == 0
+    assert "[ok  ] recall-pool: runs that ignored cancellation and outlived their budget: 0" in (
+        capsys.readouterr().out.splitlines()
+    )
+    assert main(["doctor", "--state-dir", str(tmp_path), "--json"]) == 0
+    checks = json.loads(capsys.readouterr().out)["checks"]
+    assert checks[-1] == {
+        "name": "recall-pool",
+        "level": "ok",
+        "detail": "runs that ignored cancellation and outlived their budget: 0",
+    }
