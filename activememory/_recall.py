@@ -43,7 +43,7 @@ from ._results import judge
 from ._search import SessionSearch
 from ._tools import RecallModel, RecallTools, ToolHandler, host_result
 from .actors.supervisor import Supervisor
-from .protocol.config import Config
+from .protocol.config import Config, PrivateScope
 from .protocol.errors import InvalidInputError
 from .protocol.recall import (
     RecallOutcome,
@@ -145,6 +145,8 @@ class Recaller:
         started: float,
     ) -> RecallOutcome:
         am = config.active_memory
+        # Whose conversations this run may read: in the key, so no identity gets another's.
+        scope = config.private_scope(key) if request.transcripts else None
         cache_key = RecallCache.key(
             request.agent,
             request.session_key,
@@ -153,7 +155,8 @@ class Recaller:
             request.model,
             request.tools,
             config.memory_slot,
-            request.transcripts,
+            scope,
+            config.identity_of(key),
             request.prompt,
             paths,
         )
@@ -203,7 +206,7 @@ class Recaller:
         transcript = self._open_transcript(
             am.persist_transcripts, am.transcript_dir, run_id, request
         )
-        tools = self._run_tools(request, key, transcript)
+        tools = self._run_tools(request, key, transcript, scope, config)
         if am.logging:
             _log(
                 f"active-memory: start run={run_id} agent={request.agent} session={key.raw} "
@@ -320,10 +323,15 @@ class Recaller:
         return transcript
 
     def _run_tools(
-        self, request: RecallRequest, key: SessionKey, transcript: SubAgentTranscript
+        self,
+        request: RecallRequest,
+        key: SessionKey,
+        transcript: SubAgentTranscript,
+        transcripts: PrivateScope | None,
+        config: Config,
     ) -> RecallTools:
         handlers: dict[str, ToolHandler] = {}
-        core, agent, transcripts = self._core, request.agent, request.transcripts
+        core, agent = self._core, request.agent
         for name in request.tools:
             if name == "memory_search":
 
@@ -338,7 +346,7 @@ class Recaller:
 
                 handlers[name] = get
             elif name == "memory_recall" and name not in self._tools:
-                handlers[name] = self._records_handler(key, request.agent)
+                handlers[name] = self._records_handler(key, request.agent, config)
             elif name in self._tools:
                 handlers[name] = _host_handler(name, self._tools[name])
         schemas = {name: fn.schema for name, fn in self._tools.items() if hasattr(fn, "schema")}
@@ -348,18 +356,16 @@ class Recaller:
             transcript=lambda line: transcript.write(line, at=anyio.current_time()),
         )
 
-    def _records_handler(self, key: SessionKey, agent: str) -> ToolHandler:
+    def _records_handler(self, key: SessionKey, agent: str, config: Config) -> ToolHandler:
         """memory_recall over the records store, scoped to this conversation's user.
 
-        The user of a direct conversation is its peer (`agent:<a>:direct:<peer>`; the main
-        conversation's user is "main"); a group, channel or explicit session names no user,
-        so only records scoped to no user are searched there. The agent is exact; the
-        session key is the thread, a boost rather than a filter.
+        The user of a direct conversation is its identity (`Config.identity_of`: the peer of
+        `agent:<a>:direct:<peer>` unless session.identityLinks links it, "main" for the main
+        conversation unless ownerIdentity names the owner); a group, channel or explicit
+        session names no user, so only records scoped to no user are searched there. The
+        agent is exact; the session key is the thread, a boost rather than a filter.
         """
-        if key.chat_type == "direct":
-            user_id: str | None = key.conversation_id or "main"
-        else:
-            user_id = None
+        user_id = config.identity_of(key) if key.chat_type == "direct" else None
         records, redactor = self._records, self._search.redactor
 
         async def recall(args: Mapping[str, Any]) -> ToolResult:

@@ -13,6 +13,7 @@ import msgspec
 
 from ._redaction import Redactor
 from .actors.supervisor import AgentStore, Supervisor
+from .protocol.config import PrivateScope
 from .protocol.errors import InvalidInputError
 from .protocol.search import (
     DEFAULT_LIMIT,
@@ -126,27 +127,17 @@ class SessionSearch:
             pages.append(found)
         return _assemble(pages, limit)
 
-    async def search_private(
-        self, query: str, *, caller: SessionKey, limit: int = DEFAULT_LIMIT
-    ) -> SearchResult:
-        """Cross-conversation recall's transcript search (docs/design.md §4.2).
+    def private_job(
+        self, query: str, *, caller: SessionKey, scope: PrivateScope, limit: int = DEFAULT_LIMIT
+    ) -> PrivateSearch | None:
+        """Cross-conversation recall's transcript search (docs/design.md §4.2), as a job to run
+        inside a reader call of the caller's own (memory_search pays one thread hop).
 
         Only the caller's agent database, scoped in SQL to that agent's other private
-        conversations (`storage.search._PRIVATE`); `tools.sessions.visibility` plays no part
-        and is not widened. A caller that is not itself private gets nothing.
+        conversations that `scope` admits (`storage.search._PRIVATE`);
+        `tools.sessions.visibility` plays no part and is not widened. None when there is
+        nothing to search: a caller that is not itself private gets nothing.
         """
-        job = self.private_job(query, caller=caller, limit=limit)
-        if job is None:
-            return SearchResult(results=())
-        store = await self._supervisor.agent(job.agent)
-        return job.finish(await store.read(job.run), store)
-
-    def private_job(
-        self, query: str, *, caller: SessionKey, limit: int = DEFAULT_LIMIT
-    ) -> PrivateSearch | None:
-        """`search_private` as a job to run inside a reader call of the caller's own, so a
-        caller with other reads on that database (memory_search) pays one thread hop.
-        None when there is nothing to search."""
         text = _check_query(query)
         if not 1 <= limit <= MAX_LIMIT:
             raise InvalidInputError(f"limit: {limit!r} is not an integer from 1 to {MAX_LIMIT}")
@@ -157,7 +148,7 @@ class SessionSearch:
             _search_one,
             plan=plan,
             stats=self._term_stats.setdefault(caller.agent, TermStats()),
-            scope="private",
+            scope=scope,
             caller=caller.raw,
             clamp_sandboxed=False,
             session_key=None,

@@ -25,7 +25,7 @@ from typing import Annotated, Any, Literal, TypeAlias
 import msgspec
 
 from .search import SearchSettings
-from .session_key import AGENT_ID
+from .session_key import AGENT_ID, SessionKey
 
 ChatKind: TypeAlias = Literal["direct", "group", "channel", "explicit"]
 QueryMode: TypeAlias = Literal["message", "recent", "full"]
@@ -258,6 +258,20 @@ class ActiveMemoryConfig(
     qmd: Annotated[QmdConfig, msgspec.Meta(description="QMD backend settings for recall")] = (
         QmdConfig()
     )
+    single_owner: Annotated[
+        bool,
+        msgspec.Meta(
+            description="One person owns every private conversation: cross-conversation "
+            "recall reads them all, not only the caller's identity's"
+        ),
+    ] = False
+    owner_identity: Annotated[
+        NonEmptyStr | None,
+        msgspec.Meta(
+            description="The owner (an identity of session.identityLinks or a peer id): its "
+            "direct chats and the main and explicit sessions recall each other"
+        ),
+    ] = None
 
     @property
     def effective_prompt_style(self) -> PromptStyle:
@@ -369,6 +383,13 @@ class SessionSection(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
         DmScope | None,
         msgspec.Meta(description='How direct messages are split into sessions; unset: "main"'),
     ] = None
+    identity_links: Annotated[
+        dict[NonEmptyStr, tuple[NonEmptyStr, ...]],
+        msgspec.Meta(
+            description="One person's peer ids across channels, by identity; recall reads "
+            "only the caller's identity's direct chats"
+        ),
+    ] = {}
 
 
 class BindingSession(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
@@ -442,6 +463,20 @@ class ConfigFile(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
 
 # --- The resolved view ---------------------------------------------------------------------
 
+OWNER = "main"
+"""The identity of the main and explicit sessions when `ownerIdentity` is unset."""
+
+
+class PrivateScope(msgspec.Struct, frozen=True, kw_only=True):
+    """Whose private sessions one caller's cross-conversation recall may read, on top of the
+    boundary every caller has (docs/design.md §4.2); bound into the SQL of storage/search.py."""
+
+    peers: tuple[str, ...] | None  # direct chats by conversation id; None: every peer
+    owner: bool  # the main and explicit sessions
+
+
+SINGLE_OWNER = PrivateScope(peers=None, owner=True)
+
 
 class AgentSettings(msgspec.Struct, frozen=True, kw_only=True):
     """What the config says about one agent (`agents.entries.<id>`)."""
@@ -491,6 +526,9 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
         dict[str, AgentSettings], msgspec.Meta(description="`agents.entries` by agent id")
     ] = {}
     dm_scope: Annotated[DmScope | None, msgspec.Meta(description="`session.dmScope`")] = None
+    identity_links: Annotated[
+        dict[str, tuple[str, ...]], msgspec.Meta(description="`session.identityLinks`")
+    ] = {}
     bindings: Annotated[tuple[Binding, ...], msgspec.Meta(description="`bindings`")] = ()
     providers: Annotated[
         dict[str, Provider], msgspec.Meta(description="`models.providers` by name")
@@ -530,6 +568,45 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
             for binding in self.bindings
             if binding.agent_id is None or binding.agent_id == agent
         )
+
+    def identity_of(self, key: SessionKey) -> str | None:
+        """Whose conversation `key` is (docs/design.md §4.2); None for a group, channel or unknown.
+
+        A direct peer is the identity that lists it in `session.identityLinks` (the first
+        one), else itself; the main and explicit sessions are the owner's (`ownerIdentity`),
+        or `OWNER` while no owner is named.
+        """
+        if key.chat_type == "explicit" or (key.chat_type == "direct" and not key.conversation_id):
+            return self._owner() or OWNER
+        return self._identity_of_peer(key.conversation_id) if key.chat_type == "direct" else None
+
+    def _identity_of_peer(self, peer: str | None) -> str | None:
+        return next((name for name, peers in self.identity_links.items() if peer in peers), peer)
+
+    def _owner(self) -> str | None:
+        """`ownerIdentity` as an identity: an identity of identityLinks, or a peer's."""
+        owner = self.active_memory.owner_identity
+        if owner is None or owner in self.identity_links:
+            return owner
+        return self._identity_of_peer(owner)
+
+    def private_scope(self, key: SessionKey) -> PrivateScope:
+        """Which of its agent's private sessions `key`'s cross-conversation recall may read.
+
+        The direct chats of its identity (`identity_of`), and the main and explicit sessions
+        if it is the owner's; `singleOwner`: every private session.
+        """
+        if self.active_memory.single_owner:
+            return SINGLE_OWNER
+        identity = self.identity_of(key)
+        if identity is None:  # a group, channel or unknown key: it reads nothing anyway
+            return PrivateScope(peers=(), owner=False)
+        owner_session = key.chat_type == "explicit" or not key.conversation_id
+        if owner_session and self._owner() is None:
+            return PrivateScope(peers=(), owner=True)
+        named = dict.fromkeys((identity, *self.identity_links.get(identity, ())))
+        peers = tuple(p for p in named if self._identity_of_peer(p) == identity)
+        return PrivateScope(peers=peers, owner=owner_session or identity == self._owner())
 
     def recall_agents(self) -> tuple[str, ...]:
         """The agents advanced Active Memory targets: `config.agents`, else every configured
