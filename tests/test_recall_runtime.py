@@ -22,7 +22,7 @@ from activememory._recall import Recaller
 pytestmark = pytest.mark.anyio
 
 DM = "agent:main:direct:alice"
-SOURCE = "agent:main:direct:bob"
+SOURCE = "agent:main:dm:alice"  # alice's other chat: recall reads only her own identity's
 FACT = "I drink oolong tea every morning."
 QUESTION = "what tea do I drink in the morning?"
 
