@@ -140,6 +140,13 @@ def _config_checks(config: Config) -> list[DoctorCheck]:
         )
     else:
         out.append(DoctorCheck(name="memory provider", level="ok", detail=slot))
+    am = config.active_memory
+    if am.single_owner:
+        whose = "singleOwner: every private chat of an agent recalls every other"
+    else:  # not a problem, but the reason a main or UI session may not see a DM
+        owner = f"owner {am.owner_identity}" if am.owner_identity else "no ownerIdentity"
+        whose = f"recall reads only the caller's identity's chats; {owner}"
+    out.append(DoctorCheck(name="privacy", level="ok", detail=whose))
     for warning in config.warnings:
         out.append(DoctorCheck(name="config", level="warn", detail=warning))
     return out

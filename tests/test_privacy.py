@@ -362,3 +362,21 @@ async def test_private_scope_matches_the_rule_for_every_caller(tmp_path: Path) -
                 scope = cfg.private_scope(key)
                 found = await private_scope(mem, caller.key, 100, scope=scope)
                 assert set(found) == expected, (caller.key, cfg.raw)
+
+
+@pytest.mark.parametrize(
+    ("am_config", "detail"),
+    [
+        ({}, "recall reads only the caller's identity's chats; no ownerIdentity"),
+        ({"ownerIdentity": "dana"}, "recall reads only the caller's identity's chats; owner dana"),
+        ({"singleOwner": True}, "singleOwner: every private chat of an agent recalls every other"),
+    ],
+)
+async def test_doctor_says_whose_chats_recall_reads(
+    tmp_path: Path, am_config: dict[str, Any], detail: str
+) -> None:
+    async with am.open_memory(tmp_path / "s", config=config(am_config)) as mem:
+        report = await mem.doctor()
+    assert [c for c in report.checks if c.name == "privacy"] == [
+        am.DoctorCheck(name="privacy", level="ok", detail=detail)
+    ]
