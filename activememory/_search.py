@@ -80,7 +80,7 @@ class SessionSearch:
         limit: object = DEFAULT_LIMIT,
         match: object = "phrase",
     ) -> SearchResult:
-        text = _check_query(query)
+        text = check_query(query)
         caller_key = parse_session_key(caller, field="caller")
         only = None if session_key is None else parse_session_key(session_key)
         if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= MAX_LIMIT:
@@ -138,7 +138,7 @@ class SessionSearch:
         `tools.sessions.visibility` plays no part and is not widened. None when there is
         nothing to search: a caller that is not itself private gets nothing.
         """
-        text = _check_query(query)
+        text = check_query(query)
         if not 1 <= limit <= MAX_LIMIT:
             raise InvalidInputError(f"limit: {limit!r} is not an integer from 1 to {MAX_LIMIT}")
         plan = plan_match(text, "phrase")
@@ -249,7 +249,7 @@ def _assemble(pages: list[_AgentPage], limit: int) -> SearchResult:
     return result
 
 
-def _check_query(query: object) -> str:
+def check_query(query: object) -> str:
     if not isinstance(query, str):
         raise InvalidInputError(f"query: expected a string, got {type(query).__name__}")
     if not query.strip():

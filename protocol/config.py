@@ -25,7 +25,7 @@ from typing import Annotated, Any, Literal, TypeAlias
 import msgspec
 
 from .search import SearchSettings
-from .session_key import AGENT_ID, SessionKey
+from .session_key import AGENT_ID, SessionKey, parse_session_key
 
 ChatKind: TypeAlias = Literal["direct", "group", "channel", "explicit"]
 QueryMode: TypeAlias = Literal["message", "recent", "full"]
@@ -259,18 +259,11 @@ class ActiveMemoryConfig(
         QmdConfig()
     )
     single_owner: Annotated[
-        bool,
-        msgspec.Meta(
-            description="One person owns every private conversation: cross-conversation "
-            "recall reads them all, not only the caller's identity's"
-        ),
+        bool, msgspec.Meta(description="Every private chat is one owner's: recall reads them all")
     ] = False
     owner_identity: Annotated[
         NonEmptyStr | None,
-        msgspec.Meta(
-            description="The owner (an identity of session.identityLinks or a peer id): its "
-            "direct chats and the main and explicit sessions recall each other"
-        ),
+        msgspec.Meta(description="Owner identity or peer id: its DMs join main and UI sessions"),
     ] = None
 
     @property
@@ -385,10 +378,7 @@ class SessionSection(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     ] = None
     identity_links: Annotated[
         dict[NonEmptyStr, tuple[NonEmptyStr, ...]],
-        msgspec.Meta(
-            description="One person's peer ids across channels, by identity; recall reads "
-            "only the caller's identity's direct chats"
-        ),
+        msgspec.Meta(description="Each identity's peer ids across channels (one person's DMs)"),
     ] = {}
 
 
@@ -476,6 +466,7 @@ class PrivateScope(msgspec.Struct, frozen=True, kw_only=True):
 
 
 SINGLE_OWNER = PrivateScope(peers=None, owner=True)
+_MAIN = parse_session_key("agent:main:main")
 
 
 class AgentSettings(msgspec.Struct, frozen=True, kw_only=True):
@@ -573,40 +564,36 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
         """Whose conversation `key` is (docs/design.md §4.2); None for a group, channel or unknown.
 
         A direct peer is the identity that lists it in `session.identityLinks` (the first
-        one), else itself; the main and explicit sessions are the owner's (`ownerIdentity`),
-        or `OWNER` while no owner is named.
+        one), else itself; the main and explicit sessions are the owner's: `ownerIdentity`
+        (an identity, or a peer and so its identity), else `OWNER`.
         """
-        if key.chat_type == "explicit" or (key.chat_type == "direct" and not key.conversation_id):
-            return self._owner() or OWNER
-        return self._identity_of_peer(key.conversation_id) if key.chat_type == "direct" else None
+        peer = key.conversation_id if key.chat_type == "direct" else None
+        if peer is None and key.is_private:  # the main session or an explicit one
+            peer = self.active_memory.owner_identity
+            if peer is None or peer in self.identity_links:
+                return peer or OWNER
+        return self._linked(peer)
 
-    def _identity_of_peer(self, peer: str | None) -> str | None:
+    def _linked(self, peer: str | None) -> str | None:
         return next((name for name, peers in self.identity_links.items() if peer in peers), peer)
 
-    def _owner(self) -> str | None:
-        """`ownerIdentity` as an identity: an identity of identityLinks, or a peer's."""
-        owner = self.active_memory.owner_identity
-        if owner is None or owner in self.identity_links:
-            return owner
-        return self._identity_of_peer(owner)
-
     def private_scope(self, key: SessionKey) -> PrivateScope:
-        """Which of its agent's private sessions `key`'s cross-conversation recall may read.
-
-        The direct chats of its identity (`identity_of`), and the main and explicit sessions
-        if it is the owner's; `singleOwner`: every private session.
-        """
-        if self.active_memory.single_owner:
+        """Which of its agent's private sessions `key`'s cross-conversation recall may read:
+        its identity's direct chats, and the main and explicit sessions if it is the owner's
+        (`identity_of`); with `singleOwner`, every one."""
+        am, identity = self.active_memory, self.identity_of(key)
+        if am.single_owner:
             return SINGLE_OWNER
-        identity = self.identity_of(key)
-        if identity is None:  # a group, channel or unknown key: it reads nothing anyway
+        if identity is None:  # a group, channel or unknown key reads nothing anyway
             return PrivateScope(peers=(), owner=False)
-        owner_session = key.chat_type == "explicit" or not key.conversation_id
-        if owner_session and self._owner() is None:
-            return PrivateScope(peers=(), owner=True)
-        named = dict.fromkeys((identity, *self.identity_links.get(identity, ())))
-        peers = tuple(p for p in named if self._identity_of_peer(p) == identity)
-        return PrivateScope(peers=peers, owner=owner_session or identity == self._owner())
+        owners = key.chat_type == "explicit" or not key.conversation_id
+        if am.owner_identity is not None:
+            owners = owners or identity == self.identity_of(_MAIN)
+        elif owners:
+            return PrivateScope(peers=(), owner=True)  # no direct peer is the owner
+        links = dict.fromkeys((identity, *self.identity_links.get(identity, ())))
+        peers = tuple(p for p in links if self._linked(p) == identity)
+        return PrivateScope(peers=peers, owner=owners)
 
     def recall_agents(self) -> tuple[str, ...]:
         """The agents advanced Active Memory targets: `config.agents`, else every configured
