@@ -2,7 +2,7 @@
 
 `decide` is a pure function of the config, the session and its switches, so the whole rule
 table is tested without a store. What recall may *see* once it runs is decided elsewhere,
-in SQL (`storage.search`, scope "private").
+in SQL (`storage.search._PRIVATE`, `Config.private_scope`).
 """
 
 from __future__ import annotations
