@@ -413,6 +413,8 @@ def _demo(args: argparse.Namespace) -> int:
 
 DEMO_NOTE = "# About the user\n\nI am allergic to peanuts, so no peanut snacks please.\n"
 DEMO_PORTAL = "agent:main:explicit:portal-7"
+# alice owns the assistant: her direct chats and its UI sessions recall each other.
+DEMO_CONFIG = {"plugins": {"entries": {"active-memory": {"config": {"ownerIdentity": "alice"}}}}}
 DEMO_TURNS: tuple[tuple[str, str], ...] = (
     (DEMO_PORTAL, "/verbose on"),
     (DEMO_PORTAL, "/trace on"),
@@ -434,7 +436,7 @@ async def _demo_respond(prefix: str | None, turn: Turn) -> str:
 async def _run_demo(state_dir: Path) -> int:
     print(f"activememory demo: state in {state_dir}\n")
     samples = importlib.resources.files("activememory") / "data"
-    async with open_memory(state_dir) as mem:
+    async with open_memory(state_dir, config=DEMO_CONFIG) as mem:
         print("1. Import two conversations written before indexing existed:")
         for name in SAMPLES:
             with importlib.resources.as_file(samples / name) as path:

@@ -200,6 +200,7 @@ def _resolve(
         memory_slot=shape.plugins.slots.memory,
         agents=agents,
         dm_scope=shape.session.dm_scope,
+        identity_links=dict(shape.session.identity_links),
         bindings=tuple(
             Binding(agent_id=b.agent_id, dm_scope=b.session.dm_scope) for b in shape.bindings
         ),

@@ -6,13 +6,14 @@ from typing import TYPE_CHECKING, Literal
 
 import msgspec
 
-from .protocol.config import SLOT_TOOLS, Config
+from .protocol.config import PLUGIN_ID, SLOT_TOOLS, Config
 from .protocol.session_key import parse_session_key
 
 if TYPE_CHECKING:
     from ._memory import Memory
 
 Level = Literal["ok", "warn", "error"]
+AM_ENTRY = f"plugins.entries.{PLUGIN_ID}"
 
 
 class DoctorCheck(msgspec.Struct, frozen=True, kw_only=True):
@@ -41,50 +42,38 @@ class DoctorReport(msgspec.Struct, frozen=True, kw_only=True):
 async def diagnose(memory: Memory) -> DoctorReport:
     """Run every check against an open `am.Memory`."""
     config = memory.config
-    checks: list[DoctorCheck] = []
-    add = checks.append
-    checks.extend(_config_checks(config))
+    checks = _config_checks(config)
+
+    def add(name: str, level: Level, detail: str) -> None:
+        checks.append(_check(name, level, detail))
+
     recaller = memory._recaller
     for agent in _agents_of_interest(config, memory):
         key = parse_session_key(f"agent:{agent}:main")
         model = recaller.models.resolve(config, key, None)
+        wanted = config.active_memory.model
         if model is None:
-            add(
-                DoctorCheck(name=f"model:{agent}", level="error", detail="no recall model resolves")
-            )
+            add(f"model:{agent}", "error", "no recall model resolves")
+        elif wanted is not None and wanted != model:
+            add(f"model:{agent}", "warn", f"config.model {wanted} does not resolve; using {model}")
         else:
-            wanted = config.active_memory.model
-            if wanted is not None and wanted != model:
-                add(
-                    DoctorCheck(
-                        name=f"model:{agent}",
-                        level="warn",
-                        detail=f"config.model {wanted} does not resolve; using {model}",
-                    )
-                )
-            else:
-                add(DoctorCheck(name=f"model:{agent}", level="ok", detail=model))
+            add(f"model:{agent}", "ok", model)
         tools = recaller.usable_tools(config)
-        cross = config.remember_across_conversations(agent)
         if not tools:
             add(
-                DoctorCheck(
-                    name=f"tools:{agent}",
-                    level="error",
-                    detail="no allowed memory tool is available: recall is 'unavailable'",
-                )
+                f"tools:{agent}",
+                "error",
+                "no allowed memory tool is available: recall is 'unavailable'",
             )
-        elif cross and "memory_search" not in tools:
+        elif config.remember_across_conversations(agent) and "memory_search" not in tools:
             add(
-                DoctorCheck(
-                    name=f"tools:{agent}",
-                    level="warn",
-                    detail="rememberAcrossConversations is on but memory_search is not allowed:"
-                    " transcript recall cannot run",
-                )
+                f"tools:{agent}",
+                "warn",
+                "rememberAcrossConversations is on but memory_search is not allowed:"
+                " transcript recall cannot run",
             )
         else:
-            add(DoctorCheck(name=f"tools:{agent}", level="ok", detail=", ".join(tools)))
+            add(f"tools:{agent}", "ok", ", ".join(tools))
     for stats in await memory.sessions.stats(check_integrity=True):
         level: Level = "ok" if stats.fts_integrity_ok else "error"
         detail = (
@@ -94,17 +83,16 @@ async def diagnose(memory: Memory) -> DoctorReport:
         )
         if level == "ok" and stats.dirty_sessions:
             level = "warn"
-        add(DoctorCheck(name=f"index:{stats.agent}", level=level, detail=detail))
+        add(f"index:{stats.agent}", level, detail)
     for info in memory.breaker_states():
         level = "ok" if info.state == "closed" else "warn"
         detail = f"{info.state}, {info.consecutive_timeouts} consecutive timeouts"
         if info.reopens_in_ms:
             detail += f", next probe in {info.reopens_in_ms / 1000:.1f}s"
-        add(DoctorCheck(name=f"breaker:{info.agent}/{info.model}", level=level, detail=detail))
+        add(f"breaker:{info.agent}/{info.model}", level, detail)
     abandoned = memory._supervisor.recall_pool.abandoned
-    level = "warn" if abandoned else "ok"
     detail = f"runs that ignored cancellation and outlived their budget: {abandoned}"
-    add(DoctorCheck(name="recall-pool", level=level, detail=detail))
+    add("recall-pool", "warn" if abandoned else "ok", detail)
     return DoctorReport(checks=tuple(checks))
 
 
@@ -115,35 +103,30 @@ def _agents_of_interest(config: Config, memory: Memory) -> list[str]:
 
 
 def _config_checks(config: Config) -> list[DoctorCheck]:
-    out = []
-    source = config.source or "defaults (no config file)"
+    am, slot = config.active_memory, config.memory_slot
     if not config.plugin_enabled:
-        out.append(
-            DoctorCheck(
-                name="plugin",
-                level="warn",
-                detail="plugins.entries.active-memory.enabled is false: no recall runs",
-            )
-        )
-    elif not config.active_memory.enabled:
-        out.append(
-            DoctorCheck(
-                name="plugin", level="warn", detail="config.enabled is false: no recall runs"
-            )
-        )
+        plugin = _check("plugin", "warn", f"{AM_ENTRY}.enabled is false: no recall runs")
+    elif not am.enabled:
+        plugin = _check("plugin", "warn", "config.enabled is false: no recall runs")
     else:
-        out.append(DoctorCheck(name="plugin", level="ok", detail=f"enabled ({source})"))
-    slot = config.memory_slot
+        plugin = _check("plugin", "ok", f"enabled ({config.source or 'defaults (no config file)'})")
     if slot not in SLOT_TOOLS:
-        out.append(
-            DoctorCheck(
-                name="memory provider",
-                level="error",
-                detail=f"unsupported memory provider {slot!r}: use memory-core or memory-records",
-            )
-        )
+        why = f"unsupported memory provider {slot!r}: use memory-core or memory-records"
+        provider = _check("memory provider", "error", why)
     else:
-        out.append(DoctorCheck(name="memory provider", level="ok", detail=slot))
-    for warning in config.warnings:
-        out.append(DoctorCheck(name="config", level="warn", detail=warning))
-    return out
+        provider = _check("memory provider", "ok", slot)
+    if am.single_owner:
+        whose = "singleOwner: every private chat of an agent recalls every other"
+    else:  # not a problem, but the reason a main or UI session may not see a DM
+        owner = f"owner {am.owner_identity}" if am.owner_identity else "no ownerIdentity"
+        whose = f"recall reads only the caller's identity's chats; {owner}"
+    return [
+        plugin,
+        provider,
+        _check("privacy", "ok", whose),
+        *(_check("config", "warn", warning) for warning in config.warnings),
+    ]
+
+
+def _check(name: str, level: Level, detail: str) -> DoctorCheck:
+    return DoctorCheck(name=name, level=level, detail=detail)

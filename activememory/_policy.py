@@ -2,7 +2,7 @@
 
 `decide` is a pure function of the config, the session and its switches, so the whole rule
 table is tested without a store. What recall may *see* once it runs is decided elsewhere,
-in SQL (`storage.search`, scope "private").
+in SQL (`storage.search._PRIVATE`, `Config.private_scope`).
 """
 
 from __future__ import annotations
@@ -71,9 +71,14 @@ def decide(
     if not switches.active_memory:
         return _skip("off for this session (/active-memory on)")
     conversation = key.conversation_id.casefold() if key.conversation_id else None
-    # The deny list is the operator's "never here": it stops both paths, not only advanced.
+    # The chat lists are the operator's "only here" and "never here": they stop both paths.
     if conversation is not None and conversation in _folded(am.denied_chat_ids):
         return _skip("the conversation is in deniedChatIds")
+    if am.allowed_chat_ids and conversation is None:
+        # Fails closed: with an allowlist, a conversation we cannot name is not guessed at.
+        return _skip("allowedChatIds is set and the conversation id cannot be resolved")
+    if am.allowed_chat_ids and conversation not in _folded(am.allowed_chat_ids):
+        return _skip("the conversation is not in allowedChatIds")
 
     paths: list[RecallPath] = []
     cross_reason = ""
@@ -89,11 +94,6 @@ def decide(
         advanced_reason = f"agent {key.agent} is not in config.agents"
     elif key.chat_type not in am.allowed_chat_types:
         advanced_reason = f"chat type {key.chat_type} is not in allowedChatTypes"
-    elif am.allowed_chat_ids and conversation is None:
-        # Fails closed: with an allowlist, a conversation we cannot name is not guessed at.
-        advanced_reason = "allowedChatIds is set and the conversation id cannot be resolved"
-    elif am.allowed_chat_ids and conversation not in _folded(am.allowed_chat_ids):
-        advanced_reason = "the conversation is not in allowedChatIds"
     else:
         paths.append("advanced")
 

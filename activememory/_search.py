@@ -14,6 +14,7 @@ import msgspec
 from ._redaction import Redactor
 from ._settings import Settings
 from .actors.supervisor import AgentStore, Supervisor
+from .protocol.config import PrivateScope
 from .protocol.errors import InvalidInputError
 from .protocol.search import (
     DEFAULT_LIMIT,
@@ -70,7 +71,7 @@ class SessionSearch:
         limit: object = DEFAULT_LIMIT,
         match: object = "phrase",
     ) -> SearchResult:
-        text = _check_query(query)
+        text = check_query(query)
         caller_key = parse_session_key(caller, field="caller")
         only = None if session_key is None else parse_session_key(session_key)
         if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= MAX_LIMIT:
@@ -118,16 +119,23 @@ class SessionSearch:
         return _assemble(pages, limit)
 
     def private_job(
-        self, query: str, *, caller: SessionKey, redactor: Redactor, limit: int = DEFAULT_LIMIT
+        self,
+        query: str,
+        *,
+        caller: SessionKey,
+        scope: PrivateScope,
+        redactor: Redactor,
+        limit: int = DEFAULT_LIMIT,
     ) -> PrivateSearch | None:
         """Cross-conversation recall's transcript search (docs/design.md §4.2), as a job to run
         inside a reader call of the caller's own (memory_search pays one thread hop).
 
         Only the caller's agent database, scoped in SQL to that agent's other private
-        conversations (`storage.search._PRIVATE`); `tools.sessions.visibility` plays no part
-        and is not widened. None when there is nothing to search, or the caller is not private.
+        conversations that `scope` admits (`storage.search._PRIVATE`);
+        `tools.sessions.visibility` plays no part and is not widened. None when there is
+        nothing to search: a caller that is not itself private gets nothing.
         """
-        text = _check_query(query)
+        text = check_query(query)
         if not 1 <= limit <= MAX_LIMIT:
             raise InvalidInputError(f"limit: {limit!r} is not an integer from 1 to {MAX_LIMIT}")
         plan = plan_match(text, "phrase")
@@ -137,7 +145,7 @@ class SessionSearch:
             _search_one,
             plan=plan,
             stats=self._term_stats.setdefault(caller.agent, TermStats()),
-            scope="private",
+            scope=scope,
             caller=caller.raw,
             clamp_sandboxed=False,
             session_key=None,
@@ -238,7 +246,7 @@ def _assemble(pages: list[_AgentPage], limit: int) -> SearchResult:
     return result
 
 
-def _check_query(query: object) -> str:
+def check_query(query: object) -> str:
     if not isinstance(query, str):
         raise InvalidInputError(f"query: expected a string, got {type(query).__name__}")
     if not query.strip():

@@ -8,6 +8,9 @@ import tempfile
 
 import activememory as am
 
+# One person's bot: every private chat is the owner's, so any of them may recall another.
+SINGLE_OWNER = {"plugins": {"entries": {"active-memory": {"config": {"singleOwner": True}}}}}
+
 
 async def respond(prompt_prefix: str | None, turn: am.Turn) -> str:
     latest = turn.messages[-1].content
@@ -17,7 +20,7 @@ async def respond(prompt_prefix: str | None, turn: am.Turn) -> str:
 
 
 async def main(state_dir: str) -> None:
-    async with am.open_memory(state_dir) as mem:
+    async with am.open_memory(state_dir, config=SINGLE_OWNER) as mem:
         await mem.sessions.append(
             "agent:main:direct:alice", am.Message(role="user", content="I drink oolong tea daily.")
         )

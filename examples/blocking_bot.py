@@ -11,6 +11,9 @@ import tempfile
 import activememory as am
 import activememory.sync
 
+# One person's bot: every private chat is the owner's, so any of them may recall another.
+SINGLE_OWNER = {"plugins": {"entries": {"active-memory": {"config": {"singleOwner": True}}}}}
+
 
 async def respond(prompt_prefix: str | None, turn: am.Turn) -> str:
     latest = turn.messages[-1].content
@@ -20,7 +23,7 @@ async def respond(prompt_prefix: str | None, turn: am.Turn) -> str:
 
 
 def main(state_dir: str) -> None:
-    with activememory.sync.open_memory(state_dir) as mem:
+    with activememory.sync.open_memory(state_dir, config=SINGLE_OWNER) as mem:
         mem.sessions.append(
             "agent:main:direct:alice", am.Message(role="user", content="My dog is called Pixel.")
         )

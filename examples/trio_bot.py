@@ -13,6 +13,9 @@ import trio
 
 import activememory as am
 
+# One person's bot: every private chat is the owner's, so any of them may recall another.
+SINGLE_OWNER = {"plugins": {"entries": {"active-memory": {"config": {"singleOwner": True}}}}}
+
 
 async def respond(prompt_prefix: str | None, turn: am.Turn) -> str:
     latest = turn.messages[-1].content
@@ -22,7 +25,7 @@ async def respond(prompt_prefix: str | None, turn: am.Turn) -> str:
 
 
 async def main(state_dir: str) -> None:
-    async with am.open_memory(state_dir) as mem:
+    async with am.open_memory(state_dir, config=SINGLE_OWNER) as mem:
         history: dict[str, list[am.Message]] = {}
         for key, text in [
             ("agent:main:direct:alice", "I always book an aisle seat."),

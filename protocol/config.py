@@ -25,7 +25,7 @@ from typing import Annotated, Any, Literal, TypeAlias
 import msgspec
 
 from .search import SearchSettings
-from .session_key import AGENT_ID
+from .session_key import AGENT_ID, SessionKey, parse_session_key
 
 ChatKind: TypeAlias = Literal["direct", "group", "channel", "explicit"]
 QueryMode: TypeAlias = Literal["message", "recent", "full"]
@@ -258,6 +258,13 @@ class ActiveMemoryConfig(
     qmd: Annotated[QmdConfig, msgspec.Meta(description="QMD backend settings for recall")] = (
         QmdConfig()
     )
+    single_owner: Annotated[
+        bool, msgspec.Meta(description="Every private chat is one owner's: recall reads them all")
+    ] = False
+    owner_identity: Annotated[
+        NonEmptyStr | None,
+        msgspec.Meta(description="Owner identity or peer id: its DMs join main and UI sessions"),
+    ] = None
 
     @property
     def effective_prompt_style(self) -> PromptStyle:
@@ -369,6 +376,10 @@ class SessionSection(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
         DmScope | None,
         msgspec.Meta(description='How direct messages are split into sessions; unset: "main"'),
     ] = None
+    identity_links: Annotated[
+        dict[NonEmptyStr, tuple[NonEmptyStr, ...]],
+        msgspec.Meta(description="Each identity's peer ids across channels (one person's DMs)"),
+    ] = {}
 
 
 class BindingSession(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
@@ -442,6 +453,21 @@ class ConfigFile(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
 
 # --- The resolved view ---------------------------------------------------------------------
 
+OWNER = "main"
+"""The identity of the main and explicit sessions when `ownerIdentity` is unset."""
+
+
+class PrivateScope(msgspec.Struct, frozen=True, kw_only=True):
+    """Whose private sessions one caller's cross-conversation recall may read, on top of the
+    boundary every caller has (docs/design.md §4.2); bound into the SQL of storage/search.py."""
+
+    peers: tuple[str, ...] | None  # direct chats by conversation id; None: every peer
+    owner: bool  # the main and explicit sessions
+
+
+SINGLE_OWNER = PrivateScope(peers=None, owner=True)
+_MAIN = parse_session_key("agent:main:main")
+
 
 class AgentSettings(msgspec.Struct, frozen=True, kw_only=True):
     """What the config says about one agent (`agents.entries.<id>`)."""
@@ -491,6 +517,9 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
         dict[str, AgentSettings], msgspec.Meta(description="`agents.entries` by agent id")
     ] = {}
     dm_scope: Annotated[DmScope | None, msgspec.Meta(description="`session.dmScope`")] = None
+    identity_links: Annotated[
+        dict[str, tuple[str, ...]], msgspec.Meta(description="`session.identityLinks`")
+    ] = {}
     bindings: Annotated[tuple[Binding, ...], msgspec.Meta(description="`bindings`")] = ()
     providers: Annotated[
         dict[str, Provider], msgspec.Meta(description="`models.providers` by name")
@@ -530,6 +559,41 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
             for binding in self.bindings
             if binding.agent_id is None or binding.agent_id == agent
         )
+
+    def identity_of(self, key: SessionKey) -> str | None:
+        """Whose conversation `key` is (docs/design.md §4.2); None for a group, channel or unknown.
+
+        A direct peer is the identity that lists it in `session.identityLinks` (the first
+        one), else itself; the main and explicit sessions are the owner's: `ownerIdentity`
+        (an identity, or a peer and so its identity), else `OWNER`.
+        """
+        peer = key.conversation_id if key.chat_type == "direct" else None
+        if peer is None and key.is_private:  # the main session or an explicit one
+            peer = self.active_memory.owner_identity
+            if peer is None or peer in self.identity_links:
+                return peer or OWNER
+        return self._linked(peer)
+
+    def _linked(self, peer: str | None) -> str | None:
+        return next((name for name, peers in self.identity_links.items() if peer in peers), peer)
+
+    def private_scope(self, key: SessionKey) -> PrivateScope:
+        """Which of its agent's private sessions `key`'s cross-conversation recall may read:
+        its identity's direct chats, and the main and explicit sessions if it is the owner's
+        (`identity_of`); with `singleOwner`, every one."""
+        am, identity = self.active_memory, self.identity_of(key)
+        if am.single_owner:
+            return SINGLE_OWNER
+        if identity is None:  # a group, channel or unknown key reads nothing anyway
+            return PrivateScope(peers=(), owner=False)
+        owners = key.chat_type == "explicit" or not key.conversation_id
+        if am.owner_identity is not None:
+            owners = owners or identity == self.identity_of(_MAIN)
+        elif owners:
+            return PrivateScope(peers=(), owner=True)  # no direct peer is the owner
+        links = dict.fromkeys((identity, *self.identity_links.get(identity, ())))
+        peers = tuple(p for p in links if self._linked(p) == identity)
+        return PrivateScope(peers=peers, owner=owners)
 
     def recall_agents(self) -> tuple[str, ...]:
         """The agents advanced Active Memory targets: `config.agents`, else every configured

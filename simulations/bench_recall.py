@@ -16,7 +16,7 @@ no recall is served by the cache (checked).
 For each query the same run times, interleaved so machine noise hits every side alike:
 
 - the **raw floor**: the SQL memory_search runs, done directly: `search_notes` and
-  `search_scope(scope="private")` for the same query and caller, synchronously on the
+  `search_scope` (the private scope) for the same query and caller, synchronously on the
   event-loop thread on a reader connection of our own. It shares the library's
   term-statistics cache, warmed untimed before each batch, so no side pays FTS5's doclist
   walk for a term that another side then finds cached (that walk is SQL, not overhead).
@@ -92,6 +92,7 @@ import trio
 
 import activememory as am
 
+from ..protocol.config import SINGLE_OWNER
 from ..protocol.recall import RecallRequest, ToolResult
 from ..recall.budget import FINALIZE_S
 from ..recall.memory_core import DEFAULT_RESULTS, RESCAN_S
@@ -393,7 +394,7 @@ class RawFloor:
         page = search_scope(
             self.conn,
             plan,
-            scope="private",
+            scope=SINGLE_OWNER,  # the corpus is one owner's (`_overhead_config`)
             caller=probe.caller,
             session_key=None,
             keep=LIMIT + 1,
@@ -485,7 +486,8 @@ class OverheadBench:
                     hits = self.floor.search(probe)
                 elif side == "core":
                     args = {"query": probe.query}
-                    await self.mem.notes.search(AGENT, args, caller=caller, transcripts=True)
+                    scope = self.mem.config.private_scope(caller)
+                    await self.mem.notes.search(AGENT, args, caller=caller, transcripts=scope)
                 elif side == "plan":
                     await self.mem.plan_recall(probe.turn)
                 else:
@@ -599,8 +601,9 @@ def _tool_hits(result: ToolResult) -> set[str]:
 
 
 def _overhead_config() -> dict[str, Any]:
-    # The shortest cache TTL keeps the (never hit) cache small; the default timeoutMs.
-    settings = {"model": MODEL, "cacheTtlMs": 1000}
+    # The shortest cache TTL keeps the (never hit) cache small; the default timeoutMs. Every
+    # conversation is one owner's: recall may read all of them, as the raw floor does.
+    settings = {"model": MODEL, "cacheTtlMs": 1000, "singleOwner": True}
     return {"plugins": {"entries": {"active-memory": {"config": settings}}}}
 
 

@@ -40,7 +40,7 @@ from .adversaries import (
 
 MODEL = "sim/adversary"
 ASKER = "agent:main:direct:alice"
-SOURCE = "agent:main:direct:bob"
+SOURCE = "agent:main:dm:alice"  # alice's other chat: recall reads only her identity's
 FACT = "I drink oolong tea every morning."
 QUESTION = "what tea do I drink in the morning?"
 FINALIZE_S = 1.5

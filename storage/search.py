@@ -13,12 +13,14 @@ from typing import Literal, NamedTuple, TypeAlias, cast
 
 import apsw
 
+from ..protocol.config import PrivateScope
 from ..protocol.session_key import parse_session_key
 from .fts_query import MatchPlan
 
 # "all" is every session in this database; the cross-agent part of `all` is the caller's.
-# "private" is cross-conversation recall's boundary (docs/design.md §4.2), never a visibility setting.
-DbScope: TypeAlias = Literal["self", "tree", "all", "private"]
+# A `PrivateScope` is cross-conversation recall's boundary (docs/design.md §4.2), never a
+# visibility setting.
+DbScope: TypeAlias = Literal["self", "tree", "all"] | PrivateScope
 
 
 class Candidate(NamedTuple):
@@ -271,20 +273,31 @@ def _rowid_span(conn: apsw.Connection, session_ids: list[int]) -> tuple[int, int
 # The privacy boundary of cross-conversation recall, as SQL: only the same agent's other
 # private conversations (direct, or explicit UI sessions) that are persistent, interactive,
 # not archived, and not a sandboxed or spawned helper run. Groups, channels, unknown keys
-# (chat type `unknown`, no agent) and the current conversation never match.
+# (chat type `unknown`, no agent) and the current conversation never match. Of those, only
+# the caller identity's direct chats (`:peers`, a JSON list; NULL: every peer) and, when
+# `:owner`, the main and explicit sessions (`private_params`).
 _PRIVATE = (
-    "SELECT id, dirty FROM sessions WHERE agent = ? AND key <> ?"
+    "SELECT id, dirty FROM sessions WHERE agent = :agent AND key <> :caller"
     " AND chat_type IN ('direct', 'explicit') AND persistent = 1 AND interactive = 1"
     " AND archived = 0 AND sandboxed = 0 AND spawned_by IS NULL"
+    " AND CASE WHEN chat_type = 'direct' AND conversation_id IS NOT NULL"
+    "  THEN :peers IS NULL OR conversation_id IN (SELECT value FROM json_each(:peers))"
+    "  ELSE :owner END"
 )
 
 
+def private_params(agent: str, caller: str, scope: PrivateScope) -> dict[str, object]:
+    """The bindings of `_PRIVATE` for `caller` (a private key of `agent`)."""
+    peers = None if scope.peers is None else json.dumps(scope.peers)
+    return {"agent": agent, "caller": caller, "peers": peers, "owner": scope.owner}
+
+
 def _visible_sessions(conn: apsw.Connection, scope: DbScope, caller: str) -> list[tuple[int, int]]:
-    if scope == "private":
+    if isinstance(scope, PrivateScope):
         key = parse_session_key(caller, field="caller")
         if not key.is_private or key.agent is None:
             return []  # a group, channel or unknown conversation is never a recall target
-        rows = conn.execute(_PRIVATE, (key.agent, key.raw))
+        rows = conn.execute(_PRIVATE, private_params(key.agent, key.raw, scope))
     elif scope == "self":
         rows = conn.execute("SELECT id, dirty FROM sessions WHERE key = ?", (caller,))
     elif scope == "tree":

@@ -85,7 +85,7 @@ def test_a_second_private_chat_recalls_the_first_and_a_group_is_skipped(
         ["--state-dir", str(tmp_path)],
         [
             FACT,
-            "/session agent:main:direct:work",
+            "/session agent:main:dm:you",
             QUESTION,
             "/session agent:main:group:team",
             QUESTION,
@@ -95,7 +95,7 @@ def test_a_second_private_chat_recalls_the_first_and_a_group_is_skipped(
     assert status == 0
     assert out == [
         f'bot> You said: "{FACT}"',
-        "[session agent:main:direct:work (direct)]",
+        "[session agent:main:dm:you (direct)]",
         REMEMBERING,
         "[session agent:main:group:team (group)]",
         f'bot> You said: "{QUESTION}"',
@@ -117,10 +117,10 @@ def test_verbose_and_trace_follow_the_reply(
     status, out, _ = chat(
         monkeypatch,
         capsys,
-        ["--state-dir", str(tmp_path), "--session", "agent:main:direct:work"],
+        ["--state-dir", str(tmp_path), "--session", "agent:main:dm:you"],
         [
             *["/verbose on", "/trace on", "/session agent:main:direct:you", FACT],
-            *["/session agent:main:direct:work", QUESTION, "/quit", "never read"],
+            *["/session agent:main:dm:you", QUESTION, "/quit", "never read"],
         ],
     )
     assert status == 0
@@ -134,7 +134,7 @@ def test_verbose_and_trace_follow_the_reply(
     status, out, _ = chat(
         monkeypatch,
         capsys,
-        ["--state-dir", str(tmp_path), "--session", "agent:main:direct:work"],
+        ["--state-dir", str(tmp_path), "--session", "agent:main:dm:you"],
         ["/status"],
     )
     assert status == 0
@@ -151,7 +151,7 @@ def test_json_output_is_one_object_per_line(
         monkeypatch,
         capsys,
         ["--state-dir", str(tmp_path), "--json"],
-        [FACT, "/session agent:main:direct:work", "/verbose on", QUESTION, "/status", "/nope"],
+        [FACT, "/session agent:main:dm:you", "/verbose on", QUESTION, "/status", "/nope"],
     )
     assert status == 0
     objects = [json.loads(line) for line in out]
@@ -160,7 +160,7 @@ def test_json_output_is_one_object_per_line(
     assert first["status"] == "no_relevant_memory" and first["summary"] is None
     assert command == {
         "type": "command",
-        "session": "agent:main:direct:work",
+        "session": "agent:main:dm:you",
         "command": "/verbose on",
         "reply": "Verbose: on for this session.",
     }
@@ -194,7 +194,7 @@ def test_config_is_reloaded_when_the_file_changes_and_a_bad_edit_keeps_the_old_o
     stdin = ScriptedStdin(
         [
             FACT,
-            "/session agent:main:direct:work",
+            "/session agent:main:dm:you",
             QUESTION,
             # The chat reads ahead while a turn runs: wait for each turn before editing.
             wait_for(stderr, "[recall ok"),

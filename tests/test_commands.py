@@ -131,8 +131,9 @@ async def test_global_without_a_file_changes_the_running_config(tmp_path: Path) 
 
 async def test_verbose_and_trace_add_followups_after_the_reply(tmp_path: Path) -> None:
     async with am.open_memory(tmp_path / "s") as mem:
-        await mem.sessions.append(
-            OTHER, am.Message(role="user", content="My sister Maya lives in Lisbon.")
+        await mem.sessions.append(  # alice's other chat: recall reads only her identity's
+            "agent:main:dm:alice",
+            am.Message(role="user", content="My sister Maya lives in Lisbon."),
         )
         question = turn(text="where does my sister Maya live?")
         assert (await mem.recall(question)).followups == ()

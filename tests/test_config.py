@@ -14,6 +14,7 @@ import pytest
 from activememory._config import ConfigError, ConfigWarning, load_config
 from activememory.protocol.config import Binding, Config, ProviderModel
 from activememory.protocol.errors import InvalidInputError
+from activememory.protocol.session_key import parse_session_key
 
 AM = "plugins.entries.active-memory"
 CFG = f"{AM}.config"
@@ -385,6 +386,8 @@ DOCUMENTED_DEFAULTS: dict[str, object] = {
     "logging": False,
     "persist_transcripts": False,
     "transcript_dir": "active-memory",
+    "single_owner": False,
+    "owner_identity": None,
 }
 
 
@@ -647,6 +650,21 @@ def test_a_provider_of_another_api_loads_but_cannot_serve_recall() -> None:
         ),
         (with_config(toolsAllow=[1]), f"{CFG}.toolsAllow[0]: expected a non-empty string, got 1"),
         (with_config(qmd=[1]), f"{CFG}.qmd: expected an object, got [1]"),
+        (with_config(singleOwner="yes"), f'{CFG}.singleOwner: expected true or false, got "yes"'),
+        (with_config(ownerIdentity=3), f"{CFG}.ownerIdentity: expected a non-empty string, got 3"),
+        (
+            with_config(ownerIdentity=""),
+            f'{CFG}.ownerIdentity: expected a non-empty string, got ""',
+        ),
+        ({"session": {"identityLinks": [1]}}, "session.identityLinks: expected an object, got [1]"),
+        (
+            {"session": {"identityLinks": {"dana": "telegram:123"}}},
+            'session.identityLinks.dana: expected a list of strings, got "telegram:123"',
+        ),
+        (
+            {"session": {"identityLinks": {"dana": [""]}}},
+            'session.identityLinks.dana[0]: expected a non-empty string, got ""',
+        ),
         (
             {"plugins": {"entries": {"active-memory": {"config": [1]}}}},
             f"{CFG}: expected an object, got [1]",
@@ -804,7 +822,16 @@ def test_transcript_dir_must_stay_inside_the_sessions_folder(bad: str) -> None:
             "promptStyle, toolsAllow, thinking, fastMode, promptAppend, promptOverride, timeoutMs, "
             "setupGraceTimeoutMs, maxSummaryChars, recentUserTurns, recentAssistantTurns, "
             "recentUserChars, recentAssistantChars, cacheTtlMs, circuitBreakerMaxTimeouts, "
-            "circuitBreakerCooldownMs, logging, persistTranscripts, transcriptDir, qmd",
+            "circuitBreakerCooldownMs, logging, persistTranscripts, transcriptDir, qmd, "
+            "singleOwner, ownerIdentity",
+        ),
+        (
+            with_config(singleowner=True),
+            f'{CFG}.singleowner: unknown key; did you mean "singleOwner"?',
+        ),
+        (
+            with_config(ownerId="dana"),
+            f'{CFG}.ownerId: unknown key; did you mean "ownerIdentity"?',
         ),
     ],
 )
@@ -1279,3 +1306,41 @@ def test_with_enabled_creates_the_entry_when_the_config_had_none() -> None:
         "plugins": {"entries": {"active-memory": {"enabled": True, "config": {"enabled": False}}}}
     }
     assert isinstance(cfg, Config) and not cfg.enabled
+
+
+# --- Identities (docs/design.md §4.2) -----------------------------------------------------
+
+IDENTITIES = {
+    "session": {"identityLinks": {"dana": ["telegram:123", "discord:dana#1"], "erin": ["e"]}},
+    "plugins": {"entries": {"active-memory": {"config": {"ownerIdentity": "telegram:123"}}}},
+}
+
+
+def test_identity_links_and_the_owner_load() -> None:
+    cfg = load_config(IDENTITIES)
+    assert cfg.identity_links == {"dana": ("telegram:123", "discord:dana#1"), "erin": ("e",)}
+    assert (cfg.active_memory.owner_identity, cfg.active_memory.single_owner) == (
+        "telegram:123",
+        False,
+    )
+    assert load_config(with_config(singleOwner=True)).active_memory.single_owner is True
+
+
+@pytest.mark.parametrize(
+    ("key", "linked", "unlinked"),
+    [
+        ("agent:main:direct:telegram:123", "dana", "telegram:123"),
+        ("agent:main:dm:discord:dana#1", "dana", "discord:dana#1"),
+        ("agent:main:direct:dana", "dana", "dana"),
+        ("agent:main:direct:zed", "zed", "zed"),
+        ("agent:main:main", "dana", "main"),  # the owner, named by one of its peers
+        ("agent:main:explicit:ui-1", "dana", "main"),
+        ("agent:main:group:team", None, None),
+        ("agent:main:channel:news", None, None),
+        ("legacy-key", None, None),
+    ],
+)
+def test_identity_of_a_session_key(key: str, linked: str | None, unlinked: str | None) -> None:
+    parsed = parse_session_key(key)
+    assert load_config(IDENTITIES).identity_of(parsed) == linked
+    assert load_config({}).identity_of(parsed) == unlinked

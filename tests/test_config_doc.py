@@ -21,4 +21,4 @@ def test_reference_lists_every_key_with_its_range() -> None:
     table = config_reference()
     assert "| `timeoutMs` | integer 250–120000 | `15000` |" in table
     assert '| `qmd.searchMode` | inherit, search, vsearch, query | `"search"` |' in table
-    assert table.count("\n| `") == 29
+    assert table.count("\n| `") == 31

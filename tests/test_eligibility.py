@@ -212,29 +212,44 @@ ROWS = [
         reason="agent main is not in config.agents; "
         "rememberAcrossConversations is off for agent main",
     ),
-    # --- advanced: allowedChatIds (narrows every type, fails closed) ------------------------
+    # --- allowedChatIds narrows both paths, every type, and fails closed -------------------
     Row(
         "allowlist names the DM peer, any case",
         cfg={"am_config": {"allowedChatIds": ["ALICE"]}, "remember": False},
         paths=(ADV,),
     ),
     Row(
-        "allowlist narrows DMs too",
-        cfg={"am_config": {"allowedChatIds": ["bob"]}, "remember": False},
-        reason="the conversation is not in allowedChatIds; "
-        "rememberAcrossConversations is off for agent main",
+        "allowlist names the DM peer: both paths",
+        cfg={"am_config": {"allowedChatIds": ["alice"]}},
+        paths=(CROSS, ADV),
     ),
     Row(
-        "allowlist does not narrow cross-conversation recall",
+        "allowlist narrows DMs too",
+        cfg={"am_config": {"allowedChatIds": ["bob"]}, "remember": False},
+        reason="the conversation is not in allowedChatIds",
+    ),
+    Row(
+        "allowlist narrows cross-conversation recall too",
         cfg={"am_config": {"allowedChatIds": ["bob"]}},
-        paths=(CROSS,),
+        reason="the conversation is not in allowedChatIds",
     ),
     Row(
         "allowlist fails closed when the id cannot be resolved",
         key="agent:main:main",
         cfg={"am_config": {"allowedChatIds": ["main"]}, "remember": False},
-        reason="allowedChatIds is set and the conversation id cannot be resolved; "
-        "rememberAcrossConversations is off for agent main",
+        reason="allowedChatIds is set and the conversation id cannot be resolved",
+    ),
+    Row(
+        "allowlist fails closed for cross-conversation recall too",
+        key="agent:main:main",
+        cfg={"am_config": {"allowedChatIds": ["main"]}},
+        reason="allowedChatIds is set and the conversation id cannot be resolved",
+    ),
+    Row(
+        "allowlist narrows explicit UI sessions too",
+        key="agent:main:explicit:portal-123",
+        cfg={"am_config": {"allowedChatIds": ["alice"]}},
+        reason="the conversation is not in allowedChatIds",
     ),
     Row(
         "allowlist matches a group without its thread suffix",

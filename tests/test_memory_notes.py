@@ -22,6 +22,7 @@ import trio.testing
 
 import activememory as am
 from activememory._redaction import Redactor
+from activememory.protocol.config import SINGLE_OWNER, PrivateScope
 from activememory.protocol.indexer import NoteChunk, NoteFile, SyncNotes
 from activememory.protocol.recall import ToolResult
 from activememory.protocol.session_key import parse_session_key
@@ -80,11 +81,16 @@ def write(mem: am.Memory, rel: str, text: str, *, past: bool = False) -> Path:
     return path
 
 
+def scope(transcripts: bool) -> PrivateScope | None:
+    # These tests are about the boundary every caller has; whose sessions: tests/test_privacy.py.
+    return SINGLE_OWNER if transcripts else None
+
+
 async def search(
     core: MemoryCore, query: str, *, transcripts: bool = False, **args: Any
 ) -> dict[str, Any]:
     result = await core.search(
-        "main", {"query": query, **args}, caller=CALLER, transcripts=transcripts
+        "main", {"query": query, **args}, caller=CALLER, transcripts=scope(transcripts)
     )
     assert result.data is not None
     assert json.loads(result.content) == result.data
@@ -105,7 +111,7 @@ async def get(
     transcripts: bool = False,
 ) -> ToolResult:
     return await core.get(
-        "main", {"path": path, **(args or {})}, caller=CALLER, transcripts=transcripts
+        "main", {"path": path, **(args or {})}, caller=CALLER, transcripts=scope(transcripts)
     )
 
 
@@ -332,7 +338,7 @@ async def test_large_and_undecodable_files(mem: am.Memory, core: MemoryCore) -> 
 async def test_missing_or_empty_workspace_has_no_notes(mem: am.Memory, core: MemoryCore) -> None:
     assert not workspace(mem).exists()
     assert await core.sync_notes("main") == 0
-    result = await core.search("main", {"query": "anything"}, caller=CALLER, transcripts=False)
+    result = await core.search("main", {"query": "anything"}, caller=CALLER, transcripts=None)
     assert result.evidence is False and result.data is not None
     assert (result.data["results"], result.data["hits"]) == ([], 0)
     workspace(mem).mkdir(parents=True)
@@ -432,7 +438,7 @@ async def test_without_transcripts_no_session_is_searched(mem: am.Memory, core: 
 async def test_a_group_caller_gets_no_transcripts(mem: am.Memory, core: MemoryCore) -> None:
     await seed_conversations(mem)
     group = parse_session_key("agent:main:group:team")
-    result = await core.search("main", {"query": "4417"}, caller=group, transcripts=True)
+    result = await core.search("main", {"query": "4417"}, caller=group, transcripts=SINGLE_OWNER)
     assert result.data is not None and result.data["results"] == []
 
 
@@ -510,7 +516,7 @@ async def test_memory_get_rejects_paths_leaving_the_notes(
     with pytest.raises(am.InvalidInputError, match=r"^path: 'memory/escape.md' leads outside"):
         await get(core, "memory/escape.md")
     tools = RecallTools(
-        {"memory_get": lambda args: core.get("main", args, caller=CALLER, transcripts=False)}
+        {"memory_get": lambda args: core.get("main", args, caller=CALLER, transcripts=None)}
     )
     result = await tools.call("memory_get", {"path": "../memory.db"})
     assert result.error is not None and result.error.startswith("path: '../memory.db' is not")
@@ -520,13 +526,13 @@ async def test_memory_get_rejects_paths_leaving_the_notes(
 async def test_bad_arguments_name_the_argument(mem: am.Memory, core: MemoryCore) -> None:
     cases: list[tuple[Callable[[], Awaitable[object]], str]] = [
         (
-            lambda: core.search("main", {}, caller=CALLER, transcripts=False),
+            lambda: core.search("main", {}, caller=CALLER, transcripts=None),
             'missing required key "query"',
         ),
         (lambda: search(core, " "), 'query: " " is blank'),
         (lambda: search(core, "x" * 4097), f'query: "{"x" * 58}… is longer than 4096 characters'),
         (
-            lambda: core.search("main", {"query": 3}, caller=CALLER, transcripts=False),
+            lambda: core.search("main", {"query": 3}, caller=CALLER, transcripts=None),
             "query: expected a non-empty string, got 3",
         ),
         (lambda: search(core, "x", maxResults=0), "maxResults: 0 is below the minimum 1"),
@@ -544,7 +550,7 @@ async def test_bad_arguments_name_the_argument(mem: am.Memory, core: MemoryCore)
         ),
         (lambda: get(core, "MEMORY.md", {"from": 0}), "from: 0 is below the minimum 1"),
         (
-            lambda: core.get("main", {"path": 1}, caller=CALLER, transcripts=False),
+            lambda: core.get("main", {"path": 1}, caller=CALLER, transcripts=None),
             "path: expected a string, got 1",
         ),
         (

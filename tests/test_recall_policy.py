@@ -14,7 +14,7 @@ from activememory._output import PREFIX_HEADER
 pytestmark = pytest.mark.anyio
 
 DM = "agent:main:direct:alice"
-SOURCE = "agent:main:direct:bob"
+SOURCE = "agent:main:dm:alice"  # alice's other chat: recall reads only her own identity's
 
 
 def turn(text: str, key: str = DM, **kwargs: Any) -> am.Turn:

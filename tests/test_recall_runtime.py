@@ -24,7 +24,7 @@ from activememory.storage.run_transcripts import SubAgentTranscript
 pytestmark = pytest.mark.anyio
 
 DM = "agent:main:direct:alice"
-SOURCE = "agent:main:direct:bob"
+SOURCE = "agent:main:dm:alice"  # alice's other chat: recall reads only her own identity's
 FACT = "I drink oolong tea every morning."
 QUESTION = "what tea do I drink in the morning?"
 

@@ -38,3 +38,18 @@ async def test_memory_recall_is_scoped_to_the_conversations_user(tmp_path: Path)
         assert foreign not in (out.summary or "") + out.debug_line
     assert "row 12" in (group.summary or "")
     assert "aisle" not in (group.summary or "") and "window" not in (group.summary or "")
+
+
+async def test_a_linked_peers_records_are_its_identitys(tmp_path: Path) -> None:
+    # The records user of a direct chat is its identity, as for transcripts (Config.identity_of).
+    cfg = {**RECORDS_SLOT, "session": {"identityLinks": {"dana": ["telegram:123"]}}}
+    async with am.open_memory(tmp_path / "s", config=cfg) as mem:
+        await mem.records.add("I always take the aisle seat", user_id="dana", agent_id="main")
+        await mem.records.add("I always take the window seat", user_id="erin", agent_id="main")
+        question = "which seat do I always take?"
+        linked = await mem.recall(turn("agent:main:direct:telegram:123", question))
+        erin = await mem.recall(turn("agent:main:direct:erin", question))
+    assert linked.status == "ok" and "aisle" in (linked.summary or "")
+    assert "window" not in (linked.summary or "") + linked.debug_line
+    assert erin.status == "ok" and "window" in (erin.summary or "")
+    assert "aisle" not in (erin.summary or "") + erin.debug_line

@@ -126,6 +126,8 @@ class Recaller:
         """The cache, the circuit breaker and the model, then the sub-agent run."""
         config = settings.config
         am = config.active_memory
+        # Whose conversations this run may read: in the key, so no identity gets another's.
+        scope = config.private_scope(key) if request.transcripts else None
         cache_key = RecallCache.key(
             request.agent,
             request.session_key,
@@ -134,7 +136,8 @@ class Recaller:
             request.model,
             request.tools,
             config.memory_slot,
-            request.transcripts,
+            scope,
+            config.identity_of(key),
             request.prompt,
             paths,
         )

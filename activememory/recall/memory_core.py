@@ -50,6 +50,7 @@ from .._redaction import Redactor
 from .._search import SessionSearch, make_snippet
 from .._settings import Settings
 from ..actors.supervisor import AgentStore, Supervisor
+from ..protocol.config import PrivateScope
 from ..protocol.errors import InvalidInputError, MemoryClosedError, StorageError
 from ..protocol.indexer import NOTE_PATH, NoteFile, Rejected, SyncNotes
 from ..protocol.recall import ToolResult
@@ -66,7 +67,7 @@ from ..storage.notes import (
     note_lines,
     search_notes,
 )
-from ..storage.search import _PRIVATE
+from ..storage.search import _PRIVATE, private_params
 from ..storage.transcripts import TranscriptReader
 from .tools import MAX_TOOL_CONTENT_CHARS, tool_arguments, tool_failure
 
@@ -93,7 +94,7 @@ _PRIVATE_MESSAGE = (
     "SELECT e.role, e.ts, e.text FROM events e"
     " JOIN sessions s ON s.id = e.session_id"
     " JOIN active_branch a ON a.session_id = e.session_id AND a.event_id = e.id"
-    " WHERE e.id = ? AND s.key = ? AND e.kind = 'message' AND e.text IS NOT NULL"
+    " WHERE e.id = :id AND s.key = :key AND e.kind = 'message' AND e.text IS NOT NULL"
     f" AND e.session_id IN (SELECT id FROM ({_PRIVATE}))"
 )
 
@@ -206,15 +207,16 @@ class MemoryCore:
         args: Mapping[str, Any],
         *,
         caller: SessionKey,
-        transcripts: bool,
+        transcripts: PrivateScope | None,
         settings: Settings | None = None,
     ) -> ToolResult:
         """The `memory_search` tool: the best note chunks and, if allowed, conversation excerpts.
 
         `args`: `query` (1 to 4096 characters) and `maxResults` (1 to 25, default 6); bad
         arguments raise `InvalidInputError` naming the argument. Conversation excerpts come
-        only when `transcripts` is true and only from `caller`'s agent's other private
-        conversations (docs/design.md §4.2). Snippets are redacted and at most 700 characters.
+        only when `transcripts` is a scope (`Config.private_scope` of `caller`), and only from
+        the other private conversations of `caller`'s agent that it admits (docs/design.md
+        §4.2). Snippets are redacted and at most 700 characters.
 
         Cancellation: nothing is written by a search except a note rescan's `SyncNotes`
         (see `sync_notes`); reads already started finish on their worker.
@@ -232,8 +234,10 @@ class MemoryCore:
         redactor = settings.redactor
         plan = plan_match(query)
         private = None
-        if transcripts and caller.agent == agent:
-            private = self._search.private_job(query, caller=caller, redactor=redactor, limit=limit)
+        if transcripts is not None and caller.agent == agent:
+            private = self._search.private_job(
+                query, caller=caller, scope=transcripts, redactor=redactor, limit=limit
+            )
 
         def both(reader: TranscriptReader) -> tuple[list[NoteHit], Any]:
             # One hop to the reader thread for the notes and the conversations.
@@ -282,7 +286,7 @@ class MemoryCore:
         args: Mapping[str, Any],
         *,
         caller: SessionKey,
-        transcripts: bool,
+        transcripts: PrivateScope | None,
         settings: Settings | None = None,
     ) -> ToolResult:
         """The `memory_get` tool: lines of a memory note, or one conversation message.
@@ -290,10 +294,10 @@ class MemoryCore:
         `args`: `path` (`MEMORY.md`, `memory/<name>.md`, or `session:<session_key>#<id>`
         from a `memory_search` result), `from` (1-based first line, default 1) and `lines`
         (1 to 200, default 40). A note path that is malformed or leads out of the workspace
-        raises `InvalidInputError` naming `path`. A message is served only when
-        `transcripts` is true and its session is one of `caller`'s agent's other private
-        conversations (checked again in SQL); otherwise the result is an error saying it is
-        not available. The text is redacted.
+        raises `InvalidInputError` naming `path`. A message is served only when its session
+        is one of the conversations `memory_search` with the same `transcripts` could read
+        (checked again in SQL); otherwise the result is an error saying it is not available.
+        The text is redacted.
 
         Cancellation: reads only; a read already started finishes on its worker.
         """
@@ -318,7 +322,7 @@ class MemoryCore:
         first: int,
         count: int,
         caller: SessionKey,
-        transcripts: bool,
+        transcripts: PrivateScope | None,
         settings: Settings,
     ) -> ToolResult:
         key_text, sep, ident = path.removeprefix(SESSION_PREFIX).rpartition("#")
@@ -326,11 +330,12 @@ class MemoryCore:
             raise InvalidInputError(f"path: {path!r} is not session:<session_key>#<message_id>")
         key = parse_session_key(key_text, field="path")
         refused = tool_failure("memory_get", _NOT_AVAILABLE.format(path=path))
-        if not transcripts or not caller.is_private or caller.agent is None:
+        if transcripts is None or not caller.is_private or caller.agent is None:
             return refused
         if key.agent != caller.agent or store.agent != caller.agent:
             return refused  # another agent's transcripts are never eligible
-        params = (int(ident), key.raw, caller.agent, caller.raw)
+        params = {"id": int(ident), "key": key.raw}
+        params.update(private_params(caller.agent, caller.raw, transcripts))
         row = await store.read(
             lambda reader: reader.conn.execute(_PRIVATE_MESSAGE, params).fetchone()
         )

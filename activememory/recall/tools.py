@@ -231,7 +231,9 @@ def run_tools(
 ) -> RecallTools:
     """The tools of one run: the built-in ones under `settings`, then the host's."""
     handlers: dict[str, ToolHandler] = {}
-    agent, transcripts = request.agent, request.transcripts
+    agent, config = request.agent, settings.config
+    # The other private conversations this run may read (docs/design.md §4.2), or none.
+    transcripts = config.private_scope(key) if request.transcripts else None
     for name in request.tools:
         if name in ("memory_search", "memory_get"):
             tool = core.search if name == "memory_search" else core.get
@@ -255,17 +257,15 @@ def _records_handler(
 ) -> ToolHandler:
     """memory_recall over the records store, scoped to this conversation's user.
 
-    The user of a direct conversation is its peer (`agent:<a>:direct:<peer>`; the main
-    conversation's user is "main"); a group, channel or explicit session names no user,
-    so only records scoped to no user are searched there. The agent is exact; the
-    session key is the thread, a boost rather than a filter.
+    The user of a direct conversation is its identity (`Config.identity_of`: the peer of
+    `agent:<a>:direct:<peer>` unless session.identityLinks links it, "main" for the main
+    conversation unless ownerIdentity names the owner); a group, channel or explicit
+    session names no user, so only records scoped to no user are searched there. The
+    agent is exact; the session key is the thread, a boost rather than a filter.
     """
     from .._records import recall_tool  # here: `_records` imports this module
 
-    if key.chat_type == "direct":
-        user_id: str | None = key.conversation_id or "main"
-    else:
-        user_id = None
+    user_id = settings.config.identity_of(key) if key.chat_type == "direct" else None
     redactor = settings.redactor
 
     async def recall(args: Mapping[str, Any]) -> ToolResult:
