@@ -64,13 +64,13 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, NamedTuple, cast
 
 import apsw
 import msgspec
 
-from ..protocol.errors import StorageError
 from ..protocol.records import (
     AddRecord,
     DeleteRecord,
@@ -89,7 +89,7 @@ from ..protocol.records import (
     RecordType,
     SearchScope,
 )
-from .db import Durability, Migration, configure, describe, migrate, translate_errors
+from .db import Migration, describe, open_connection
 from .fts_query import RANK, TOKENIZE, MatchPlan, index_columns
 from .transcripts import write_transaction
 
@@ -170,27 +170,10 @@ def records_db_path(state_dir: Path) -> Path:
     return state_dir / RECORDS_DB
 
 
-def open_records_connection(
-    path: Path, *, writer: bool, durability: Durability = "crash"
-) -> apsw.Connection:
-    """Open and configure `records.db`; the writer also creates and migrates it, a reader
-    keeps up to `READER_CACHE_KIB` of pages in memory."""
-    try:
-        flags = apsw.SQLITE_OPEN_READWRITE | (apsw.SQLITE_OPEN_CREATE if writer else 0)
-        conn = apsw.Connection(str(path), flags=flags)
-    except apsw.Error as exc:
-        raise StorageError(f"cannot open {str(path)!r} ({describe(exc)})") from None
-    try:
-        with translate_errors(path):
-            configure(conn, durability)
-            if writer:
-                migrate(conn, MIGRATIONS)
-            else:
-                conn.pragma("cache_size", -READER_CACHE_KIB)
-    except BaseException:
-        conn.close()
-        raise
-    return conn
+# `records.db`: its own migrations, and a reader that keeps more pages in memory.
+open_records_connection = partial(
+    open_connection, migrations=MIGRATIONS, reader_cache_kib=READER_CACHE_KIB
+)
 
 
 _encode_metadata = msgspec.json.Encoder().encode

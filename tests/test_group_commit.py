@@ -26,7 +26,7 @@ async def test_concurrent_appenders_share_transactions(mem: am.Memory) -> None:
             )
             acked.setdefault(key, []).append(event.id)
 
-    indexer = (await mem._supervisor.agent("main")).indexer
+    indexer = (await mem._supervisor.agent("main")).actor
     batches, commands = indexer.batches, indexer.commands
     async with anyio.create_task_group() as tg:
         for n in range(64):

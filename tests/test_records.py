@@ -312,7 +312,7 @@ async def test_concurrent_adds_share_one_commit(mem: am.Memory) -> None:
         for i in range(40):
             tg.start_soon(lambda i=i: mem.records.add(f"item {i}", user_id="u1"))
     db = await mem._supervisor.records()
-    assert db.keeper.commands == 40 and db.keeper.batches < 40
+    assert db.actor.commands == 40 and db.actor.batches < 40
     assert len(await mem.records.store.search("item", config=MemorySearchConfig())) == 10
 
 
