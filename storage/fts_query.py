@@ -215,11 +215,14 @@ def _bigrams(run: str) -> str:
 
 
 class _Tokenizers(threading.local):
-    """A unicode61 tokenizer per thread (apsw tokenizers hang off a connection)."""
+    """The index's tokenizers, one pair per thread: apsw tokenizers hang off a connection
+    (apsw.fts5 has no connection-free one)."""
 
     def __init__(self) -> None:
         self.conn = apsw.Connection(":memory:")
         self.unicode61 = self.conn.fts5_tokenizer(TOKENIZER_ARGS[0], list(TOKENIZER_ARGS[1:]))
+        name, *args = TOKENIZE.split()
+        self.index = self.conn.fts5_tokenizer(name, args)  # Porter stems, as the index holds
 
 
 _tokenizers = _Tokenizers()
@@ -233,6 +236,13 @@ def tokens(
         if not isinstance(item, str):  # offsets are on by default; a bare str has none
             start, end, *forms = item
             yield int(start), int(end), str(forms[0])
+
+
+def index_tokens(
+    data: bytes, reason: int = apsw.FTS5_TOKENIZE_DOCUMENT
+) -> Iterator[tuple[int, int, str]]:
+    """(start byte, end byte, stem) for each token of `data` as the index (`TOKENIZE`) has it."""
+    return tokens(_tokenizers.index, data, reason)
 
 
 def query_terms(query: str) -> list[str]:
