@@ -54,9 +54,9 @@ from .protocol.config import Config
 from .protocol.errors import InvalidInputError, MemoryClosedError, StorageError
 from .protocol.indexer import NOTE_PATH, NoteFile, Rejected, SyncNotes
 from .protocol.recall import ToolResult
-from .protocol.search import MAX_QUERY_CHARS, SearchHit
+from .protocol.search import SearchHit
 from .protocol.session_key import AGENT_ID, SessionKey, parse_session_key
-from .storage.fts_query import plan_match, query_terms
+from .storage.fts_query import check_query, plan_match, query_terms
 from .storage.notes import (
     MAX_CHUNK_CHARS,
     NoteHit,
@@ -580,16 +580,7 @@ def _search_args(args: Mapping[str, Any]) -> tuple[str, int]:
     _check_args(args, _SEARCH_ARGS, "memory_search")
     if "query" not in args:
         raise InvalidInputError("query: required")
-    query = args["query"]
-    if not isinstance(query, str):
-        raise InvalidInputError(f"query: expected a string, got {type(query).__name__}")
-    if not query.strip():
-        raise InvalidInputError("query: must not be blank")
-    if len(query) > MAX_QUERY_CHARS:
-        raise InvalidInputError(
-            f"query: {len(query)} characters is over the maximum {MAX_QUERY_CHARS}"
-        )
-    return query, _int_arg(args, "maxResults", DEFAULT_RESULTS, 1, MAX_RESULTS)
+    return check_query(args["query"]), _int_arg(args, "maxResults", DEFAULT_RESULTS, 1, MAX_RESULTS)
 
 
 def _get_args(args: Mapping[str, Any]) -> tuple[str, int, int]:

@@ -35,6 +35,7 @@ from ._record_search import refine
 from ._redaction import DEFAULT_REDACTOR, Redactor
 from ._tools import MAX_TOOL_CONTENT_CHARS
 from .actors.supervisor import Supervisor
+from .protocol.content import check_text
 from .protocol.errors import InvalidInputError, MemoryClosedError, StorageError
 from .protocol.recall import ToolResult
 from .protocol.record_results import RecordSearchResult
@@ -62,7 +63,7 @@ from .protocol.records import (
     TopKMemorySearchConfig,
     is_finite_number,
 )
-from .protocol.search import MAX_QUERY_CHARS
+from .storage.fts_query import check_query as _query
 from .storage.fts_query import plan_match
 from .storage.records import LinkedNode, RecordHit, RecordQuery
 
@@ -209,7 +210,7 @@ class Records:
                 f"reason: {len(reason)} characters is over the maximum {MAX_REASON_CHARS}"
             )
         command = InvalidateRecord(
-            id=record_id, reason=_unicode("reason", reason), at=self._clock()
+            id=record_id, reason=check_text("reason", reason), at=self._clock()
         )
         await self._submit(command, RecordInvalidated)
 
@@ -561,18 +562,6 @@ def _raise_rejected(ack: RecordRejected) -> NoReturn:
 # -- input checks: each error names the field -----------------------------------------------
 
 
-def _query(query: object) -> str:
-    if not isinstance(query, str):
-        raise InvalidInputError(f"query: expected a string, got {type(query).__name__}")
-    if not query.strip():
-        raise InvalidInputError("query: must not be blank")
-    if len(query) > MAX_QUERY_CHARS:
-        raise InvalidInputError(
-            f"query: {len(query)} characters is over the maximum {MAX_QUERY_CHARS}"
-        )
-    return _unicode("query", query)
-
-
 def _content(content: object) -> str:
     if not isinstance(content, str):
         raise InvalidInputError(f"content: expected a string, got {type(content).__name__}")
@@ -582,7 +571,7 @@ def _content(content: object) -> str:
         raise InvalidInputError(
             f"content: {len(content)} characters is over the maximum {MAX_CONTENT_CHARS}"
         )
-    return _unicode("content", content)
+    return check_text("content", content)
 
 
 def _scope_id(name: str, value: object) -> str | None:
@@ -603,18 +592,7 @@ def _record_id(name: str, value: object) -> str:
             f"{' or None' if name in ('user_id', 'agent_id', 'thread_id') else ''}, "
             f"got {value!r}"
         )
-    return _unicode(name, value)
-
-
-def _unicode(name: str, text: str) -> str:
-    """`text`, if it can be stored: SQLite and JSON take UTF-8, which has no lone surrogates."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise InvalidInputError(
-            f"{name}: {text[exc.start]!r} at {exc.start} is a lone surrogate, not text"
-        ) from None
-    return text
+    return check_text(name, value)
 
 
 def _record_type(name: str, value: object) -> RecordType:
@@ -648,7 +626,7 @@ def _role(role: object, record_type: object) -> str | None:
         raise InvalidInputError(f"role: expected a role name (1 to 64 characters), got {role!r}")
     if record_type != RecordType.MESSAGE:
         raise InvalidInputError("role: only message records have a role")
-    return _unicode("role", role)
+    return check_text("role", role)
 
 
 def _relation(relation: object) -> str:
@@ -694,7 +672,7 @@ def _check_json(path: str, value: object, depth: int) -> None:
     if depth > _MAX_METADATA_DEPTH:
         raise InvalidInputError(f"{path}: nested deeper than {_MAX_METADATA_DEPTH} levels")
     if isinstance(value, str):
-        _unicode(path, value)
+        check_text(path, value)
         return
     if value is None or isinstance(value, bool | int):
         return
@@ -706,7 +684,7 @@ def _check_json(path: str, value: object, depth: int) -> None:
         for key, item in value.items():
             if not isinstance(key, str):
                 raise InvalidInputError(f"{path}: keys must be strings, got {key!r}")
-            _unicode(f"{path} key", key)
+            check_text(f"{path} key", key)
             _check_json(f"{path}[{key!r}]", item, depth + 1)
         return
     if isinstance(value, list | tuple):
@@ -727,9 +705,9 @@ def _metadata_filter(value: object) -> tuple[tuple[str, object], ...]:
     for key, item in value.items():
         if not isinstance(key, str):
             raise InvalidInputError(f"metadata_filter: keys must be strings, got {key!r}")
-        _unicode("metadata_filter key", key)
+        check_text("metadata_filter key", key)
         if isinstance(item, str):
-            _unicode(f"metadata_filter[{key!r}]", item)
+            check_text(f"metadata_filter[{key!r}]", item)
         scalar = item is None or isinstance(item, str | bool | int) or is_finite_number(item)
         if not scalar:
             raise InvalidInputError(

@@ -18,7 +18,6 @@ from .protocol.search import (
     INDEXING_WARNING,
     MAX_ANSWER_BYTES,
     MAX_LIMIT,
-    MAX_QUERY_CHARS,
     MAX_SNIPPET_CHARS,
     SearchHit,
     SearchResult,
@@ -28,6 +27,7 @@ from .protocol.session_key import SessionKey, parse_session_key
 from .storage.fts_query import (
     MATCH_MODES,
     MatchPlan,
+    check_query,
     index_tokens,
     is_cjk,
     plan_match,
@@ -77,7 +77,7 @@ class SessionSearch:
         limit: object = DEFAULT_LIMIT,
         match: object = "phrase",
     ) -> SearchResult:
-        text = _check_query(query)
+        text = check_query(query)
         caller_key = parse_session_key(caller, field="caller")
         only = None if session_key is None else parse_session_key(session_key)
         if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= MAX_LIMIT:
@@ -145,7 +145,7 @@ class SessionSearch:
         """`search_private` as a job to run inside a reader call of the caller's own, so a
         caller with other reads on that database (memory_search) pays one thread hop.
         None when there is nothing to search."""
-        text = _check_query(query)
+        text = check_query(query)
         if not 1 <= limit <= MAX_LIMIT:
             raise InvalidInputError(f"limit: {limit!r} is not an integer from 1 to {MAX_LIMIT}")
         plan = plan_match(text, "phrase")
@@ -254,18 +254,6 @@ def _assemble(pages: list[_AgentPage], limit: int) -> SearchResult:
     while len(_encode(result)) > MAX_ANSWER_BYTES:
         result = msgspec.structs.replace(result, results=result.results[:-1], truncated=True)
     return result
-
-
-def _check_query(query: object) -> str:
-    if not isinstance(query, str):
-        raise InvalidInputError(f"query: expected a string, got {type(query).__name__}")
-    if not query.strip():
-        raise InvalidInputError("query: must not be blank")
-    if len(query) > MAX_QUERY_CHARS:
-        raise InvalidInputError(
-            f"query: {len(query)} characters is over the maximum {MAX_QUERY_CHARS}"
-        )
-    return query
 
 
 def _first_hit(text: str, terms: list[str]) -> int:

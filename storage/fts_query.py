@@ -34,6 +34,10 @@ from typing import Literal, NamedTuple, TypeAlias
 
 import apsw
 
+from ..protocol.content import check_text
+from ..protocol.errors import InvalidInputError
+from ..protocol.search import MAX_QUERY_CHARS
+
 # One constant for the schema, the query side and the tests' index probe.
 TOKENIZER_ARGS = ("unicode61", "remove_diacritics", "2")
 TOKENIZE = "porter " + " ".join(TOKENIZER_ARGS)
@@ -243,6 +247,20 @@ def index_tokens(
 ) -> Iterator[tuple[int, int, str]]:
     """(start byte, end byte, stem) for each token of `data` as the index (`TOKENIZE`) has it."""
     return tokens(_tokenizers.index, data, reason)
+
+
+def check_query(query: object) -> str:
+    """`query`, if it can be searched: a string, not blank, at most `MAX_QUERY_CHARS`
+    characters, valid Unicode; else `InvalidInputError` naming `query`."""
+    if not isinstance(query, str):
+        raise InvalidInputError(f"query: expected a string, got {type(query).__name__}")
+    if not query.strip():
+        raise InvalidInputError("query: must not be blank")
+    if len(query) > MAX_QUERY_CHARS:
+        raise InvalidInputError(
+            f"query: {len(query)} characters is over the maximum {MAX_QUERY_CHARS}"
+        )
+    return check_text("query", query)
 
 
 def query_terms(query: str) -> list[str]:

@@ -523,6 +523,10 @@ async def test_bad_arguments_name_the_argument(mem: am.Memory, core: MemoryCore)
         (lambda: search(core, " "), "query: must not be blank"),
         (lambda: search(core, "x" * 4097), "query: 4097 characters is over the maximum 4096"),
         (
+            lambda: search(core, "\udc00"),
+            "query: lone surrogate '\\udc00' at index 0 (text must be valid Unicode)",
+        ),
+        (
             lambda: core.search("main", {"query": 3}, caller=CALLER, transcripts=False),
             "query: expected a string, got int",
         ),

@@ -264,6 +264,10 @@ async def test_cjk_and_query_syntax_are_safe(mem: am.Memory) -> None:
         (lambda m: m.records.delete("nope"), r"^id: no record 'nope'$"),
         (lambda m: m.records.search(" ", user_id="u1"), r"^query: must not be blank$"),
         (
+            lambda m: m.records.search("\ud800", user_id="u1"),
+            r"^query: lone surrogate '\\ud800' at index 0 \(text must be valid Unicode\)$",
+        ),
+        (
             lambda m: m.records.search("x", user_id="u1", num_hops=6),
             r"^num_hops: 6 is not an integer from 0 to 5$",
         ),
