@@ -17,7 +17,7 @@ at once). Files over 1 MiB, unreadable files and symlinks leading out of the wor
 not indexed; `memory_search` lists them under `ignored` in its debug fields.
 
 Ranking across sources: notes (BM25 of `note_fts`) and the agent's other private
-conversations (`SessionSearch.search_private`, BM25 with conversational reranking) score on
+conversations (`SessionSearch.private_job`, BM25 with conversational reranking) score on
 different scales, so each source's scores are divided by that source's best: the best hit
 of each scores 1.0, and the rest keep their relative distance to it. Ties go to notes (a
 person wrote them to be remembered). A conversation result's path is

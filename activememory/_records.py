@@ -27,7 +27,7 @@ import math
 import re
 import uuid
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Final, Literal, NoReturn, TypeAlias, TypeVar
+from typing import Any, Final, Literal, TypeAlias, TypeVar
 
 import msgspec
 
@@ -36,7 +36,7 @@ from ._redaction import DEFAULT_REDACTOR, Redactor
 from ._tools import MAX_TOOL_CONTENT_CHARS
 from .actors.supervisor import Supervisor
 from .protocol.content import check_text
-from .protocol.errors import InvalidInputError, MemoryClosedError, StorageError
+from .protocol.errors import InvalidInputError, raise_rejected
 from .protocol.recall import ToolResult
 from .protocol.record_results import RecordSearchResult
 from .protocol.records import (
@@ -285,7 +285,7 @@ class Records:
         if isinstance(ack, expect):
             return ack
         assert isinstance(ack, RecordRejected), ack
-        _raise_rejected(ack)
+        raise_rejected(ack)
 
     async def _search(
         self,
@@ -547,16 +547,6 @@ def _linked(
         format_config=format_config,
     )
     return node.relation, result
-
-
-def _raise_rejected(ack: RecordRejected) -> NoReturn:
-    match ack.reason:
-        case "not_found" | "invalid":
-            raise InvalidInputError(ack.message)
-        case "closed":
-            raise MemoryClosedError(ack.message)
-        case "storage":
-            raise StorageError(ack.message)
 
 
 # -- input checks: each error names the field -----------------------------------------------

@@ -124,27 +124,17 @@ class SessionSearch:
             pages.append(found)
         return _assemble(pages, limit)
 
-    async def search_private(
+    def private_job(
         self, query: str, *, caller: SessionKey, limit: int = DEFAULT_LIMIT
-    ) -> SearchResult:
-        """Cross-conversation recall's transcript search (docs/design.md §4.2).
+    ) -> PrivateSearch | None:
+        """Cross-conversation recall's transcript search (docs/design.md §4.2), as a job to
+        run inside a reader call of the caller's own, so a caller with other reads on that
+        database (memory_search) pays one thread hop. None when there is nothing to search.
 
         Only the caller's agent database, scoped in SQL to that agent's other private
         conversations (`storage.search._PRIVATE`); `tools.sessions.visibility` plays no part
         and is not widened. A caller that is not itself private gets nothing.
         """
-        job = self.private_job(query, caller=caller, limit=limit)
-        if job is None:
-            return SearchResult(results=())
-        store = await self._supervisor.agent(job.agent)
-        return job.finish(await store.read(job.run), store)
-
-    def private_job(
-        self, query: str, *, caller: SessionKey, limit: int = DEFAULT_LIMIT
-    ) -> PrivateSearch | None:
-        """`search_private` as a job to run inside a reader call of the caller's own, so a
-        caller with other reads on that database (memory_search) pays one thread hop.
-        None when there is nothing to search."""
         text = check_query(query)
         if not 1 <= limit <= MAX_LIMIT:
             raise InvalidInputError(f"limit: {limit!r} is not an integer from 1 to {MAX_LIMIT}")
