@@ -35,7 +35,7 @@ from ._record_search import refine
 from ._redaction import DEFAULT_REDACTOR, Redactor
 from ._tools import MAX_TOOL_CONTENT_CHARS
 from .actors.supervisor import Supervisor
-from .protocol.content import check_text
+from .protocol.content import check_nonblank, check_text
 from .protocol.errors import InvalidInputError, raise_rejected
 from .protocol.recall import ToolResult
 from .protocol.record_results import RecordSearchResult
@@ -160,7 +160,7 @@ class Records:
         now = self._clock()
         record = Record(
             id=uuid.uuid4().hex,
-            content=_content(content),
+            content=check_nonblank("content", content, MAX_CONTENT_CHARS),
             record_type=_record_type("record_type", record_type),
             user_id=_scope_id("user_id", user_id),
             agent_id=_scope_id("agent_id", agent_id),
@@ -550,18 +550,6 @@ def _linked(
 
 
 # -- input checks: each error names the field -----------------------------------------------
-
-
-def _content(content: object) -> str:
-    if not isinstance(content, str):
-        raise InvalidInputError(f"content: expected a string, got {type(content).__name__}")
-    if not content.strip():
-        raise InvalidInputError("content: must not be blank")
-    if len(content) > MAX_CONTENT_CHARS:
-        raise InvalidInputError(
-            f"content: {len(content)} characters is over the maximum {MAX_CONTENT_CHARS}"
-        )
-    return check_text("content", content)
 
 
 def _scope_id(name: str, value: object) -> str | None:

@@ -193,6 +193,18 @@ def check_text(where: str, value: str) -> str:
     return value
 
 
+def check_nonblank(where: str, value: object, max_chars: int) -> str:
+    """`value`, if it is a string, not blank, at most `max_chars` characters and valid
+    Unicode; else `InvalidInputError` naming `where`."""
+    if not isinstance(value, str):
+        raise InvalidInputError(f"{where}: expected a string, got {type(value).__name__}")
+    if not value.strip():
+        raise InvalidInputError(f"{where}: must not be blank")
+    if len(value) > max_chars:
+        raise InvalidInputError(f"{where}: {len(value)} characters is over the maximum {max_chars}")
+    return check_text(where, value)
+
+
 def _check_unicode(where: str, value: object) -> None:
     """Reject lone surrogates anywhere in a message (`check_text` on every string)."""
     if isinstance(value, str):

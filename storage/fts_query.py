@@ -34,8 +34,7 @@ from typing import Literal, NamedTuple, TypeAlias
 
 import apsw
 
-from ..protocol.content import check_text
-from ..protocol.errors import InvalidInputError
+from ..protocol.content import check_nonblank
 from ..protocol.search import MAX_QUERY_CHARS
 
 # One constant for the schema, the query side and the tests' index probe.
@@ -252,15 +251,7 @@ def index_tokens(
 def check_query(query: object) -> str:
     """`query`, if it can be searched: a string, not blank, at most `MAX_QUERY_CHARS`
     characters, valid Unicode; else `InvalidInputError` naming `query`."""
-    if not isinstance(query, str):
-        raise InvalidInputError(f"query: expected a string, got {type(query).__name__}")
-    if not query.strip():
-        raise InvalidInputError("query: must not be blank")
-    if len(query) > MAX_QUERY_CHARS:
-        raise InvalidInputError(
-            f"query: {len(query)} characters is over the maximum {MAX_QUERY_CHARS}"
-        )
-    return check_text("query", query)
+    return check_nonblank("query", query, MAX_QUERY_CHARS)
 
 
 def query_terms(query: str) -> list[str]:
