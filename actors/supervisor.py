@@ -200,7 +200,7 @@ class Supervisor:
         lock = WriterLock(path)
 
         def open_writer() -> StorageWriter[C, A]:
-            try:
+            try:  # an agent's folder, on its first use (records.db's is the state directory)
                 path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             except OSError as exc:
                 raise StorageError(f"cannot create {str(path.parent)!r} ({exc.strerror})") from None
