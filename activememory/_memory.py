@@ -7,7 +7,7 @@ import os
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from typing import Any, TypeVar
 
 import anyio
 
@@ -21,12 +21,7 @@ from .actors.composer import Composer, Respond
 from .actors.supervisor import AgentStore, Supervisor, open_supervisor
 from .protocol.config import Config
 from .protocol.content import Message, message_from_mapping
-from .protocol.errors import (
-    InvalidInputError,
-    MemoryClosedError,
-    SessionNotFoundError,
-    StorageError,
-)
+from .protocol.errors import InvalidInputError, SessionNotFoundError, raise_rejected
 from .protocol.indexer import (
     Appended,
     AppendMessage,
@@ -501,19 +496,7 @@ async def _submit_to(store: AgentStore, command: IndexerCommand, expect: type[A]
     if isinstance(ack, expect):
         return ack
     assert isinstance(ack, Rejected), ack
-    _raise_rejected(ack)
-
-
-def _raise_rejected(ack: Rejected) -> NoReturn:
-    match ack.reason:
-        case "not_found":
-            raise SessionNotFoundError(ack.message)
-        case "invalid":
-            raise InvalidInputError(ack.message)
-        case "closed":
-            raise MemoryClosedError(ack.message)
-        case "storage":
-            raise StorageError(ack.message)
+    raise_rejected(ack, SessionNotFoundError)
 
 
 def _to_message(value: object) -> Message:

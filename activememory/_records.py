@@ -27,14 +27,15 @@ import math
 import re
 import uuid
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Final, Literal, NoReturn, TypeAlias, TypeVar
+from typing import Any, Final, Literal, TypeAlias, TypeVar
 
 import msgspec
 
 from ._record_search import refine
 from ._redaction import DEFAULT_REDACTOR, Redactor
 from .actors.supervisor import Supervisor
-from .protocol.errors import InvalidInputError, MemoryClosedError, StorageError
+from .protocol.content import check_nonblank, check_text
+from .protocol.errors import InvalidInputError, raise_rejected
 from .protocol.recall import ToolResult
 from .protocol.record_results import RecordSearchResult
 from .protocol.records import (
@@ -61,9 +62,9 @@ from .protocol.records import (
     TopKMemorySearchConfig,
     is_finite_number,
 )
-from .protocol.search import MAX_QUERY_CHARS
 from .protocol.tools import MemoryRecallArgs
 from .recall.tools import MAX_TOOL_CONTENT_CHARS, tool_arguments
+from .storage.fts_query import check_query as _query
 from .storage.fts_query import plan_match
 from .storage.records import LinkedNode, RecordHit, RecordQuery
 
@@ -160,7 +161,7 @@ class Records:
         now = self._clock()
         record = Record(
             id=uuid.uuid4().hex,
-            content=_content(content),
+            content=check_nonblank("content", content, MAX_CONTENT_CHARS),
             record_type=_record_type("record_type", record_type),
             user_id=_scope_id("user_id", user_id),
             agent_id=_scope_id("agent_id", agent_id),
@@ -210,7 +211,7 @@ class Records:
                 f"reason: {len(reason)} characters is over the maximum {MAX_REASON_CHARS}"
             )
         command = InvalidateRecord(
-            id=record_id, reason=_unicode("reason", reason), at=self._clock()
+            id=record_id, reason=check_text("reason", reason), at=self._clock()
         )
         await self._submit(command, RecordInvalidated)
 
@@ -285,7 +286,7 @@ class Records:
         if isinstance(ack, expect):
             return ack
         assert isinstance(ack, RecordRejected), ack
-        _raise_rejected(ack)
+        raise_rejected(ack)
 
     async def _search(
         self,
@@ -549,41 +550,7 @@ def _linked(
     return node.relation, result
 
 
-def _raise_rejected(ack: RecordRejected) -> NoReturn:
-    match ack.reason:
-        case "not_found" | "invalid":
-            raise InvalidInputError(ack.message)
-        case "closed":
-            raise MemoryClosedError(ack.message)
-        case "storage":
-            raise StorageError(ack.message)
-
-
 # -- input checks: each error names the field -----------------------------------------------
-
-
-def _query(query: object) -> str:
-    if not isinstance(query, str):
-        raise InvalidInputError(f"query: expected a string, got {type(query).__name__}")
-    if not query.strip():
-        raise InvalidInputError("query: must not be blank")
-    if len(query) > MAX_QUERY_CHARS:
-        raise InvalidInputError(
-            f"query: {len(query)} characters is over the maximum {MAX_QUERY_CHARS}"
-        )
-    return _unicode("query", query)
-
-
-def _content(content: object) -> str:
-    if not isinstance(content, str):
-        raise InvalidInputError(f"content: expected a string, got {type(content).__name__}")
-    if not content.strip():
-        raise InvalidInputError("content: must not be blank")
-    if len(content) > MAX_CONTENT_CHARS:
-        raise InvalidInputError(
-            f"content: {len(content)} characters is over the maximum {MAX_CONTENT_CHARS}"
-        )
-    return _unicode("content", content)
 
 
 def _scope_id(name: str, value: object) -> str | None:
@@ -604,18 +571,7 @@ def _record_id(name: str, value: object) -> str:
             f"{' or None' if name in ('user_id', 'agent_id', 'thread_id') else ''}, "
             f"got {value!r}"
         )
-    return _unicode(name, value)
-
-
-def _unicode(name: str, text: str) -> str:
-    """`text`, if it can be stored: SQLite and JSON take UTF-8, which has no lone surrogates."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise InvalidInputError(
-            f"{name}: {text[exc.start]!r} at {exc.start} is a lone surrogate, not text"
-        ) from None
-    return text
+    return check_text(name, value)
 
 
 def _record_type(name: str, value: object) -> RecordType:
@@ -649,7 +605,7 @@ def _role(role: object, record_type: object) -> str | None:
         raise InvalidInputError(f"role: expected a role name (1 to 64 characters), got {role!r}")
     if record_type != RecordType.MESSAGE:
         raise InvalidInputError("role: only message records have a role")
-    return _unicode("role", role)
+    return check_text("role", role)
 
 
 def _relation(relation: object) -> str:
@@ -695,7 +651,7 @@ def _check_json(path: str, value: object, depth: int) -> None:
     if depth > _MAX_METADATA_DEPTH:
         raise InvalidInputError(f"{path}: nested deeper than {_MAX_METADATA_DEPTH} levels")
     if isinstance(value, str):
-        _unicode(path, value)
+        check_text(path, value)
         return
     if value is None or isinstance(value, bool | int):
         return
@@ -707,7 +663,7 @@ def _check_json(path: str, value: object, depth: int) -> None:
         for key, item in value.items():
             if not isinstance(key, str):
                 raise InvalidInputError(f"{path}: keys must be strings, got {key!r}")
-            _unicode(f"{path} key", key)
+            check_text(f"{path} key", key)
             _check_json(f"{path}[{key!r}]", item, depth + 1)
         return
     if isinstance(value, list | tuple):
@@ -728,9 +684,9 @@ def _metadata_filter(value: object) -> tuple[tuple[str, object], ...]:
     for key, item in value.items():
         if not isinstance(key, str):
             raise InvalidInputError(f"metadata_filter: keys must be strings, got {key!r}")
-        _unicode("metadata_filter key", key)
+        check_text("metadata_filter key", key)
         if isinstance(item, str):
-            _unicode(f"metadata_filter[{key!r}]", item)
+            check_text(f"metadata_filter[{key!r}]", item)
         scalar = item is None or isinstance(item, str | bool | int) or is_finite_number(item)
         if not scalar:
             raise InvalidInputError(

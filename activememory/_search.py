@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -21,7 +20,6 @@ from .protocol.search import (
     INDEXING_WARNING,
     MAX_ANSWER_BYTES,
     MAX_LIMIT,
-    MAX_QUERY_CHARS,
     MAX_SNIPPET_CHARS,
     SearchHit,
     SearchResult,
@@ -29,12 +27,12 @@ from .protocol.search import (
 from .protocol.session_key import SessionKey, parse_session_key
 from .storage.fts_query import (
     MATCH_MODES,
-    TOKENIZE,
     MatchPlan,
+    check_query,
+    index_tokens,
     is_cjk,
     plan_match,
     query_terms,
-    tokens,
 )
 from .storage.search import Candidate, DbScope, ScopePage, TermStats, search_scope
 from .storage.transcripts import TranscriptReader
@@ -246,54 +244,32 @@ def _assemble(pages: list[_AgentPage], limit: int) -> SearchResult:
     return result
 
 
-def check_query(query: object) -> str:
-    if not isinstance(query, str):
-        raise InvalidInputError(f"query: expected a string, got {type(query).__name__}")
-    if not query.strip():
-        raise InvalidInputError("query: must not be blank")
-    if len(query) > MAX_QUERY_CHARS:
-        raise InvalidInputError(
-            f"query: {len(query)} characters is over the maximum {MAX_QUERY_CHARS}"
-        )
-    return query
+def _first_hit(text: str, terms: list[str]) -> int:
+    """The character offset of the first place in `text` where a term occurs, else 0.
+
+    Fast path: a regular expression for each term's stem at a word start (the index's
+    Porter stem, so "running" finds "runs") or a CJK substring. Only when that finds
+    nothing (diacritics: "cafe" in "Café") is the text tokenized like the index does,
+    up to FALLBACK_BYTES of it.
+    """
+    stems = [_stem(term) for term in terms if not is_cjk(term)]
+    cjk = [re.escape(term) for term in terms if is_cjk(term)]
+    alternatives = [rf"\b{re.escape(stem)}" for stem in stems if stem] + cjk
+    if alternatives:
+        found = re.search("|".join(alternatives), text, re.IGNORECASE)
+        if found is not None:
+            return found.start()
+    data = text.encode("utf-8")[:FALLBACK_BYTES]
+    wanted = set(stems)
+    for start, _end, token in index_tokens(data):
+        if token in wanted:
+            return len(data[:start].decode("utf-8", "replace"))
+    return 0
 
 
-class _Stemmer(threading.local):
-    """The index's own tokenizer (one per thread), to find where a term occurs in a message."""
-
-    def __init__(self) -> None:
-        name, *args = TOKENIZE.split()
-        self.conn = apsw.Connection(":memory:")
-        self.tokenize = self.conn.fts5_tokenizer(name, args)
-
-    def first_hit(self, text: str, terms: list[str]) -> int:
-        """The character offset of the first place in `text` where a term occurs, else 0.
-
-        Fast path: a regular expression for each term's stem at a word start (the index's
-        Porter stem, so "running" finds "runs") or a CJK substring. Only when that finds
-        nothing (diacritics: "cafe" in "Café") is the text tokenized like the index does,
-        up to FALLBACK_BYTES of it.
-        """
-        stems = [self._stem(term) for term in terms if not is_cjk(term)]
-        cjk = [re.escape(term) for term in terms if is_cjk(term)]
-        alternatives = [rf"\b{re.escape(stem)}" for stem in stems if stem] + cjk
-        if alternatives:
-            found = re.search("|".join(alternatives), text, re.IGNORECASE)
-            if found is not None:
-                return found.start()
-        data = text.encode("utf-8")[:FALLBACK_BYTES]
-        wanted = set(stems)
-        for start, _end, token in tokens(self.tokenize, data, apsw.FTS5_TOKENIZE_DOCUMENT):
-            if token in wanted:
-                return len(data[:start].decode("utf-8", "replace"))
-        return 0
-
-    def _stem(self, term: str) -> str:
-        stems = list(tokens(self.tokenize, term.encode(), apsw.FTS5_TOKENIZE_QUERY))
-        return stems[0][2] if stems else ""
-
-
-_stemmer = _Stemmer()
+def _stem(term: str) -> str:
+    stems = list(index_tokens(term.encode(), apsw.FTS5_TOKENIZE_QUERY))
+    return stems[0][2] if stems else ""
 
 
 def make_snippet(text: str, terms: list[str], size: int = MAX_SNIPPET_CHARS) -> tuple[str, bool]:
@@ -304,7 +280,7 @@ def make_snippet(text: str, terms: list[str], size: int = MAX_SNIPPET_CHARS) -> 
     """
     if len(text) <= size:
         return text, False
-    hit = _stemmer.first_hit(text, terms)
+    hit = _first_hit(text, terms)
     start = max(0, hit - _LEAD_CHARS)
     end = min(len(text), start + size)
     start = max(0, end - size)

@@ -3,9 +3,9 @@
 It owns the task group of every actor. Agent databases are opened lazily, the first time a
 session of that agent is used; each gets its writer lock, an indexer actor with its bounded
 inbox, and a reader connection. The records store (`records.db`, one for all agents) is
-opened the same way on its first use, with the records keeper as its single writer. A crashed actor is never silently lost: its exception
-propagates out of `open_memory()`.
-"""
+opened the same way on its first use, with the records keeper as its single writer; both are
+a `Database` handle. A crashed actor is never silently lost: its exception propagates out of
+`open_memory()`."""
 
 from __future__ import annotations
 
@@ -13,9 +13,10 @@ import contextlib
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, TypeVar
+from typing import Generic, Literal, Protocol, TypeVar
 
 import anyio
+import apsw
 from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectSendStream
 
@@ -23,46 +24,78 @@ from ..protocol.errors import MemoryClosedError, StorageError
 from ..protocol.indexer import IndexerAck, IndexerCommand
 from ..protocol.reconciler import Poke
 from ..protocol.records import RecordAck, RecordCommand
-from ..storage.db import (
-    Durability,
-    WriterLock,
-    ensure_state_dir,
-    open_connection,
-    translate_errors,
-)
+from ..storage.db import Durability, WriterLock, ensure_state_dir, open_connection, translate_errors
 from ..storage.executor import Executor, ExecutorKind, make_executor
-from ..storage.records import (
-    RecordReader,
-    RecordWriter,
-    open_records_connection,
-    records_db_path,
-)
+from ..storage.records import RecordReader, RecordWriter, open_records_connection, records_db_path
 from ..storage.transcripts import TranscriptReader, TranscriptWriter, agent_db_path
-from .indexer import MAX_BATCH, Call, Indexer, open_inbox
+from .group_commit import MAX_BATCH, A, C, GroupCommit, StorageWriter
+from .indexer import Indexer
 from .recall_pool import RecallPool
 from .recall_pool import open_inbox as recall_pool_inbox
 from .reconciler import ReadDirty, Reconciler, Submit
 from .reconciler import open_inbox as reconciler_inbox
-from .records import RecordCall, RecordKeeper
-from .records import open_inbox as records_inbox
+from .records import RecordKeeper
 
 T = TypeVar("T")
 
 
-@dataclass
-class AgentStore:
-    """Everything open for one agent database."""
+class _Reader(Protocol):
+    @property
+    def conn(self) -> apsw.Connection: ...
 
-    agent: str
+
+R = TypeVar("R", bound=_Reader)
+
+
+@dataclass(kw_only=True)
+class Database(Generic[R, C, A]):
+    """Everything open for one database: its single writer (`actor`), its reader and lock."""
+
     path: Path
-    indexer: Indexer
-    inbox: MemoryObjectSendStream[Call]
-    reader: TranscriptReader
+    actor: GroupCommit[C, A]
+    reader: R
     read_executor: Executor
     lock: WriterLock
+    stopped: anyio.Event = field(default_factory=anyio.Event)
+
+    async def submit(self, command: C) -> A:
+        """Queue `command` for the writer and wait for its ack (`GroupCommit.submit`)."""
+        return await self.actor.submit(command)
+
+    async def read(self, fn: Callable[[R], T]) -> T:
+        """Run `fn` on the reader connection; SQLite errors become `StorageError`.
+
+        Cancellation: a read that has started finishes on its worker; nothing is left behind.
+        """
+
+        def run() -> T:
+            with translate_errors(self.path):
+                return fn(self.reader)
+
+        return await self.read_executor.run(run)
+
+    async def run_writer(self) -> None:
+        """The writer's loop (a task of the supervisor); `stopped` is set when it ends."""
+        try:
+            await self.actor.run()
+        finally:
+            self.stopped.set()
+
+    async def close(self) -> None:
+        """Once the writer has stopped (its inbox closed and drained): close the connections."""
+        await self.stopped.wait()
+        await self.actor.executor.run(self.actor.writer.conn.close)
+        await self.read_executor.run(self.reader.conn.close)
+        self.lock.release()
+
+
+@dataclass(kw_only=True)
+class AgentStore(Database[TranscriptReader, IndexerCommand, IndexerAck]):
+    """Everything open for one agent database, with the reconciler of its index."""
+
+    agent: str
     reconciler: Reconciler
     pokes: MemoryObjectSendStream[Poke]
-    stopped: anyio.Event = field(default_factory=anyio.Event)
     reconciler_stopped: anyio.Event = field(default_factory=anyio.Event)
 
     def poke(self, reason: Literal["search", "dirty"] = "search") -> None:
@@ -76,74 +109,9 @@ class AgentStore:
     async def read_dirty(self, limit: int) -> list[tuple[str, int]]:
         return await self.read(lambda reader: reader.dirty_sessions(limit))
 
-    async def submit(self, command: IndexerCommand) -> IndexerAck:
-        """Queue `command` for the indexer and wait for its ack.
 
-        Cancellation: if cancelled while waiting for room in the inbox, nothing was queued;
-        if cancelled after, the command may still commit.
-        """
-        call = Call(command)
-        try:
-            try:
-                self.inbox.send_nowait(call)  # the common case: no checkpoint before queuing
-            except anyio.WouldBlock:
-                await self.inbox.send(call)
-        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-            raise MemoryClosedError("the memory is closed") from None
-        return await self.indexer.wait_for(call)
-
-    async def read(self, fn: Callable[[TranscriptReader], T]) -> T:
-        """Run `fn` on the reader connection; SQLite errors become `StorageError`.
-
-        Cancellation: a read that has started finishes on its worker; nothing is left behind.
-        """
-
-        def run() -> T:
-            with translate_errors(self.path):
-                return fn(self.reader)
-
-        return await self.read_executor.run(run)
-
-
-@dataclass
-class RecordsDatabase:
-    """Everything open for `state_dir/records.db` (docs/design.md §5): its keeper and its reader."""
-
-    path: Path
-    keeper: RecordKeeper
-    inbox: MemoryObjectSendStream[RecordCall]
-    reader: RecordReader
-    read_executor: Executor
-    lock: WriterLock
-    stopped: anyio.Event = field(default_factory=anyio.Event)
-
-    async def submit(self, command: RecordCommand) -> RecordAck:
-        """Queue `command` for the records keeper and wait for its ack.
-
-        Cancellation: if cancelled while waiting for room in the inbox, nothing was queued;
-        if cancelled after, the command may still commit.
-        """
-        call = RecordCall(command)
-        try:
-            try:
-                self.inbox.send_nowait(call)
-            except anyio.WouldBlock:
-                await self.inbox.send(call)
-        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-            raise MemoryClosedError("the memory is closed") from None
-        return await self.keeper.wait_for(call)
-
-    async def read(self, fn: Callable[[RecordReader], T]) -> T:
-        """Run `fn` on the reader connection; SQLite errors become `StorageError`.
-
-        Cancellation: a read that has started finishes on its worker; nothing is left behind.
-        """
-
-        def run() -> T:
-            with translate_errors(self.path):
-                return fn(self.reader)
-
-        return await self.read_executor.run(run)
+# `state_dir/records.db` (docs/design.md §5): its keeper and its reader.
+RecordsDatabase = Database[RecordReader, RecordCommand, RecordAck]
 
 
 class Supervisor:
@@ -205,46 +173,53 @@ class Supervisor:
 
     async def _open_records(self) -> RecordsDatabase:
         path = records_db_path(self.state_dir)
+        actor, reader, read_executor, lock = await self._open(
+            path, open_records_connection, RecordWriter, RecordKeeper
+        )
+        records = RecordsDatabase(
+            path=path,
+            actor=actor,
+            reader=RecordReader(reader),
+            read_executor=read_executor,
+            lock=lock,
+        )
+        self._tg.start_soon(records.run_writer, name="records-keeper")
+        return records
+
+    async def _open(
+        self,
+        path: Path,
+        connect: Callable[..., apsw.Connection],
+        make_writer: Callable[[apsw.Connection], StorageWriter[C, A]],
+        make_actor: type[GroupCommit[C, A]],
+    ) -> tuple[GroupCommit[C, A], apsw.Connection, Executor, WriterLock]:
+        """The single writer of `path` (holding its writer lock) and a reader connection,
+        each on its own executor; `connect` opens a connection and migrates the writer's."""
         write_executor = make_executor(self.executor_kind)
         read_executor = make_executor(self.executor_kind)
         lock = WriterLock(path)
 
-        def open_writer() -> RecordWriter:
+        def open_writer() -> StorageWriter[C, A]:
+            try:  # an agent's folder, on its first use (records.db's is the state directory)
+                path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            except OSError as exc:
+                raise StorageError(f"cannot create {str(path.parent)!r} ({exc.strerror})") from None
             lock.acquire()
             try:
-                return RecordWriter(
-                    open_records_connection(path, writer=True, durability=self.durability)
-                )
+                return make_writer(connect(path, writer=True, durability=self.durability))
             except BaseException:
                 lock.release()
                 raise
 
         writer = await write_executor.run(open_writer)
         try:
-            reader_conn = await read_executor.run(
-                lambda: open_records_connection(path, writer=False)
-            )
+            reader = await read_executor.run(lambda: connect(path, writer=False))
         except BaseException:
             writer.conn.close()
             lock.release()
             raise
-        send, receive = records_inbox()
-        records = RecordsDatabase(
-            path=path,
-            keeper=RecordKeeper(writer, write_executor, receive, max_batch=self.max_batch),
-            inbox=send,
-            reader=RecordReader(reader_conn),
-            read_executor=read_executor,
-            lock=lock,
-        )
-        self._tg.start_soon(self._run_records, records, name="records-keeper")
-        return records
-
-    async def _run_records(self, records: RecordsDatabase) -> None:
-        try:
-            await records.keeper.run()
-        finally:
-            records.stopped.set()
+        actor = make_actor(writer, write_executor, max_batch=self.max_batch)
+        return actor, reader, read_executor, lock
 
     def open_agents(self) -> list[AgentStore]:
         return list(self._agents.values())
@@ -257,39 +232,15 @@ class Supervisor:
 
     async def _open_agent(self, agent: str) -> AgentStore:
         path = agent_db_path(self.state_dir, agent)
-        write_executor = make_executor(self.executor_kind)
-        read_executor = make_executor(self.executor_kind)
-        lock = WriterLock(path)
-
-        def open_writer() -> TranscriptWriter:
-            try:
-                path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            except OSError as exc:
-                raise StorageError(f"cannot create {str(path.parent)!r} ({exc.strerror})") from None
-            lock.acquire()
-            try:
-                return TranscriptWriter(
-                    open_connection(path, writer=True, durability=self.durability)
-                )
-            except BaseException:
-                lock.release()
-                raise
-
-        writer = await write_executor.run(open_writer)
-        try:
-            reader_conn = await read_executor.run(lambda: open_connection(path, writer=False))
-        except BaseException:
-            writer.conn.close()
-            lock.release()
-            raise
-        send, receive = open_inbox()
+        actor, reader, read_executor, lock = await self._open(
+            path, open_connection, TranscriptWriter, Indexer
+        )
         poke_send, poke_receive = reconciler_inbox()
         store = AgentStore(
             agent=agent,
             path=path,
-            indexer=Indexer(writer, write_executor, receive, max_batch=self.max_batch),
-            inbox=send,
-            reader=TranscriptReader(reader_conn, agent),
+            actor=actor,
+            reader=TranscriptReader(reader, agent),
             read_executor=read_executor,
             lock=lock,
             reconciler=Reconciler(
@@ -297,7 +248,7 @@ class Supervisor:
             ),
             pokes=poke_send,
         )
-        self._tg.start_soon(self._run_indexer, store, name=f"indexer:{agent}")
+        self._tg.start_soon(store.run_writer, name=f"indexer:{agent}")
         self._tg.start_soon(self._run_reconciler, store, name=f"reconciler:{agent}")
         return store
 
@@ -319,12 +270,6 @@ class Supervisor:
         finally:
             store.reconciler_stopped.set()
 
-    async def _run_indexer(self, store: AgentStore) -> None:
-        try:
-            await store.indexer.run()
-        finally:
-            store.stopped.set()
-
     async def aclose(self) -> None:
         """Stop every actor after it has drained its inbox; close the databases.
 
@@ -337,12 +282,8 @@ class Supervisor:
         await self._recall_pool_stopped.wait()
         # Nothing else writes records: its keeper drains its inbox and closes now.
         if self._records is not None:
-            records = self._records
-            await records.inbox.aclose()
-            await records.stopped.wait()
-            await records.keeper.executor.run(records.keeper.writer.conn.close)
-            await records.read_executor.run(records.reader.conn.close)
-            records.lock.release()
+            await self._records.actor.close_inbox()
+            await self._records.close()
         # The reconciler writes through the indexer, so it stops first (after its chunk).
         for store in self._agents.values():
             store.reconciler.stopping = True
@@ -350,12 +291,9 @@ class Supervisor:
         for store in self._agents.values():
             await store.reconciler_stopped.wait()
         for store in self._agents.values():
-            await store.inbox.aclose()
+            await store.actor.close_inbox()
         for store in self._agents.values():
-            await store.stopped.wait()
-            await store.indexer.executor.run(store.indexer.writer.conn.close)
-            await store.read_executor.run(store.reader.conn.close)
-            store.lock.release()
+            await store.close()
 
 
 @contextlib.asynccontextmanager

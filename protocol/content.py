@@ -180,16 +180,35 @@ def _block_error(content: list[Any] | tuple[Any, ...], error: str) -> str:
     return f"{where}: {reason}"
 
 
+def check_text(where: str, value: str) -> str:
+    """`value`, if it can be stored; else `InvalidInputError` naming `where`. SQLite and JSON
+    take UTF-8, which has no lone surrogates (they also break FTS)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidInputError(
+            f"{where}: lone surrogate {value[exc.start]!r} at index {exc.start} "
+            "(text must be valid Unicode)"
+        ) from None
+    return value
+
+
+def check_nonblank(where: str, value: object, max_chars: int) -> str:
+    """`value`, if it is a string, not blank, at most `max_chars` characters and valid
+    Unicode; else `InvalidInputError` naming `where`."""
+    if not isinstance(value, str):
+        raise InvalidInputError(f"{where}: expected a string, got {type(value).__name__}")
+    if not value.strip():
+        raise InvalidInputError(f"{where}: must not be blank")
+    if len(value) > max_chars:
+        raise InvalidInputError(f"{where}: {len(value)} characters is over the maximum {max_chars}")
+    return check_text(where, value)
+
+
 def _check_unicode(where: str, value: object) -> None:
-    """Reject lone surrogates anywhere: they cannot be stored as UTF-8 and break FTS."""
+    """Reject lone surrogates anywhere in a message (`check_text` on every string)."""
     if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError as exc:
-            raise InvalidInputError(
-                f"{where}: lone surrogate {value[exc.start]!r} at index {exc.start} "
-                "(text must be valid Unicode)"
-            ) from None
+        check_text(where, value)
     elif isinstance(value, list | tuple):
         for i, item in enumerate(value):
             _check_unicode(f"{where}[{i}]", item)
@@ -200,11 +219,6 @@ def _check_unicode(where: str, value: object) -> None:
     elif isinstance(value, msgspec.Struct):
         for field in value.__struct_fields__:
             _check_unicode(f"{where}.{field}", getattr(value, field))
-
-
-def check_text(where: str, value: str) -> None:
-    """Raise `InvalidInputError` naming `where` if `value` holds a lone surrogate."""
-    _check_unicode(where, value)
 
 
 _MESSAGE_FIELDS = ("role", "content", "timestamp")

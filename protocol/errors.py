@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, NoReturn
+
+if TYPE_CHECKING:
+    from .indexer import Rejected
+    from .records import RecordRejected
+
 
 class ActiveMemoryError(Exception):
     """Base class of every error activememory raises on purpose."""
@@ -30,3 +36,19 @@ class MemoryClosedError(ActiveMemoryError):
 
     The command was not written.
     """
+
+
+def raise_rejected(
+    ack: Rejected | RecordRejected, not_found: type[ActiveMemoryError] = InvalidInputError
+) -> NoReturn:
+    """Raise what a writer's rejection means to the caller; `not_found` is the error of a
+    missing target (`SessionNotFoundError` for a session, a bad id for a record)."""
+    match ack.reason:
+        case "not_found":
+            raise not_found(ack.message)
+        case "invalid":
+            raise InvalidInputError(ack.message)
+        case "closed":
+            raise MemoryClosedError(ack.message)
+        case "storage":
+            raise StorageError(ack.message)

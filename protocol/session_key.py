@@ -14,6 +14,7 @@ from typing import Literal, TypeAlias
 
 import msgspec
 
+from .content import check_text
 from .errors import InvalidInputError
 
 ChatType: TypeAlias = Literal["direct", "group", "channel", "explicit", "unknown"]
@@ -79,10 +80,7 @@ def _parse(raw: str, field: str) -> SessionKey:
         raise bad("has leading or trailing whitespace")
     if control := _CONTROL.search(raw):
         raise bad(f"contains the control character {control.group()!r}")
-    try:
-        raw.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise bad(f"contains a lone surrogate at index {exc.start}") from None
+    check_text(field, raw)
 
     parts = raw.split(":")
     if parts[0] != "agent":

@@ -277,8 +277,8 @@ async def append_all(mem: Memory, corpus: Corpus) -> RunResult:
     return RunResult(
         seconds=seconds,
         messages=corpus.messages,
-        batches=store.indexer.batches,
-        commands=store.indexer.commands,
+        batches=store.actor.batches,
+        commands=store.actor.commands,
     )
 
 

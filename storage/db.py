@@ -238,9 +238,15 @@ class WriterLock:
 
 
 def open_connection(
-    path: Path, *, writer: bool, durability: Durability = "crash"
+    path: Path,
+    *,
+    writer: bool,
+    durability: Durability = "crash",
+    migrations: tuple[Migration, ...] = MIGRATIONS,
+    reader_cache_kib: int | None = None,
 ) -> apsw.Connection:
-    """Open and configure one agent database; the writer also creates and migrates it.
+    """Open and configure one database (an agent's unless `migrations` say otherwise); the
+    writer also creates and migrates it, a reader keeps up to `reader_cache_kib` of pages.
 
     The directory must exist (the supervisor creates it before taking the writer lock).
     """
@@ -253,7 +259,9 @@ def open_connection(
         with translate_errors(path):
             configure(conn, durability)
             if writer:
-                migrate(conn)
+                migrate(conn, migrations)
+            elif reader_cache_kib is not None:
+                conn.pragma("cache_size", -reader_cache_kib)
     except BaseException:
         conn.close()
         raise

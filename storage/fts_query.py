@@ -34,6 +34,9 @@ from typing import Literal, NamedTuple, TypeAlias
 
 import apsw
 
+from ..protocol.content import check_nonblank
+from ..protocol.search import MAX_QUERY_CHARS
+
 # One constant for the schema, the query side and the tests' index probe.
 TOKENIZER_ARGS = ("unicode61", "remove_diacritics", "2")
 TOKENIZE = "porter " + " ".join(TOKENIZER_ARGS)
@@ -215,11 +218,14 @@ def _bigrams(run: str) -> str:
 
 
 class _Tokenizers(threading.local):
-    """A unicode61 tokenizer per thread (apsw tokenizers hang off a connection)."""
+    """The index's tokenizers, one pair per thread: apsw tokenizers hang off a connection
+    (apsw.fts5 has no connection-free one)."""
 
     def __init__(self) -> None:
         self.conn = apsw.Connection(":memory:")
         self.unicode61 = self.conn.fts5_tokenizer(TOKENIZER_ARGS[0], list(TOKENIZER_ARGS[1:]))
+        name, *args = TOKENIZE.split()
+        self.index = self.conn.fts5_tokenizer(name, args)  # Porter stems, as the index holds
 
 
 _tokenizers = _Tokenizers()
@@ -233,6 +239,19 @@ def tokens(
         if not isinstance(item, str):  # offsets are on by default; a bare str has none
             start, end, *forms = item
             yield int(start), int(end), str(forms[0])
+
+
+def index_tokens(
+    data: bytes, reason: int = apsw.FTS5_TOKENIZE_DOCUMENT
+) -> Iterator[tuple[int, int, str]]:
+    """(start byte, end byte, stem) for each token of `data` as the index (`TOKENIZE`) has it."""
+    return tokens(_tokenizers.index, data, reason)
+
+
+def check_query(query: object) -> str:
+    """`query`, if it can be searched: a string, not blank, at most `MAX_QUERY_CHARS`
+    characters, valid Unicode; else `InvalidInputError` naming `query`."""
+    return check_nonblank("query", query, MAX_QUERY_CHARS)
 
 
 def query_terms(query: str) -> list[str]:

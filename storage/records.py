@@ -64,13 +64,13 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, NamedTuple, cast
 
 import apsw
 import msgspec
 
-from ..protocol.errors import StorageError
 from ..protocol.records import (
     AddRecord,
     DeleteRecord,
@@ -89,8 +89,9 @@ from ..protocol.records import (
     RecordType,
     SearchScope,
 )
-from .db import Durability, Migration, configure, describe, migrate, translate_errors
+from .db import Migration, describe, open_connection
 from .fts_query import RANK, TOKENIZE, MatchPlan, index_columns
+from .search import TermStats, indexed_rows
 from .transcripts import write_transaction
 
 RECORDS_DB = "records.db"
@@ -111,7 +112,6 @@ READER_CACHE_KIB = 64 * 1024
 pages scattered over the file; at a million records those no longer stay in a small or
 busy OS page cache, and each one read again costs a system call or a disk read. Used only
 as pages are read: a small store never fills it."""
-_TERM_CACHE_SIZE = 4096
 
 
 def _v1_records(conn: apsw.Connection) -> None:
@@ -170,27 +170,10 @@ def records_db_path(state_dir: Path) -> Path:
     return state_dir / RECORDS_DB
 
 
-def open_records_connection(
-    path: Path, *, writer: bool, durability: Durability = "crash"
-) -> apsw.Connection:
-    """Open and configure `records.db`; the writer also creates and migrates it, a reader
-    keeps up to `READER_CACHE_KIB` of pages in memory."""
-    try:
-        flags = apsw.SQLITE_OPEN_READWRITE | (apsw.SQLITE_OPEN_CREATE if writer else 0)
-        conn = apsw.Connection(str(path), flags=flags)
-    except apsw.Error as exc:
-        raise StorageError(f"cannot open {str(path)!r} ({describe(exc)})") from None
-    try:
-        with translate_errors(path):
-            configure(conn, durability)
-            if writer:
-                migrate(conn, MIGRATIONS)
-            else:
-                conn.pragma("cache_size", -READER_CACHE_KIB)
-    except BaseException:
-        conn.close()
-        raise
-    return conn
+# `records.db`: its own migrations, and a reader that keeps more pages in memory.
+open_records_connection = partial(
+    open_connection, migrations=MIGRATIONS, reader_cache_kib=READER_CACHE_KIB
+)
 
 
 _encode_metadata = msgspec.json.Encoder().encode
@@ -380,32 +363,8 @@ def distance_of(score: float) -> float:
     return 1.0 / (1.0 + max(0.0, -score))
 
 
-class CommonTerms:
-    """Which terms are common in `record_fts` (module docstring), cached per reader.
-
-    An answer is reused until the index has grown or shrunk by a quarter since it was
-    found; a term near the threshold may be misjudged for a while, which only moves it
-    between "ranked" and "answered by recency".
-    """
-
-    def __init__(self) -> None:
-        self._known: dict[str, tuple[bool, int]] = {}
-
-    def is_common(self, conn: apsw.Connection, term_expr: str, total: int) -> bool:
-        """Whether more than `COMMON_DOCS` records hold the term (`total`: indexed records)."""
-        cached = self._known.get(term_expr)
-        if cached is not None and abs(total - cached[1]) * 4 <= cached[1]:
-            return cached[0]
-        # Walks at most COMMON_DOCS entries of the doclist, newest first: no ranking, no IDF.
-        row = conn.execute(
-            "SELECT rowid FROM record_fts WHERE record_fts MATCH ?"
-            " ORDER BY rowid DESC LIMIT 1 OFFSET ?",
-            (term_expr, COMMON_DOCS),
-        ).fetchone()
-        if len(self._known) >= _TERM_CACHE_SIZE:
-            self._known.clear()
-        self._known[term_expr] = (row is not None, total)
-        return row is not None
+def _common_docs(total: int) -> int:
+    return COMMON_DOCS
 
 
 _TERMS_HELD = "record_terms_held"
@@ -414,22 +373,6 @@ _TERMS_HELD = "record_terms_held"
 def _terms_held(api: apsw.FTS5ExtensionApi, *args: apsw.SQLiteValue) -> int:
     """FTS5 auxiliary function: how many of the query's phrases the current row holds."""
     return sum(1 for phrase in range(api.phrase_count) if api.phrase_columns(phrase))
-
-
-def _indexed_rows(conn: apsw.Connection) -> int:
-    """How many records the index holds, from FTS5's own totals record (no scan): the
-    first varint of the record with id 1 (SQLite's big-endian variable-length integer)."""
-    row = conn.execute("SELECT block FROM record_fts_data WHERE id = 1").fetchone()
-    if row is None or not row[0]:
-        return 0
-    value = 0
-    for i, byte in enumerate(bytes(row[0])[:9]):
-        if i == 8:
-            return (value << 8) | byte
-        value = (value << 7) | (byte & 0x7F)
-        if byte < 0x80:
-            break
-    return value
 
 
 @dataclass
@@ -444,7 +387,7 @@ class RecordReader:
 
     def __init__(self, conn: apsw.Connection) -> None:
         self.conn = conn
-        self._terms = CommonTerms()
+        self._terms = TermStats("record_fts", _common_docs)
         conn.register_fts5_function(_TERMS_HELD, _terms_held)
 
     def get(self, record_id: str, now: float) -> Record | None:
@@ -493,7 +436,7 @@ class RecordReader:
                 params[f"boost_{dim}"] = value
                 boosts.append(f"(r.{dim} IS :boost_{dim})")
         level = " + ".join(boosts) if boosts else "0"
-        total = _indexed_rows(self.conn)
+        total = indexed_rows(self.conn, "record_fts")
         scoped = [f"{dim} IS :exact_{dim}" for dim, _, on in _dimensions(query.scope) if on]
         if scoped and self._scope_is_small(scoped, params, total):
             # Checked against an in-memory list before the record is read (`+`: not a

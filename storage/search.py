@@ -8,6 +8,7 @@ ever counts visible rows. Dirty sessions are hidden: their index rows may be sta
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, NamedTuple, TypeAlias, cast
 
@@ -88,27 +89,37 @@ _DETAILS = (
 )
 
 
-class TermStats:
-    """Which terms are common in one database, cached per reader connection.
+def _message_threshold(total: int) -> int:
+    return int(total * COMMON_FRACTION)
 
-    An answer is reused until the index has grown or shrunk by a quarter since it was
-    found; a term near the threshold may be misjudged for a while, which only moves it
-    between "ranked" and "left out when rarer terms exist".
+
+class TermStats:
+    """Which terms are common in one FTS5 `table`, cached per reader connection.
+
+    A term held by more than `threshold(indexed rows)` rows is common: messages use a share
+    (`COMMON_FRACTION`), records a count (storage/records.py). An answer is reused until the
+    index has grown or shrunk by a quarter since it was found; a term near the threshold may
+    be misjudged for a while, which only moves it between "ranked" and "left out when rarer
+    terms exist" (or "answered by recency").
     """
 
-    def __init__(self) -> None:
+    def __init__(
+        self, table: str = "message_fts", threshold: Callable[[int], int] = _message_threshold
+    ) -> None:
+        self.table = table
+        self._threshold = threshold
         self._common: dict[str, tuple[bool, int]] = {}
 
     def is_common(self, conn: apsw.Connection, term_expr: str, total: int) -> bool:
+        """Whether more than the threshold of the `total` indexed rows hold the term."""
         cached = self._common.get(term_expr)
         if cached is not None and abs(total - cached[1]) * 4 <= cached[1]:
             return cached[0]
-        offset = int(total * COMMON_FRACTION)
-        # Walks at most `offset` entries of the doclist, newest first: no ranking, no IDF.
+        # Walks at most `threshold` entries of the doclist, newest first: no ranking, no IDF.
         row = conn.execute(
-            "SELECT rowid FROM message_fts WHERE message_fts MATCH ?"
+            f"SELECT rowid FROM {self.table} WHERE {self.table} MATCH ?"
             " ORDER BY rowid DESC LIMIT 1 OFFSET ?",
-            (term_expr, offset),
+            (term_expr, self._threshold(total)),
         ).fetchone()
         if len(self._common) >= _TERM_CACHE_SIZE:
             self._common.clear()
@@ -116,9 +127,9 @@ class TermStats:
         return row is not None
 
 
-def indexed_rows(conn: apsw.Connection) -> int:
-    """How many rows the index holds, from FTS5's own totals record (no scan)."""
-    row = conn.execute("SELECT block FROM message_fts_data WHERE id = 1").fetchone()
+def indexed_rows(conn: apsw.Connection, table: str = "message_fts") -> int:
+    """How many rows the FTS5 `table` holds, from FTS5's own totals record (no scan)."""
+    row = conn.execute(f"SELECT block FROM {table}_data WHERE id = 1").fetchone()
     if row is None or not row[0]:
         return 0
     return _varint(bytes(row[0]))

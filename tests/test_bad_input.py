@@ -118,9 +118,9 @@ async def test_read_only_state_dir(tmp_path: Path) -> None:
 async def writer_pragma(mem: am.Memory, agent: str, name: str, value: int | None = None) -> int:
     """Reach the indexer's connection (tests only): simulate a full disk with max_page_count."""
     store = await mem._supervisor.agent(agent)
-    conn = store.indexer.writer.conn
+    conn = store.actor.writer.conn
     return int(
-        await store.indexer.executor.run(
+        await store.actor.executor.run(
             lambda: conn.pragma(name, value) if value else conn.pragma(name)
         )
     )
@@ -152,7 +152,7 @@ async def test_one_write_that_does_not_fit_does_not_sink_its_batch(mem: am.Memor
         except am.StorageError as exc:
             outcomes[name] = exc
 
-    indexer = (await mem._supervisor.agent("main")).indexer
+    indexer = (await mem._supervisor.agent("main")).actor
     batches = indexer.batches
     async with anyio.create_task_group() as tg:  # queued together: one batch
         tg.start_soon(put, "small1", am.Message(role="user", content="small one"))

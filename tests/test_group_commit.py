@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import anyio
 import anyio.lowlevel
+import apsw
 import pytest
 
 import activememory as am
+from activememory.actors.group_commit import CLOSED, GroupCommit
+from activememory.storage.executor import make_executor
 
 from index_probe import agent_db, indexed_tokens
 
@@ -26,7 +30,7 @@ async def test_concurrent_appenders_share_transactions(mem: am.Memory) -> None:
             )
             acked.setdefault(key, []).append(event.id)
 
-    indexer = (await mem._supervisor.agent("main")).indexer
+    indexer = (await mem._supervisor.agent("main")).actor
     batches, commands = indexer.batches, indexer.commands
     async with anyio.create_task_group() as tg:
         for n in range(64):
@@ -92,3 +96,62 @@ async def test_closed_means_not_written_even_when_the_host_is_cancelled(tmp_path
     async with am.open_memory(state) as mem:
         for key, ids in acked.items():  # acked: present; refused: absent
             assert [e.id for e in await mem.sessions.history(key)] == ids
+
+
+class _Tenfold:
+    """A storage writer for the bare group commit: acks each int command with ten times it."""
+
+    def __init__(self) -> None:
+        self.conn = apsw.Connection(":memory:")
+        self.batches: list[list[int]] = []
+
+    def apply(self, commands: Sequence[int]) -> list[int]:
+        self.batches.append(list(commands))
+        return [command * 10 for command in commands]
+
+
+class _TenfoldWriter(GroupCommit[int, int]):
+    def rejected(self, message: str) -> int:
+        assert message == CLOSED
+        return -1
+
+
+async def test_the_group_commit_acks_each_call_after_its_batch(executor: str) -> None:
+    writer = _Tenfold()
+    actor = _TenfoldWriter(writer, make_executor(executor), max_batch=3)
+    acks: dict[int, int] = {}
+
+    async def submit(n: int) -> None:
+        acks[n] = await actor.submit(n)
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(actor.run)
+            async with anyio.create_task_group() as callers:
+                for n in range(7):
+                    callers.start_soon(submit, n)
+            await actor.close_inbox()
+    assert acks == {n: n * 10 for n in range(7)}
+    assert sorted(n for batch in writer.batches for n in batch) == list(range(7))
+    assert max(map(len, writer.batches)) == 3 and actor.batches == len(writer.batches) < 7
+    with pytest.raises(am.MemoryClosedError, match="^the memory is closed$"):
+        await actor.submit(8)
+
+
+async def test_the_group_commit_rejects_what_it_never_applied(executor: str) -> None:
+    writer = _Tenfold()
+    actor = _TenfoldWriter(writer, make_executor(executor))
+    acks: dict[int, int] = {}
+
+    async def submit(n: int) -> None:
+        acks[n] = await actor.submit(n)
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            for n in range(5):
+                tg.start_soon(submit, n)
+            await anyio.wait_all_tasks_blocked()  # all five queued, none applied
+            with anyio.CancelScope() as scope:
+                scope.cancel()
+                await actor.run()
+    assert acks == {n: -1 for n in range(5)} and writer.batches == []

@@ -529,6 +529,10 @@ async def test_bad_arguments_name_the_argument(mem: am.Memory, core: MemoryCore)
             lambda: core.search("main", {}, caller=CALLER, transcripts=None),
             'missing required key "query"',
         ),
+        (
+            lambda: search(core, "\udc00"),
+            "query: lone surrogate '\\udc00' at index 0 (text must be valid Unicode)",
+        ),
         (lambda: search(core, " "), 'query: " " is blank'),
         (lambda: search(core, "x" * 4097), f'query: "{"x" * 58}… is longer than 4096 characters'),
         (

@@ -264,6 +264,10 @@ async def test_cjk_and_query_syntax_are_safe(mem: am.Memory) -> None:
         (lambda m: m.records.delete("nope"), r"^id: no record 'nope'$"),
         (lambda m: m.records.search(" ", user_id="u1"), r"^query: must not be blank$"),
         (
+            lambda m: m.records.search("\ud800", user_id="u1"),
+            r"^query: lone surrogate '\\ud800' at index 0 \(text must be valid Unicode\)$",
+        ),
+        (
             lambda m: m.records.search("x", user_id="u1", num_hops=6),
             r"^num_hops: 6 is not an integer from 0 to 5$",
         ),
@@ -312,7 +316,7 @@ async def test_concurrent_adds_share_one_commit(mem: am.Memory) -> None:
         for i in range(40):
             tg.start_soon(lambda i=i: mem.records.add(f"item {i}", user_id="u1"))
     db = await mem._supervisor.records()
-    assert db.keeper.commands == 40 and db.keeper.batches < 40
+    assert db.actor.commands == 40 and db.actor.batches < 40
     assert len(await mem.records.store.search("item", config=MemorySearchConfig())) == 10
 
 

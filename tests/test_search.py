@@ -213,6 +213,10 @@ async def test_answer_stays_within_32_kib(mem: am.Memory) -> None:
         ({"query": "   \n"}, "query: must not be blank"),
         ({"query": "x" * 4097}, "query: 4097 characters is over the maximum 4096"),
         ({"query": 42}, "query: expected a string, got int"),
+        (
+            {"query": "cat \ud800"},
+            "query: lone surrogate '\\ud800' at index 4 (text must be valid Unicode)",
+        ),
         ({"limit": 0}, "limit: 0 is not an integer from 1 to 25"),
         ({"limit": 26}, "limit: 26 is not an integer from 1 to 25"),
         ({"limit": True}, "limit: True is not an integer from 1 to 25"),

@@ -86,7 +86,7 @@ def test_keys_without_an_agent_are_stored_with_the_default_agent() -> None:
         ),
         (
             "agent:main:dm:\ud800",
-            "session_key: 'agent:main:dm:\\ud800' contains a lone surrogate at index 14",
+            "session_key: lone surrogate '\\ud800' at index 14 (text must be valid Unicode)",
         ),
         ("x" * 513, "session_key: '" + "x" * 77 + "...' is 513 characters long (at most 512)"),
     ],

@@ -51,16 +51,13 @@ from __future__ import annotations
 
 import math
 import re
-import threading
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import NamedTuple
 
-import apsw
-
 from .._output import ELLIPSIS, one_line, summarize
 from ..protocol.recall import RecallRequest, ToolResult
-from ..storage.fts_query import STOPWORDS, TOKENIZE, index_columns, tokens
+from ..storage.fts_query import STOPWORDS, index_columns, index_tokens
 from .subagent_input import FULL_HEADING, LATEST_HEADING, RECENT_HEADING, STYLE_THRESHOLDS
 from .tools import RecallTools
 
@@ -322,26 +319,13 @@ def _pieces(text: str) -> Iterable[tuple[str, str | None]]:
                 yield sentence, role
 
 
-class _Stemmer(threading.local):
-    """The index's tokenizer (`TOKENIZE`), one per thread: apsw tokenizers hang off a
-    connection."""
-
-    def __init__(self) -> None:
-        name, *args = TOKENIZE.split()
-        self.conn = apsw.Connection(":memory:")
-        self.tokenize = self.conn.fts5_tokenizer(name, args)
-
-
-_stemmer = _Stemmer()
-
-
 def terms(text: str) -> frozenset[str]:
     """The content terms of `text` as the index stems them (CJK runs as bigrams), without
     function words, chat filler and contraction fragments."""
     words, grams = index_columns(text)
     data = words.encode("utf-8")
     found: set[str] = set()
-    for start, end, stem in tokens(_stemmer.tokenize, data, apsw.FTS5_TOKENIZE_DOCUMENT):
+    for start, end, stem in index_tokens(data):
         word = data[start:end].decode("utf-8", "replace").casefold()
         if word in STOPWORDS or word in _FILLER or (len(word) == 1 and not word.isdigit()):
             continue

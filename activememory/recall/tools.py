@@ -17,6 +17,7 @@ import anyio
 import msgspec
 
 from .._config import problems
+from ..protocol.content import check_text
 from ..protocol.errors import InvalidInputError
 from ..protocol.recall import RecallRequest, ToolResult
 from ..protocol.session_key import SessionKey
@@ -167,9 +168,13 @@ def tool_arguments(shape: type[Args], args: Mapping[str, Any]) -> Args:
     if not isinstance(args, Mapping):
         raise InvalidInputError(f"arguments: expected an object, got {type(args).__name__}")
     try:
-        return msgspec.convert(args, shape)
+        parsed = msgspec.convert(args, shape)
     except (msgspec.ValidationError, UnicodeEncodeError) as exc:  # a key with a lone surrogate
         raise InvalidInputError("\n".join(problems(shape, args)) or f"arguments: {exc}") from None
+    for name, value in msgspec.structs.asdict(parsed).items():
+        if isinstance(value, str):  # JSON can spell a lone surrogate; SQLite and FTS cannot
+            check_text(shape.__struct_encode_fields__[shape.__struct_fields__.index(name)], value)
+    return parsed
 
 
 def host_result(name: str, value: object) -> ToolResult:

@@ -1,0 +1,145 @@
+"""The group commit: the one loop of every single writer of a database (docs/design.md §1.2).
+
+Inbox: `Call`s carrying commands, bounded. Loop: wait for one call, drain whatever else is
+already waiting (up to `max_batch`), apply the whole batch in one transaction through the
+storage writer, then acknowledge each call. An ack is only ever sent after the commit that
+holds its command. `actors/indexer.py` and `actors/records.py` are its two writers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import partial
+from typing import Generic, Protocol, TypeVar
+
+import anyio
+import apsw
+
+from ..protocol.errors import MemoryClosedError
+from ..storage.executor import Executor
+
+INBOX_SIZE = 1024
+MAX_BATCH = 512
+CLOSED = "the memory was closed before this command was applied"
+
+C = TypeVar("C")
+A = TypeVar("A")
+C_contra = TypeVar("C_contra", contravariant=True)
+
+
+class StorageWriter(Protocol[C_contra, A]):
+    """What the group commit applies batches with (storage/transcripts.py, storage/records.py)."""
+
+    @property
+    def conn(self) -> apsw.Connection: ...
+
+    def apply(self, commands: Sequence[C_contra]) -> list[A]:
+        """Apply `commands` in one transaction; one ack per command, in order."""
+        ...
+
+
+class Call(Generic[C, A]):
+    """One command in flight and the slot its acknowledgement is delivered to.
+
+    No event per call: callers wait on the writer's per-batch `committed` event and check
+    their slot, which keeps a 64-way batch to one event instead of 64.
+    """
+
+    __slots__ = ("ack", "command")
+
+    def __init__(self, command: C) -> None:
+        self.command = command
+        self.ack: A | None = None
+
+
+class GroupCommit(Generic[C, A]):
+    """Owns the write connection (through `writer`) and applies commands in batches.
+
+    A writer says what a command still queued at close is answered with (`rejected`).
+    """
+
+    def __init__(
+        self,
+        writer: StorageWriter[C, A],
+        executor: Executor,
+        *,
+        max_batch: int = MAX_BATCH,
+        inbox_size: int = INBOX_SIZE,
+    ) -> None:
+        self.writer = writer
+        self.executor = executor
+        self.max_batch = max_batch
+        self.batches = 0
+        self.commands = 0
+        self._committed = anyio.Event()
+        # Bounded: senders wait when the writer falls behind (backpressure).
+        self._send, self._inbox = anyio.create_memory_object_stream[Call[C, A]](inbox_size)
+
+    def rejected(self, message: str) -> A:
+        """The ack of a command that was not written because the writer closed."""
+        raise NotImplementedError
+
+    async def submit(self, command: C) -> A:
+        """Queue `command` and wait for its ack.
+
+        Cancellation: if cancelled while waiting for room in the inbox, nothing was queued;
+        if cancelled after, the command may still commit.
+        """
+        call: Call[C, A] = Call(command)
+        try:
+            try:
+                self._send.send_nowait(call)  # the common case: no checkpoint before queuing
+            except anyio.WouldBlock:
+                await self._send.send(call)
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            raise MemoryClosedError("the memory is closed") from None
+        while call.ack is None:
+            await self._committed.wait()
+        return call.ack
+
+    async def close_inbox(self) -> None:
+        """Accept no more commands; `run` returns once it has drained what is queued."""
+        await self._send.aclose()
+
+    def _acknowledge(self, batch: list[Call[C, A]], acks: list[A]) -> None:
+        for call, ack in zip(batch, acks, strict=True):
+            call.ack = ack
+        committed, self._committed = self._committed, anyio.Event()
+        committed.set()
+
+    async def run(self) -> None:
+        """Serve until the inbox is closed; then return.
+
+        Cancellation: a batch already handed to the executor commits in full and is
+        acknowledged; calls still queued are answered `rejected(...)` (not written).
+        """
+        batch: list[Call[C, A]] = []
+        async with self._inbox:
+            try:
+                async for first in self._inbox:
+                    batch = [first]
+                    while len(batch) < self.max_batch:
+                        try:
+                            batch.append(self._inbox.receive_nowait())
+                        except (anyio.WouldBlock, anyio.EndOfStream):
+                            break
+                    commands = [call.command for call in batch]
+                    # Shielded: once a batch is handed over it commits, and its callers must
+                    # hear so; an ack of "closed" always means "not written".
+                    with anyio.CancelScope(shield=True):
+                        acks = await self.executor.run(partial(self.writer.apply, commands))
+                    self._acknowledge(batch, acks)
+                    self.batches += 1
+                    self.commands += len(batch)
+                    batch = []
+            finally:
+                self._reject_unapplied(batch)
+
+    def _reject_unapplied(self, batch: list[Call[C, A]]) -> None:
+        while True:
+            try:
+                batch.append(self._inbox.receive_nowait())
+            except (anyio.WouldBlock, anyio.EndOfStream):
+                break
+        unapplied = [call for call in batch if call.ack is None]
+        self._acknowledge(unapplied, [self.rejected(CLOSED)] * len(unapplied))
