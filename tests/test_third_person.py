@@ -6,13 +6,7 @@ import re
 
 import pytest
 
-from activememory._local_model import Candidate
-from activememory._local_model import third_person as _third_person
-
-
-def third_person(text: str, role: str | None = None) -> str:
-    return _third_person(Candidate(text, 0, role))
-
+from activememory._third_person import third_person
 
 NOTES = [
     # be, have and the contractions
@@ -63,8 +57,14 @@ NOTES = [
         "My wife and I are celebrating our tenth anniversary",
         "The user's wife and the user are celebrating their tenth anniversary",
     ),
-    ("My wife and I go hiking every weekend", "The user's wife and the user go hiking every weekend"),
-    ("Sarah and I have been friends since school", "Sarah and the user have been friends since school"),
+    (
+        "My wife and I go hiking every weekend",
+        "The user's wife and the user go hiking every weekend",
+    ),
+    (
+        "Sarah and I have been friends since school",
+        "Sarah and the user have been friends since school",
+    ),
     ("I and my brother share a flat", "The user and their brother share a flat"),
     ("Me and my sister are twins", "The user and their sister are twins"),
     ("My husband and I said we would come", "The user's husband and the user said they would come"),
