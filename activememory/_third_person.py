@@ -140,7 +140,8 @@ def third_person(text: str, role: str | None = None) -> str:
     becomes "Noted: <text>".
     """
     text = one_line(text)
-    if role == "assistant" or _SECOND_PERSON.search(_QUOTED.sub("", text)):
+    unquoted = _QUOTED.sub("", text)
+    if role == "assistant" or _SECOND_PERSON.search(unquoted):
         return f"Noted: {text}"
     if _THIRD_PERSON_START.match(text):
         return text[0].upper() + text[1:]
@@ -150,7 +151,7 @@ def third_person(text: str, role: str | None = None) -> str:
         note = None
     if note == text:
         return f"Noted: {text}"
-    asked = _QUESTION.search(text) is not None
+    asked = _QUESTION.search(unquoted) is not None
     if note is None or asked:
         return f'The user {"asked" if asked else "said"}: "{text}"'
     return note[0].upper() + note[1:]
@@ -185,6 +186,8 @@ def _styled(original: str, form: str) -> str:
     """`form` with the capital and apostrophe of the word it replaces."""
     if "’" in original:
         form = form.replace("'", "’")
+    if len(original) > 1 and original.isupper():
+        return form.upper()
     return form[0].upper() + form[1:] if original[0].isupper() else form
 
 
@@ -243,6 +246,9 @@ class _Rewrite:
             self.out[i] = _styled(self.tokens[i], later if again else first)
             self.named = True
             self.plural |= word == "me" and self._low(self._after(i)) == "and"
+        elif word == "am" and self.out[i] == "am" and self._low(self._after(i)) != "i":
+            if not self._low(self._before(i)).isdigit():  # "I was, and still am": far from "I"
+                raise _Unsure
         elif word in _WE and self.tokens[i] != "US":
             if not self.plural:
                 raise _Unsure

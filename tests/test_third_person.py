@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from activememory._third_person import third_person
 
@@ -111,3 +113,147 @@ def test_no_table_note_has_a_broken_form() -> None:
     broken = re.compile(r"\bares\b|\bthe user am\b|(?<!and )\bthe user (?:are|were)\b", re.I)
     for _, note in NOTES:
         assert broken.search(note) is None, note
+
+
+# --- Properties ------------------------------------------------------------------------------
+
+# (plural subject's verb, "I"'s verb, the user's verb)
+VERBS = [
+    ("are", "am", "is"),
+    ("have", "have", "has"),
+    ("like", "like", "likes"),
+    ("go", "go", "goes"),
+    ("do", "do", "does"),
+    ("don't eat", "don't eat", "doesn't eat"),
+    ("watch", "watch", "watches"),
+    ("study", "study", "studies"),
+    ("play", "play", "plays"),
+    ("need", "need", "needs"),
+    ("miss", "miss", "misses"),
+    ("fly", "fly", "flies"),
+    ("went", "went", "went"),
+    ("grew", "grew", "grew"),
+    ("booked", "booked", "booked"),
+    ("can", "can", "can"),
+    ("will", "will", "will"),
+]
+# (sentence subject, the note's subject, singular)
+SUBJECTS = [
+    ("I", "The user", True),
+    ("My wife and I", "The user's wife and the user", False),
+    ("Sarah and I", "Sarah and the user", False),
+    ("Every Sunday my brother and I", "Every Sunday the user's brother and the user", False),
+    ("Me and my sister", "The user and their sister", False),
+]
+ADVERBS = ["", "always ", "really ", "personally ", "kind of ", "no longer "]
+# (tail, the note's tail): what is not the user is never changed
+TAILS = [
+    (" tea", " tea"),
+    (" in Iowa", " in Iowa"),
+    (" near a gold mine", " near a gold mine"),
+    (" in the US", " in the US"),
+    (" my old flat", " their old flat"),
+    (" type I tea", " type I tea"),
+]
+QUOTED_TEXT = st.text(alphabet="abIi'm ,.?", max_size=20).map(lambda s: f'"{s}"')
+
+
+@given(
+    subject=st.sampled_from(SUBJECTS),
+    adverb=st.sampled_from(ADVERBS),
+    verb=st.sampled_from(VERBS),
+    tail=st.sampled_from(TAILS),
+    quoted=st.none() | QUOTED_TEXT,
+)
+def test_the_verb_agrees_with_the_subject_and_the_rest_is_kept(
+    subject: tuple[str, str, bool],
+    adverb: str,
+    verb: tuple[str, str, str],
+    tail: tuple[str, str],
+    quoted: str | None,
+) -> None:
+    said, noted, singular = subject
+    plural_verb, first, third = verb
+    ending = f" and Tom says {quoted}" if quoted else ""
+    text = f"{said} {adverb}{first if singular else plural_verb}{tail[0]}{ending}"
+    note = f"{noted} {adverb}{third if singular else plural_verb}{tail[1]}{ending}"
+    assert third_person(text) == " ".join(note.split())
+
+
+FIRST_PERSON = re.compile(r"\b(?:I|my|me|myself|we|us|our|ours|ourselves)\b", re.IGNORECASE)
+QUOTED = re.compile(r'"[^"]*"')
+WORDS = [
+    "I",
+    "I'm",
+    "I’ve",
+    "I'd",
+    "I'll",
+    "my",
+    "me",
+    "mine",
+    "myself",
+    "we",
+    "we're",
+    "us",
+    "our",
+    "ours",
+    "and",
+    "or",
+    "nor",
+    "but",
+    "so",
+    "am",
+    "are",
+    "is",
+    "was",
+    "were",
+    "have",
+    "has",
+    "do",
+    "don't",
+    "did",
+    "can",
+    "will",
+    "like",
+    "go",
+    "watch",
+    "study",
+    "read",
+    "put",
+    "the",
+    "a",
+    "tea",
+    "Iowa",
+    "Tom",
+    "she",
+    "it",
+    "always",
+    "really",
+    "not",
+    "kind",
+    "of",
+    "last",
+    "every",
+    ",",
+    ".",
+    "?",
+    "-",
+]
+
+
+@given(words=st.lists(st.sampled_from(WORDS) | QUOTED_TEXT, max_size=12))
+def test_every_first_person_word_is_rewritten_or_the_sentence_quoted(words: list[str]) -> None:
+    text = " ".join(" ".join(words).split())  # a note is one line: spaces collapse
+    note = third_person(text)
+    assert "\n" not in note
+    for span in QUOTED.findall(text):
+        assert span in note
+    for form in ("The user said: ", "The user asked: "):
+        if note.startswith(form):
+            assert note == f'{form}"{text}"'
+            return
+    rest = QUOTED.sub("", note)
+    assert re.search(r"\bares\b|\bthe user am\b", rest, re.IGNORECASE) is None, note
+    if note.startswith("Noted: "):
+        rest = QUOTED.sub("", text)
+    assert FIRST_PERSON.search(rest) is None, note
