@@ -35,6 +35,10 @@ def _words(words: str) -> frozenset[str]:
     return frozenset(words.split())
 
 
+def _pairs(words: str, forms: str) -> dict[str, str]:
+    return dict(zip(words.split(), forms.split(), strict=True))
+
+
 # What may stand between "I" and its verb ("I really like"); other "-ly" words too.
 _ADVERBS = _words(
     """
@@ -45,14 +49,7 @@ _ADVERBS = _words(
     """
 )
 _LY_VERBS = _words("fly rely apply reply supply comply imply multiply ally bully rally tally")
-_AGREES = {
-    "am": "is",
-    "have": "has",
-    "do": "does",
-    "don't": "doesn't",
-    "haven't": "hasn't",
-    "aren't": "isn't",
-}
+_AGREES = _pairs("am have do don't haven't aren't", "is has does doesn't hasn't isn't")
 _MODALS = _words("can could will would shall should may might must ought")
 _PAST = _words(
     """
@@ -78,6 +75,7 @@ _HABIT = re.compile(
 _PAST_CUE = re.compile(r"\b(?:yesterday|ago|last|once|earlier|previously)\b", re.IGNORECASE)
 # "I" after these is a numeral ("type I diabetes", "World War I").
 _NUMBERED = _words("type part chapter phase level grade stage class act volume season book war")
+_CLAUSE_BREAK = re.compile(r"[^\w\s'’]")
 _GLUED = re.compile(r"[-/]|\.\w")  # "I-95", "I/O", "I.e."
 # In an inversion ("so do I", "had I known") the auxiliary agrees and the verb stays.
 _AUXILIARIES = _MODALS | _words(
@@ -93,17 +91,10 @@ _ME = {  # first mention, later mentions
     "myself": ("the user", "themselves"),
     "me": ("the user", "them"),
 }
-_WE = {
-    "we": "they",
-    "we're": "they're",
-    "we've": "they've",
-    "we'd": "they'd",
-    "we'll": "they'll",
-    "us": "them",
-    "our": "their",
-    "ours": "theirs",
-    "ourselves": "themselves",
-}
+_WE = _pairs(  # after "X and I" only
+    "we we're we've we'd we'll us our ours ourselves",
+    "they they're they've they'd they'll them their theirs themselves",
+)
 _FIRST_PERSON = {"i", *_CONTRACTED, *_ME, *_WE}
 # "mine" is a pronoun in "is mine", "mine is"; a noun in "a gold mine", "mine shafts".
 _MINE_BEFORE = _words("is was are were be been of and or than like")
@@ -225,7 +216,7 @@ class _Rewrite:
         j = i + 1 + (i + 1 < len(self.tokens) and self.tokens[i + 1].isspace())
         return j if j < len(self.tokens) and self.tokens[j][0].isalnum() else None
 
-    def _verb_after(self, i: int) -> int | None:
+    def _verb_after(self, i: int | None) -> int | None:
         """The first word after token `i` that is not an adverb ("I really like")."""
         j = self._after(i)
         while j is not None:
@@ -295,25 +286,27 @@ class _Rewrite:
             self.out[i] = f"{user} {form}"
             return
         self.out[i], self.out[verb] = user, _styled(self.tokens[verb], form)
-        if not plural and self._low(self._after(verb)) in ("and", "or"):  # "I cook and clean"
-            second = self._verb_after(self._after(verb) or verb)
-            word = self._low(second)
-            if second is not None and word not in _FIRST_PERSON | _NOT_VERBS:
-                plural_noun = word.endswith("s") and not word.endswith(("ss", "us"))
-                if not self.tokens[second][0].isupper() and not plural_noun:
-                    self.out[second] = _styled(self.tokens[second], _agree(word, self.text))
+        if not plural:
+            self._second_verb(verb)
+
+    def _second_verb(self, verb: int) -> None:
+        """ "I cook and clean": a verb right after "and" agrees too, unless it starts a new
+        subject ("and Tom cleans", "and kids dance")."""
+        joined = self._after(verb)
+        if self._low(joined) not in ("and", "or") or (second := self._verb_after(joined)) is None:
+            return
+        word = self._low(second)
+        plural_noun = word.endswith("s") and not word.endswith(("ss", "us"))
+        new_subject = word in _FIRST_PERSON | _NOT_VERBS or self.tokens[second][0].isupper()
+        if not new_subject and not plural_noun:
+            self.out[second] = _styled(self.tokens[second], _agree(word, self.text))
 
     def _compound(self, before: int | None, verb: str) -> bool:
         """Whether "X and I" is one plural subject: "My wife and I are", not "…and I am"."""
         if self._low(before) != "and" or verb in ("am", "was", "wasn't"):
             return False
         assert before is not None
-        words: list[str] = []
-        j = before - 1
-        while j >= 0 and (self.tokens[j].isspace() or self.tokens[j][0].isalnum()):
-            if not self.tokens[j].isspace():
-                words.insert(0, self.tokens[j])
-            j -= 1
+        words = _CLAUSE_BREAK.split("".join(self.tokens[:before]))[-1].split()
         if verb in ("are", "were", "aren't", "weren't") or _NOUN_PHRASE.fullmatch(" ".join(words)):
             self.plural = True
             return True
