@@ -97,7 +97,7 @@ _WE = _pairs(  # after "X and I" only
 )
 _FIRST_PERSON = {"i", *_CONTRACTED, *_ME, *_WE}
 # "mine" is a pronoun in "is mine", "mine is"; a noun in "a gold mine", "mine shafts".
-_MINE_BEFORE = _words("is was are were be been of and or than like")
+_MINE_BEFORE = _words("is was are were be been of and or than like it's that's")
 _MINE_AFTER = _words("is was are were has had too and or will would")
 # Words that start a new subject, not a second verb, after "I cook and …".
 _NOT_VERBS = _words(
@@ -160,7 +160,7 @@ def _agree(verb: str, text: str) -> str:
             raise _Unsure
     elif verb in _MODALS or _is_past(verb) or verb.endswith("n't"):
         return verb
-    elif verb == "are" or not verb.isalpha():
+    elif verb in ("are", "wanna", "gotta") or not verb.isalpha():
         raise _Unsure
     if verb.endswith(("s", "sh", "ch", "x", "z", "o")):
         return verb + "es"
