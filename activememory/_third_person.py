@@ -246,7 +246,8 @@ class _Rewrite:
             self.out[i] = _styled(self.tokens[i], _WE[word])
 
     def _is_pronoun(self, i: int) -> bool:
-        """ "I" is not a numeral ("type I", "I-95"); "mine" not a pit ("a gold mine")."""
+        """Whether "I" is the user, not a numeral ("type I", "I-95"), and "mine" is theirs,
+        not a pit ("a gold mine")."""
         before, after = self._low(self._before(i)), self._low(self._after(i))
         if self._low(i) == "mine":
             return (not before or before in _MINE_BEFORE) and (not after or after in _MINE_AFTER)
@@ -254,7 +255,7 @@ class _Rewrite:
         return _GLUED.match(glued) is None and before not in _NUMBERED
 
     def _subject(self, i: int, contracted: str | None) -> None:
-        """ "I" (or "I'm", …) at token `i` becomes "the user", and its verb agrees."""
+        """Rewrite "I" (or "I'm", …) at token `i` as "the user", and make its verb agree."""
         self.named = True
         j = i - 1 - (i > 0 and self.tokens[i - 1].isspace())
         user = "The user" if j >= 0 and self.tokens[j] in ".!?" else "the user"
@@ -290,8 +291,8 @@ class _Rewrite:
             self._second_verb(verb)
 
     def _second_verb(self, verb: int) -> None:
-        """ "I cook and clean": a verb right after "and" agrees too, unless it starts a new
-        subject ("and Tom cleans", "and kids dance")."""
+        """Make a verb right after "and" agree too ("I cook and clean"), unless it starts a
+        new subject ("and Tom cleans", "and kids dance")."""
         joined = self._after(verb)
         if self._low(joined) not in ("and", "or") or (second := self._verb_after(joined)) is None:
             return
