@@ -366,13 +366,11 @@ async def test_recall_heavy_surfaces_softer_matches() -> None:
     ],
 )
 def test_third_person_rewrite(text: str, note: str) -> None:
-    assert third_person(Candidate(text, 0)) == note
+    assert third_person(text) == note
 
 
 def test_assistant_text_is_noted_as_it_is() -> None:
-    assert third_person(Candidate("I found two flights", 0, "assistant")) == (
-        "Noted: I found two flights"
-    )
+    assert third_person("I found two flights", "assistant") == ("Noted: I found two flights")
 
 
 async def test_note_is_one_line_cut_to_max_summary_chars_at_a_word() -> None:

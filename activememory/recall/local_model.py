@@ -42,9 +42,10 @@ One recall is one memory-tool call and a pure function of what it returned:
    only candidates stating a preference, habit or recurring personal fact and none naming a
    one-off event (`is_preference`). `strict` also needs the latest message to ask for memory
    (`asks_for_memory`: a question, a mention of the user, or of the past).
-5. **Note.** One line from the best candidate's own words: first-person user statements
-   become third person ("I like X" → "The user likes X"), anything else is "Noted: …"; cut to
-   `max_summary_chars` at a word boundary. It is offered with `tools.draft` and returned.
+5. **Note.** One line from the best candidate's own words: a first-person user statement
+   becomes third person ("I like X" → "The user likes X") where its grammar is certain, else
+   it is quoted (`recall/third_person.py`); anything else is "Noted: …"; cut to `max_summary_chars`
+   at a word boundary. It is offered with `tools.draft` and returned.
 """
 
 from __future__ import annotations
@@ -55,10 +56,11 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import NamedTuple
 
-from .._output import ELLIPSIS, one_line, summarize
+from .._output import ELLIPSIS, summarize
 from ..protocol.recall import RecallRequest, ToolResult
 from ..storage.fts_query import STOPWORDS, index_columns, index_tokens
 from .subagent_input import FULL_HEADING, LATEST_HEADING, RECENT_HEADING, STYLE_THRESHOLDS
+from .third_person import third_person
 from .tools import RecallTools
 
 NONE = "NONE"
@@ -168,41 +170,6 @@ _ROLE_PREFIX = re.compile(r"^(user|assistant|human|ai|bot)\s*:\s*", re.IGNORECAS
 # or a title ("Dr. Patel").
 _SENTENCE_END = re.compile(
     r"(?<=[.!?])(?<!\b[A-Z]\.)(?<!\b(?:Mr|Dr|Ms|St)\.)(?<!\bMrs\.)\s+(?=[\"'“‘(]?[A-Z0-9])"
-)
-_SECOND_PERSON = re.compile(r"\b(?:you|your|yours|yourself|you're|you’re)\b", re.IGNORECASE)
-_THIRD_PERSON_START = re.compile(r"^(?:the )?user(?:'s|’s)?\b", re.IGNORECASE)
-_ADVERBS = (
-    "always|usually|normally|generally|typically|often|sometimes|never|rarely|really|"
-    "also|still|just|only|mostly|actually|absolutely|definitely|truly|totally|once|first|"
-    "recently|already|finally|even|almost|nearly|occasionally|frequently|seldom|hardly"
-)
-# One left-to-right pass: a contraction, `I` with its verb, or an object/possessive form.
-_FIRST_PERSON = re.compile(
-    r"(?<![\w'’.])(?P<contracted>[Ii])['’](?P<suffix>m|ve|d|ll)\b"
-    r"|(?<![\w'’.])(?P<subject>[Ii])(?![\w'’.-])"
-    rf"(?P<adverbs>(?:\s+(?:{_ADVERBS}))*)(?:\s+(?P<verb>[A-Za-z]+?(?:n['’]t)?)\b)?"
-    r"|\b(?P<object>(?i:my|mine|myself|me))\b"
-)
-_CONTRACTIONS = {"m": "is", "ve": "has", "d": "would", "ll": "will"}
-_CONJUGATED = {
-    "am": "is",
-    "have": "has",
-    "do": "does",
-    "don't": "doesn't",
-    "don’t": "doesn’t",
-    "haven't": "hasn't",
-    "haven’t": "hasn’t",
-    "aren't": "isn't",
-    "aren’t": "isn’t",
-}
-_NOT_CONJUGATED = _word_set(
-    """
-    can could will would shall should may might must was did had got went ate bought
-    brought came drank drove flew forgot found gave heard held kept knew left lost made met
-    paid put ran read said saw sent sat slept spent stood swam thought took told understood
-    woke wore won wrote began became broke chose caught fell felt fought hung hid let lay
-    rode rang rose sang sold shot shut stole struck taught threw and or but to not
-    """
 )
 
 
@@ -408,7 +375,8 @@ def extract_note(request: RecallRequest, candidates: Sequence[Candidate]) -> str
         score = max(score, _score(asked, frozenset(), union, best.candidate.rank, weight))
     if score < threshold:
         return None
-    return summarize(third_person(best.candidate), max(1, request.max_summary_chars))
+    note = third_person(best.candidate.text, best.candidate.role)
+    return summarize(note, max(1, request.max_summary_chars))
 
 
 def _rank(
@@ -473,58 +441,3 @@ def _score(
     total = math.fsum(weight.answerable(t) for t in asked) + lifted
     coverage = matched / total
     return (1.0 - RANK_WEIGHT) * coverage + RANK_WEIGHT / (1 + rank)
-
-
-def third_person(candidate: Candidate) -> str:
-    """The note for one piece of evidence, in its own words, on one line.
-
-    A user's first-person statement is rewritten to the third person ("I always take X" →
-    "The user always takes X", "my" → "the user's", then "their"; "I'm" → "the user is");
-    text already about "the user" is kept; anything else (assistant turns, text addressing
-    "you", notes) becomes "Noted: <text>".
-    """
-    text = one_line(candidate.text)
-    if candidate.role == "assistant" or _SECOND_PERSON.search(text):
-        return f"Noted: {text}"
-    if _THIRD_PERSON_START.match(text):
-        return text[0].upper() + text[1:]
-    if _FIRST_PERSON.search(text) is None:
-        return f"Noted: {text}"
-    named = False
-
-    def rewrite(match: re.Match[str]) -> str:
-        nonlocal named
-        if match.group("contracted") is not None:
-            named = True
-            return f"the user {_CONTRACTIONS[match.group('suffix').lower()]}"
-        if match.group("subject") is not None:
-            named = True
-            verb = match.group("verb")
-            return "the user" + match.group("adverbs") + (f" {_conjugate(verb)}" if verb else "")
-        word = match.group("object").lower()
-        first, later = {
-            "my": ("the user's", "their"),
-            "mine": ("the user's", "theirs"),
-            "myself": ("the user", "themselves"),
-            "me": ("the user", "them"),
-        }[word]
-        chosen = later if named else first
-        named = True
-        return chosen
-
-    rewritten = _FIRST_PERSON.sub(rewrite, text)
-    return rewritten[0].upper() + rewritten[1:]
-
-
-def _conjugate(verb: str) -> str:
-    """The third-person singular of a present-tense verb; past tenses and modals unchanged."""
-    lower = verb.lower()
-    if lower in _CONJUGATED:
-        return _CONJUGATED[lower]
-    if lower in _NOT_CONJUGATED or lower.endswith(("ed", "n't", "n’t")):
-        return verb
-    if lower.endswith(("s", "sh", "ch", "x", "z", "o")):
-        return verb + "es"
-    if len(lower) > 1 and lower.endswith("y") and lower[-2] not in "aeiou":
-        return verb[:-1] + "ies"
-    return verb + "s"
