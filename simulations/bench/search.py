@@ -30,23 +30,15 @@ targets: p50 library/raw-OR ratio <= 1.5, p99 <= 10 ms. Absolute times on a shar
 are noise; the ratios are the result. With `--state-dir`, the loaded databases are kept with
 their parameters (`bench-search.json`) and reused by a later run with the same parameters.
 
-    python -m activememory.simulations.bench_search [--messages N] [--json] ...
+    activememory bench search [--messages N] [--json] ...
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
-import inspect
 import itertools
 import json
-import math
-import os
-import platform
 import random
-import shutil
-import sys
-import tempfile
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -58,11 +50,14 @@ import apsw
 import trio
 
 import activememory as am
-from activememory.protocol.content import Role
-from activememory.storage import fts_query, transcripts
-from activememory.storage.db import SCHEMA_VERSION, configure
-from activememory.storage.fts_query import STOPWORDS, build_match, index_row
-from activememory.storage.transcripts import agent_db_path
+
+from ...protocol.content import Role
+from ...storage import fts_query, transcripts
+from ...storage.db import SCHEMA_VERSION, configure
+from ...storage.fts_query import STOPWORDS, build_match, index_row
+from ...storage.transcripts import agent_db_path
+from . import runner
+from .runner import BenchmarkError, percentile_row, percentiles, ratio
 
 AGENT = "main"
 ZIPF_EXPONENT = 1.1
@@ -96,10 +91,6 @@ _VOWELS = ("a", "e", "i", "o", "u", "a", "e", "i", "o", "ai", "ea", "ee", "ie", 
 _CODAS = ("", "", "", "n", "r", "s", "t", "l", "m", "nd", "st", "ng", "ck", "rt")
 
 
-class BenchmarkError(Exception):
-    """The library stored, indexed or answered something other than the raw floor."""
-
-
 # -- the corpus -------------------------------------------------------------------------
 
 
@@ -128,14 +119,8 @@ class Params:
             "spawn_every": SPAWN_EVERY,
             "children": CHILDREN,
             "schema_version": SCHEMA_VERSION,
-            "index_code": _index_code_digest(),
+            "index_code": runner.code_digest(fts_query, transcripts),
         }
-
-
-def _index_code_digest() -> str:
-    """A digest of the code that decides what is indexed: other code, other databases."""
-    source = "".join(inspect.getsource(m) for m in (fts_query, transcripts))
-    return hashlib.sha256(source.encode()).hexdigest()[:16]
 
 
 class Zipf:
@@ -358,36 +343,17 @@ def _index_rows(branch: Iterable[tuple[Any, ...]], columns: int) -> Iterator[tup
 
 def prepare(run_dir: Path, params: Params, zipf: Zipf) -> LoadTimes:
     """Load both stores into `run_dir`, or reuse what a run with the same parameters left."""
-    record = run_dir / PARAMS_FILE
-    wanted = params.as_dict()
-    if record.exists():
-        try:
-            found = json.loads(record.read_text())
-        except (OSError, ValueError):
-            found = {}
-        if found.get("params") == wanted and found.get("complete"):
-            times = found["load"]
-            return LoadTimes(
-                method=params.load,
-                generate_and_store=times["generate_and_store"],
-                rebuild=times["rebuild"],
-                raw=times["raw"],
-                reused=True,
-            )
-        # Ours, but for other parameters or unfinished: start over.
-        shutil.rmtree(run_dir / "library", ignore_errors=True)
-        for leftover in run_dir.glob("raw.db*"):
-            leftover.unlink()
-    elif (run_dir / "library").exists() or (run_dir / "raw.db").exists():
-        raise BenchmarkError(
-            f"{str(run_dir)!r} holds databases without a {PARAMS_FILE}; use an empty directory"
-        )
-    record.write_text(json.dumps({"params": wanted, "complete": False}))
-    store, rebuild = trio.run(load_library, run_dir / "library", params, zipf)
-    raw = load_raw(run_dir / "raw.db", agent_db_path(run_dir / "library", AGENT))
-    times = {"generate_and_store": store, "rebuild": rebuild, "raw": raw}
-    record.write_text(json.dumps({"params": wanted, "complete": True, "load": times}))
-    return LoadTimes(method=params.load, generate_and_store=store, rebuild=rebuild, raw=raw)
+
+    def load() -> dict[str, float]:
+        store, rebuild = trio.run(load_library, run_dir / "library", params, zipf)
+        raw = load_raw(run_dir / "raw.db", agent_db_path(run_dir / "library", AGENT))
+        return {"generate_and_store": store, "rebuild": rebuild, "raw": raw}
+
+    outputs = ("library", "raw.db*")
+    times, reused = runner.reuse_or_load(
+        run_dir, PARAMS_FILE, params.as_dict(), load, outputs=outputs
+    )
+    return LoadTimes(method=params.load, **times, reused=reused)
 
 
 # -- the queries ------------------------------------------------------------------------
@@ -555,30 +521,13 @@ def _check(
 # -- the report -------------------------------------------------------------------------
 
 
-def percentiles(seconds: Sequence[float]) -> dict[str, float]:
-    """p50/p90/p99/max/mean in milliseconds (nearest rank)."""
-    ordered = sorted(seconds)
-
-    def rank(p: float) -> float:
-        return ordered[max(0, math.ceil(p / 100 * len(ordered)) - 1)] * 1000
-
-    return {
-        "p50": round(rank(50), 4),
-        "p90": round(rank(90), 4),
-        "p99": round(rank(99), 4),
-        "max": round(ordered[-1] * 1000, 4),
-        "mean": round(sum(ordered) / len(ordered) * 1000, 4),
-    }
-
-
 def setting_report(setting: Setting, timings: Timings) -> dict[str, Any]:
     """One setting's figures, ratios and verdicts."""
     raw_or = percentiles(timings.raw_or)
     raw_or_topk = percentiles(timings.raw_or_topk)
     raw_phrase = percentiles(timings.raw_phrase)
     library = percentiles(timings.library)
-    ratio_p50 = library["p50"] / raw_or["p50"]
-    ratio_p99 = library["p99"] / raw_or["p99"]
+    ratio_p50 = ratio(library["p50"], raw_or["p50"])
     return {
         "name": setting.name,
         "description": setting.description,
@@ -589,42 +538,23 @@ def setting_report(setting: Setting, timings: Timings) -> dict[str, Any]:
         "raw_or_topk_ms": raw_or_topk,
         "raw_phrase_ms": raw_phrase,
         "library_ms": library,
-        "ratio_p50": round(ratio_p50, 3),
-        "ratio_p99": round(ratio_p99, 3),
+        "ratio_p50": ratio_p50,
+        "ratio_p99": ratio(library["p99"], raw_or["p99"]),
         # The split: what the library's query semantics cost SQLite, and what the rest costs.
-        "semantics_p50": round(raw_phrase["p50"] / raw_or["p50"], 3),
-        "overhead_p50": round(library["p50"] / raw_phrase["p50"], 3),
-        "overhead_p99": round(library["p99"] / raw_phrase["p99"], 3),
+        "semantics_p50": ratio(raw_phrase["p50"], raw_or["p50"]),
+        "overhead_p50": ratio(library["p50"], raw_phrase["p50"]),
+        "overhead_p99": ratio(library["p99"], raw_phrase["p99"]),
         # Against the same OR query sorted by SQLite (top-k) instead of FTS5's sorted cursor.
-        "ratio_topk_p50": round(library["p50"] / raw_or_topk["p50"], 3),
-        "ratio_topk_p99": round(library["p99"] / raw_or_topk["p99"], 3),
-        "pass_p50_ratio": ratio_p50 <= TARGET_P50_RATIO,
+        "ratio_topk_p50": ratio(library["p50"], raw_or_topk["p50"]),
+        "ratio_topk_p99": ratio(library["p99"], raw_or_topk["p99"]),
+        "pass_p50_ratio": library["p50"] / raw_or["p50"] <= TARGET_P50_RATIO,
         "pass_p99_ms": library["p99"] <= TARGET_P99_MS,
-    }
-
-
-def environment(run_dir: Path, *, kept: bool) -> dict[str, Any]:
-    """What the figures depend on besides the code."""
-    return {
-        "python": platform.python_version(),
-        "implementation": platform.python_implementation(),
-        "sqlite": apsw.sqlite_lib_version(),
-        "apsw": apsw.apsw_version(),
-        "cpus": os.cpu_count(),
-        "platform": platform.platform(),
-        "state_dir": str(run_dir),
-        "state_dir_kept": kept,
     }
 
 
 def format_table(result: dict[str, Any]) -> str:
     """The report for a person."""
-    corpus, load, env, q = (
-        result["corpus"],
-        result["load"],
-        result["environment"],
-        result["queries"],
-    )
+    corpus, load, q = result["corpus"], result["load"], result["queries"]
     low, high = corpus["words_per_message"]
     reuse = " (reused: times from the run that loaded it)" if load["reused"] else ""
     lines = [
@@ -638,7 +568,7 @@ def format_table(result: dict[str, Any]) -> str:
         f"  queries: {q['count']:,} timed after {q['warmup']} warm-up, {q['words'][0]}-"
         f"{q['words'][1]} words, limit {q['limit']}; sides interleaved per query",
         "",
-        f"  {'setting / side':<34} {'p50':>8} {'p90':>8} {'p99':>8} {'max':>9}   (ms)",
+        runner.percentile_header("setting / side", 34),
     ]
     for s in result["settings"]:
         lines.append(f"  {s['name']}: {s['description']} (mean {s['mean_results']} results)")
@@ -648,17 +578,13 @@ def format_table(result: dict[str, Any]) -> str:
             ("raw build_match", "raw_phrase_ms"),
             ("library", "library_ms"),
         ):
-            p = s[key]
-            lines.append(
-                f"    {label:<32} {p['p50']:>8.3f} {p['p90']:>8.3f} {p['p99']:>8.3f} "
-                f"{p['max']:>9.3f}"
-            )
-        lines.append(
-            f"    library / raw OR: p50 {s['ratio_p50']:.2f} (target <= {TARGET_P50_RATIO}): "
-            f"{'PASS' if s['pass_p50_ratio'] else 'MISS'}; p99 {s['ratio_p99']:.2f}; "
-            f"p99 {s['library_ms']['p99']:.2f} ms (target <= {TARGET_P99_MS:g} ms): "
-            f"{'PASS' if s['pass_p99_ms'] else 'MISS'}"
+            lines.append(percentile_row(label, s[key], 32))
+        p50 = runner.against(
+            f"p50 {s['ratio_p50']:.2f}", "<=", TARGET_P50_RATIO, s["pass_p50_ratio"]
         )
+        p99 = f"p99 {s['library_ms']['p99']:.2f} ms"
+        p99 = runner.against(p99, "<=", f"{TARGET_P99_MS:g} ms", s["pass_p99_ms"])
+        lines.append(f"    library / raw OR: {p50}; p99 {s['ratio_p99']:.2f}; {p99}")
         lines.append(
             f"    split at p50: query semantics (build_match / OR) {s['semantics_p50']:.2f}, "
             f"library overhead (library / build_match) {s['overhead_p50']:.2f}"
@@ -667,28 +593,10 @@ def format_table(result: dict[str, Any]) -> str:
             f"    library / raw OR with top-k sort: p50 {s['ratio_topk_p50']:.2f}, "
             f"p99 {s['ratio_topk_p99']:.2f}"
         )
-    lines += [
-        "",
-        f"  environment: Python {env['python']} ({env['implementation']}), "
-        f"SQLite {env['sqlite']}, apsw {env['apsw']}, {env['cpus']} CPUs",
-        f"               {env['platform']}",
-        f"               state dir {env['state_dir']}"
-        + ("" if env["state_dir_kept"] else " (temporary, removed)"),
-    ]
-    return "\n".join(lines)
+    return "\n".join(lines + runner.environment_lines(result["environment"]))
 
 
 # -- the command ------------------------------------------------------------------------
-
-
-def _positive_int(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value!r}") from None
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value!r}")
-    return number
 
 
 def _settings(value: str) -> tuple[str, ...]:
@@ -703,16 +611,14 @@ def _settings(value: str) -> tuple[str, ...]:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     """The command line (`sys.argv[1:]` when `argv` is None)."""
-    parser = argparse.ArgumentParser(
-        prog="bench_search",
-        description="sessions_search latency against a raw FTS5 query (docs/design.md §3, §7).",
+    parser = runner.command(
+        "search",
+        "sessions_search latency against a raw FTS5 query (docs/design.md §3, §7).",
+        seed=1,
+        state_dir=runner.REUSE_HELP,
     )
-    parser.add_argument("--messages", type=_positive_int, default=1_000_000)
-    parser.add_argument("--sessions", type=_positive_int, default=10_000)
-    parser.add_argument("--vocab", type=_positive_int, default=50_000)
-    parser.add_argument("--queries", type=_positive_int, default=2000)
+    runner.add_sizes(parser, messages=1_000_000, sessions=10_000, vocab=50_000, queries=2000)
     parser.add_argument("--warmup", type=int, default=WARMUP, help="untimed queries per setting")
-    parser.add_argument("--seed", type=int, default=1)
     parser.add_argument(
         "--settings",
         type=_settings,
@@ -725,13 +631,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default="import",
         help="import_transcript per session + rebuild_index (default, faster), or append",
     )
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.add_argument(
-        "--state-dir",
-        type=Path,
-        help="keep the databases here and reuse them when the parameters match; "
-        "default: a temporary directory, removed afterwards",
-    )
     args = parser.parse_args(argv)
     if args.messages < args.sessions:
         parser.error("--messages must be at least --sessions")
@@ -740,7 +639,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
-def run_all(args: argparse.Namespace, run_dir: Path, *, kept: bool) -> dict[str, Any]:
+def run_all(args: argparse.Namespace, run_dir: Path, kept: bool) -> dict[str, Any]:
     """Load (or reuse) the stores in `run_dir`, time every setting, return the report."""
     params = Params(
         messages=args.messages,
@@ -797,7 +696,7 @@ def run_all(args: argparse.Namespace, run_dir: Path, *, kept: bool) -> dict[str,
         },
         "targets": {"p50_ratio_max": TARGET_P50_RATIO, "p99_ms_max": TARGET_P99_MS},
         "settings": settings,
-        "environment": environment(run_dir, kept=kept),
+        "environment": runner.environment(run_dir, kept=kept),
     }
 
 
@@ -807,27 +706,4 @@ def main(argv: Sequence[str] | None = None) -> int:
     Returns 0 (whatever the verdicts), 1 if the library answered something the raw index
     contradicts or the state directory holds foreign databases, 2 if `--state-dir` is unusable.
     """
-    args = parse_args(argv)
-    try:
-        if args.state_dir is None:
-            with tempfile.TemporaryDirectory(prefix="bench-search-") as tmp:
-                result = run_all(args, Path(tmp), kept=False)
-        else:
-            try:
-                args.state_dir.mkdir(parents=True, exist_ok=True)
-            except OSError as exc:
-                print(
-                    f"bench_search: --state-dir {str(args.state_dir)!r}: {exc.strerror}",
-                    file=sys.stderr,
-                )
-                return 2
-            result = run_all(args, args.state_dir, kept=True)
-    except (BenchmarkError, am.ActiveMemoryError) as exc:
-        print(f"bench_search: {exc}", file=sys.stderr)
-        return 1
-    print(json.dumps(result) if args.json else format_table(result))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    return runner.main("search", parse_args(argv), run_all, format_table)
