@@ -40,7 +40,7 @@ import itertools
 import json
 import random
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -137,20 +137,24 @@ class Zipf:
         return rng.choices(self.words, cum_weights=self.cum_weights, k=k)
 
 
-def make_vocabulary(rng: random.Random, size: int) -> list[str]:
-    """`size` distinct pronounceable lowercase words of 3-10 letters, shortest first.
+def searchable(word: str) -> bool:
+    """3-10 letters and no English stopword: the library drops stopwords from queries and the
+    raw floor would not, which is not what is measured."""
+    return WORD_LENGTH[0] <= len(word) <= WORD_LENGTH[1] and word not in STOPWORDS
 
-    Shortest first because frequent words are short. English stopwords are left out: the
-    library drops them from queries and the raw floor would not, which is not what is measured.
-    """
-    low, high = WORD_LENGTH
+
+def make_vocabulary(
+    rng: random.Random, size: int, keep: Callable[[str], bool] = searchable
+) -> list[str]:
+    """`size` distinct pronounceable lowercase words that `keep` keeps, shortest first
+    (frequent words are short)."""
     words: dict[str, None] = {}
     while len(words) < size:
         syllables = rng.choices((1, 2, 3, 4), weights=(3, 5, 3, 1))[0]
         word = "".join(
             rng.choice(_ONSETS) + rng.choice(_VOWELS) + rng.choice(_CODAS) for _ in range(syllables)
         )
-        if low <= len(word) <= high and word not in STOPWORDS:
+        if keep(word):
             words[word] = None
     return sorted(words, key=len)  # stable: generation order within a length
 
