@@ -16,7 +16,7 @@ from types import FrameType
 import pytest
 
 from activememory._cli import main
-from activememory.simulations import bench_records
+from activememory.simulations.bench import records as bench_records
 from activememory.storage import records as records_storage
 
 TINY = [

@@ -16,7 +16,7 @@ import pytest
 import activememory as am
 from activememory._cli import main
 from activememory._importers import LocomoTurn, locomo_turn_text, read_locomo
-from activememory.simulations import bench_locomo
+from activememory.simulations.bench import locomo as bench_locomo
 
 PHOTO_CAPTION = "a photo of a small brown dog asleep on a sofa"
 SAMPLE: dict[str, Any] = {

@@ -98,7 +98,9 @@ def main(
     """
     try:
         state_dir = getattr(args, "state_dir", None)
-        run = in_state_dir(state_dir, f"bench-{name}-", lambda d, kept: measure(args, d, kept), fresh)
+        run = in_state_dir(
+            state_dir, f"bench-{name}-", lambda d, kept: measure(args, d, kept), fresh
+        )
     except StateDirError as exc:
         return fail(f"bench_{name}", exc, 2)
     except (BenchmarkError, ActiveMemoryError) as exc:

@@ -427,11 +427,11 @@ async def run_setting(
         async with am.open_memory(run_dir / "library", executor="thread", config=config) as mem:
             for i, (query, caller) in enumerate(zip(queries, callers, strict=True)):
                 key = session_key(caller)
-                raw_or = _RawSide(raw, or_match(query))
-                raw_or_topk = _RawSide(raw, or_match(query), RAW_TOPK_QUERY)
-                raw_phrase = _RawSide(raw, build_match(query))
+                raw_or = RawSide(raw, or_match(query))
+                raw_or_topk = RawSide(raw, or_match(query), RAW_TOPK_QUERY)
+                raw_phrase = RawSide(raw, build_match(query))
                 library = _LibrarySide(mem, query, key)
-                sides: list[_RawSide | _LibrarySide] = [raw_or, raw_or_topk, raw_phrase, library]
+                sides: list[RawSide | _LibrarySide] = [raw_or, raw_or_topk, raw_phrase, library]
                 # Rotate which side goes first, so no side always finds the caches warmer.
                 turn = i % len(sides)
                 for side in sides[turn:] + sides[:turn]:
@@ -450,7 +450,7 @@ async def run_setting(
     return timings
 
 
-class _RawSide:
+class RawSide:
     """The floor: one FTS5 query, synchronous on the calling thread."""
 
     def __init__(self, conn: apsw.Connection, expression: str | None, sql: str = RAW_QUERY) -> None:
@@ -488,7 +488,7 @@ def _check(
     setting: Setting,
     query: str,
     raw: apsw.Connection,
-    phrase: _RawSide,
+    phrase: RawSide,
     caller: int,
     sessions: int,
     result: am.SearchResult,
