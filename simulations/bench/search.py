@@ -171,10 +171,10 @@ def spawned(n: int, sessions: int) -> list[int]:
     return [c for c in range(n + 1, n + 1 + CHILDREN) if c < sessions]
 
 
-def session_sizes(params: Params) -> list[int]:
+def session_sizes(messages: int, sessions: int) -> list[int]:
     """Messages per session: spread evenly, the first few sessions one more."""
-    base, extra = divmod(params.messages, params.sessions)
-    return [base + (n < extra) for n in range(params.sessions)]
+    base, extra = divmod(messages, sessions)
+    return [base + (n < extra) for n in range(sessions)]
 
 
 def conversation(zipf: Zipf, seed: int, n: int, size: int) -> list[str]:
@@ -227,13 +227,13 @@ async def load_library(state_dir: Path, params: Params, zipf: Zipf) -> tuple[flo
     Cancellation: as for `import_transcript`/`append`; a cancelled load leaves a partial
     store that the next run discards (its parameters file says it is incomplete).
     """
-    sizes = session_sizes(params)
+    sizes = session_sizes(params.messages, params.sessions)
     async with am.open_memory(state_dir, executor="thread") as mem:
         start = time.perf_counter()
         if params.load == "import":
-            await _import_all(mem, params, zipf, sizes)
+            await import_all(mem, zipf, params.seed, sizes)
         else:
-            await _append_all(mem, params, zipf, sizes)
+            await _append_all(mem, zipf, params.seed, sizes)
         for parent in range(0, params.sessions, SPAWN_EVERY):
             for child in spawned(parent, params.sessions):
                 await mem.sessions.create(session_key(child), spawned_by=session_key(parent))
@@ -252,9 +252,13 @@ async def load_library(state_dir: Path, params: Params, zipf: Zipf) -> tuple[flo
     return stored - start, rebuilt - stored
 
 
-async def _import_all(mem: am.Memory, params: Params, zipf: Zipf, sizes: list[int]) -> None:
+async def import_all(mem: am.Memory, zipf: Zipf, seed: int, sizes: Sequence[int]) -> None:
+    """Import session `n` with `sizes[n]` messages, for every `n`, a few sessions at a time.
+
+    Cancellation: as for `import_transcript`; the sessions imported so far stay.
+    """
     at = 1_700_000_000.0
-    todo = iter(range(params.sessions))
+    todo = iter(range(len(sizes)))
 
     async def importer() -> None:
         for n in todo:  # shared iterator: each task takes the next session
@@ -265,7 +269,7 @@ async def _import_all(mem: am.Memory, params: Params, zipf: Zipf, sizes: list[in
                     timestamp=at + i,
                     message=am.Message(role=TURNS[i % 2], content=text),
                 )
-                for i, text in enumerate(conversation(zipf, params.seed, n, sizes[n]))
+                for i, text in enumerate(conversation(zipf, seed, n, sizes[n]))
             ]
             await mem.sessions.import_transcript(session_key(n), entries)
 
@@ -274,15 +278,15 @@ async def _import_all(mem: am.Memory, params: Params, zipf: Zipf, sizes: list[in
             nursery.start_soon(importer)
 
 
-async def _append_all(mem: am.Memory, params: Params, zipf: Zipf, sizes: list[int]) -> None:
+async def _append_all(mem: am.Memory, zipf: Zipf, seed: int, sizes: Sequence[int]) -> None:
     async def appender(first: int) -> None:
-        for n in range(first, params.sessions, APPENDERS):
+        for n in range(first, len(sizes), APPENDERS):
             key = session_key(n)
-            for i, text in enumerate(conversation(zipf, params.seed, n, sizes[n])):
+            for i, text in enumerate(conversation(zipf, seed, n, sizes[n])):
                 await mem.sessions.append(key, am.Message(role=TURNS[i % 2], content=text))
 
     async with trio.open_nursery() as nursery:
-        for first in range(min(APPENDERS, params.sessions)):
+        for first in range(min(APPENDERS, len(sizes))):
             nursery.start_soon(appender, first)
 
 
