@@ -165,7 +165,7 @@ def reuse_or_load(
     return times, False
 
 
-def code_digest(*parts: ModuleType | type[Any] | str) -> str:
+def code_digest(*parts: ModuleType | Callable[..., Any] | str) -> str:
     """A digest of the code (modules, classes, or text) that decides what a stored corpus holds:
     other code, other databases."""
     source = "".join(p if isinstance(p, str) else inspect.getsource(p) for p in parts)
