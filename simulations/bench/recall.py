@@ -80,7 +80,7 @@ import shutil
 import statistics
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -159,11 +159,7 @@ class Params:
         """The parameters as recorded in `bench-recall.json`."""
         return {
             "layout": LAYOUT,
-            "messages": self.messages,
-            "sessions": self.sessions,
-            "notes": self.notes,
-            "vocab": self.vocab,
-            "seed": self.seed,
+            **asdict(self),
             "zipf_exponent": ZIPF_EXPONENT,
             "schema_version": SCHEMA_VERSION,
             "index_code": runner.code_digest(fts_query, transcripts, notes),

@@ -58,7 +58,7 @@ import os
 import random
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -145,13 +145,7 @@ class Params:
         """The parameters as recorded in `bench-records.json`."""
         return {
             "layout": LAYOUT,
-            "records": self.records,
-            "degree": self.degree,
-            "users": self.users,
-            "agents": self.agents,
-            "threads": self.threads,
-            "vocab": self.vocab,
-            "seed": self.seed,
+            **asdict(self),
             "zipf_exponent": ZIPF_EXPONENT,
             "words_per_record": list(WORDS_PER_RECORD),
             "type_mix": {t.value: share for t, share in TYPE_MIX.items()},

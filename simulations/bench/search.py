@@ -41,7 +41,7 @@ import json
 import random
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any, Literal, TypeAlias, cast
@@ -108,11 +108,7 @@ class Params:
         """The parameters as recorded in `bench-search.json`."""
         return {
             "layout": LAYOUT,
-            "messages": self.messages,
-            "sessions": self.sessions,
-            "vocab": self.vocab,
-            "seed": self.seed,
-            "load": self.load,
+            **asdict(self),
             "zipf_exponent": ZIPF_EXPONENT,
             "word_length": list(WORD_LENGTH),
             "words_per_message": list(WORDS_PER_MESSAGE),
