@@ -95,13 +95,16 @@ def test_main_exit_codes(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> 
         raise runner.BenchmarkError("3 results where the raw index has 4")
 
     assert runner.main("demo", _args(), broken, str) == 1
-    assert capsys.readouterr().err == "bench_demo: 3 results where the raw index has 4\n"
+    err = capsys.readouterr().err
+    assert err == "activememory bench demo: 3 results where the raw index has 4\n"
 
     blocked = tmp_path / "file"
     blocked.write_text("")
     assert runner.main("demo", _args(state_dir=blocked / "sub"), broken, str) == 2
     err = capsys.readouterr().err
-    assert err == f"bench_demo: --state-dir {str(blocked / 'sub')!r}: Not a directory\n"
+    assert (
+        err == f"activememory bench demo: --state-dir {str(blocked / 'sub')!r}: Not a directory\n"
+    )
 
 
 def test_a_state_dir_is_kept_and_fresh_runs_get_their_own(tmp_path: Path) -> None:

@@ -294,7 +294,7 @@ def test_bench_skips_without_data(
     out, err = capsys.readouterr()
     reason = f"no LoCoMo data at {missing} (give --data or set $ACTIVEMEMORY_LOCOMO)"
     assert json.loads(out) == {"benchmark": "locomo", "skipped": True, "reason": reason}
-    assert err == f"bench_locomo: {reason}; skipped\n"
+    assert err == f"activememory bench locomo: {reason}; skipped\n"
 
 
 def test_bench_default_data_is_next_to_the_repository() -> None:

@@ -325,11 +325,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         reason = f"no LoCoMo data at {data} (give --data or set ${ENV_DATA})"
         if args.json:
             print(json.dumps({"benchmark": "locomo", "skipped": True, "reason": reason}))
-        return runner.fail("bench_locomo", f"{reason}; skipped", 0)
+        return runner.fail(runner.prog("locomo"), f"{reason}; skipped", 0)
     try:
         samples = read_locomo(data, turn_text=TURN_TEXTS[args.turn_text])
     except am.InvalidInputError as exc:
-        return runner.fail("bench_locomo", exc, 2)
+        return runner.fail(runner.prog("locomo"), exc, 2)
 
     def measure(args: argparse.Namespace, run_dir: Path, kept: bool) -> dict[str, Any]:
         return report(args, data, trio.run(run_benchmark, run_dir, samples, args.limit))

@@ -41,6 +41,11 @@ class StateDirError(Exception):
 # -- the command line -------------------------------------------------------------------
 
 
+def prog(name: str) -> str:
+    """How benchmark `name` is run, and how its usage and errors begin."""
+    return f"activememory bench {name}"
+
+
 def int_at_least(low: int, expected: str | None = None) -> Callable[[str], int]:
     """An argparse type: an integer >= `low`, refused with "expected `expected`"."""
     wanted = expected or f"an integer >= {low}"
@@ -65,7 +70,7 @@ def command(
 ) -> argparse.ArgumentParser:
     """The parser of `activememory bench NAME` with the options every benchmark spells alike:
     `--json`, and `--seed` / `--state-dir` when given a default / a help text."""
-    parser = argparse.ArgumentParser(prog=f"activememory bench {name}", description=description)
+    parser = argparse.ArgumentParser(prog=prog(name), description=description)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     if seed is not None:
         parser.add_argument("--seed", type=int, default=seed)
@@ -102,9 +107,9 @@ def main(
             state_dir, f"bench-{name}-", lambda d, kept: measure(args, d, kept), fresh
         )
     except StateDirError as exc:
-        return fail(f"bench_{name}", exc, 2)
+        return fail(prog(name), exc, 2)
     except (BenchmarkError, ActiveMemoryError) as exc:
-        return fail(f"bench_{name}", exc, 1)
+        return fail(prog(name), exc, 1)
     emit(run, table, as_json=args.json)
     return 0
 
