@@ -125,8 +125,9 @@ def _parser() -> argparse.ArgumentParser:
     simulate.set_defaults(run=_simulate)
 
     bench = commands.add_parser("bench", help=f"run a benchmark ({', '.join(BENCHMARKS)})")
-    bench.add_argument("name", choices=BENCHMARKS)
-    bench.add_argument("bench_args", nargs=argparse.REMAINDER)
+    what = "; ".join(f"{name}: {does}" for name, does in BENCHMARKS.items())
+    bench.add_argument("name", choices=BENCHMARKS, help=what)
+    bench.add_argument("bench_args", nargs=argparse.REMAINDER, help="its options (NAME --help)")
     bench.set_defaults(run=_bench)
 
     # Every argument goes to simulations/soak.py (`activememory soak --help` shows them):

@@ -29,6 +29,10 @@ def test_the_command_offers_the_registry(capsys: pytest.CaptureFixture[str]) -> 
         cli(["bench", "nonesuch"])
     err = capsys.readouterr().err
     assert "(choose from 'indexing', 'locomo', 'search', 'cjk', 'recall', 'records')" in err
+    with pytest.raises(SystemExit):
+        cli(["bench", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert all(f"{name}: {what}" in out for name, what in BENCHMARKS.items())
 
 
 def test_percentiles_are_nearest_rank() -> None:
