@@ -90,7 +90,7 @@ from ...storage.fts_query import index_columns, plan_match
 from ...storage.records import RecordWriter, open_records_connection, records_db_path
 from . import runner
 from .runner import BenchmarkError, percentiles
-from .search import ZIPF_EXPONENT, RawSide, Zipf, or_match
+from .search import ZIPF_EXPONENT, LibrarySide, RawSide, Zipf, or_match
 
 NOW = 1_700_000_000.0  # the benchmark's clock: expiry is judged against it
 SPACING = 30.0  # seconds between consecutive records' timestamps
@@ -396,24 +396,6 @@ class Timings:
     queries: list[str] = field(default_factory=list)
 
 
-class _Library:
-    """One `mem.records` search, end to end from the event loop."""
-
-    def __init__(self, search: Any, query: str, hops: int, **scope: str) -> None:
-        self.search = search
-        self.query = query
-        self.hops = hops
-        self.scope = scope
-        self.seconds = 0.0
-        self.results: list[RecordSearchResult] = []
-
-    async def run(self) -> None:
-        start = time.perf_counter()
-        results = await self.search(self.query, num_hops=self.hops, **self.scope)
-        self.seconds = time.perf_counter() - start
-        self.results = results
-
-
 async def run_queries(
     run_dir: Path, queries: Sequence[str], users: Sequence[str], *, hops: int, warmup: int
 ) -> Timings:
@@ -433,24 +415,27 @@ async def run_queries(
                     raise BenchmarkError(f"{query!r}: nothing searchable")
                 raw_or = RawSide(raw, or_match(query), RAW_QUERY)
                 raw_plan = RawSide(raw, plan.expression(), RAW_QUERY)
-                client = _Library(mem.records.search, query, hops, user_id=user)
-                store = _Library(mem.records.store.search, query, hops)
-                sides: list[RawSide | _Library] = [raw_or, raw_plan, client, store]
+                client = LibrarySide(
+                    partial(mem.records.search, query, num_hops=hops, user_id=user)
+                )
+                store = LibrarySide(partial(mem.records.store.search, query, num_hops=hops))
+                sides: list[RawSide | LibrarySide[Any]] = [raw_or, raw_plan, client, store]
                 turn = i % len(sides)  # no side always finds the caches warmer
                 for side in sides[turn:] + sides[:turn]:
                     await side.run()
                 if i < warmup:
                     continue
-                checker.check(query, plan.expression(), client.results, user, hops)
-                checker.check(query, plan.expression(), store.results, None, hops)
+                assert client.result is not None and store.result is not None
+                checker.check(query, plan.expression(), client.result, user, hops)
+                checker.check(query, plan.expression(), store.result, None, hops)
                 timings.raw_or.append(raw_or.seconds)
                 timings.raw_plan.append(raw_plan.seconds)
                 timings.client.append(client.seconds)
                 timings.store.append(store.seconds)
-                timings.client_hits.append(len(client.results))
-                timings.store_hits.append(len(store.results))
-                timings.client_linked.append(sum(_linked_count(r) for r in client.results))
-                timings.store_linked.append(sum(_linked_count(r) for r in store.results))
+                timings.client_hits.append(len(client.result))
+                timings.store_hits.append(len(store.result))
+                timings.client_linked.append(sum(_linked_count(r) for r in client.result))
+                timings.store_linked.append(sum(_linked_count(r) for r in store.result))
                 timings.queries.append(query)
     finally:
         checker.close()

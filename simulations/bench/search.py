@@ -40,11 +40,11 @@ import itertools
 import json
 import random
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, Literal, TypeAlias, cast
+from typing import Any, Generic, Literal, TypeAlias, TypeVar, cast
 
 import apsw
 import trio
@@ -80,6 +80,7 @@ RAW_QUERY = "SELECT rowid, rank FROM t WHERE t MATCH ? ORDER BY rank LIMIT 10"
 # with a second sort key (the library's tie-break) SQLite sorts, keeping only the top rows.
 RAW_TOPK_QUERY = "SELECT rowid, rank FROM t WHERE t MATCH ? ORDER BY rank, rowid DESC LIMIT 10"
 
+T = TypeVar("T")
 LoadMethod: TypeAlias = Literal["import", "append"]
 LOAD_METHODS: tuple[LoadMethod, ...] = ("import", "append")
 
@@ -430,8 +431,8 @@ async def run_setting(
                 raw_or = RawSide(raw, or_match(query))
                 raw_or_topk = RawSide(raw, or_match(query), RAW_TOPK_QUERY)
                 raw_phrase = RawSide(raw, build_match(query))
-                library = _LibrarySide(mem, query, key)
-                sides: list[RawSide | _LibrarySide] = [raw_or, raw_or_topk, raw_phrase, library]
+                library = LibrarySide(partial(mem.sessions.search, query, caller=key, limit=LIMIT))
+                sides: list[RawSide | LibrarySide[Any]] = [raw_or, raw_or_topk, raw_phrase, library]
                 # Rotate which side goes first, so no side always finds the caches warmer.
                 turn = i % len(sides)
                 for side in sides[turn:] + sides[:turn]:
@@ -467,19 +468,17 @@ class RawSide:
         self.rows = cast(list[tuple[int, float]], rows)
 
 
-class _LibrarySide:
-    """`mem.sessions.search`, end to end from the event loop."""
+class LibrarySide(Generic[T]):
+    """One library call (a search), end to end from the event loop."""
 
-    def __init__(self, mem: am.Memory, query: str, caller: str) -> None:
-        self.mem = mem
-        self.query = query
-        self.caller = caller
+    def __init__(self, call: Callable[[], Awaitable[T]]) -> None:
+        self.call = call
         self.seconds = 0.0
-        self.result: am.SearchResult | None = None
+        self.result: T | None = None
 
     async def run(self) -> None:
         start = time.perf_counter()
-        result = await self.mem.sessions.search(self.query, caller=self.caller, limit=LIMIT)
+        result = await self.call()
         self.seconds = time.perf_counter() - start
         self.result = result
 
