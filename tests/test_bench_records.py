@@ -84,8 +84,8 @@ def test_the_benchmark_reports_its_structure_through_the_cli(
         slowest = result["slowest"][side]
         assert len(slowest) == 5
         assert [s["ms"] for s in slowest] == sorted((s["ms"] for s in slowest), reverse=True)
-        # A query word may be in no record (queries are drawn from the law, not the corpus): at
-        # this seed only 'proarming' is, so whichever queries are slowest, one has documents.
+        # A query word may be in no record (queries are drawn from the law, not the corpus); at
+        # this seed one query ('proarming') has no word in any, so among five one has documents.
         assert all(s["term_docs"] and min(s["term_docs"].values()) >= 0 for s in slowest)
         assert any(sum(s["term_docs"].values()) > 0 for s in slowest)
         assert all(0 <= s["at"] < 25 and s["other_ms"] > 0 for s in slowest)
