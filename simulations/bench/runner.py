@@ -14,6 +14,7 @@ import shutil
 import sys
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from types import ModuleType
 from typing import Any, TypeVar
@@ -101,21 +102,19 @@ def main(
     Returns 0 (whatever the verdicts), 1 if the run raised `BenchmarkError` or the library
     raised, 2 if `--state-dir` is unusable.
     """
+    state_dir = getattr(args, "state_dir", None)  # absent: the benchmark keeps nothing
     try:
-        state_dir = getattr(args, "state_dir", None)
-        run = in_state_dir(
-            state_dir, f"bench-{name}-", lambda d, kept: measure(args, d, kept), fresh
-        )
+        result = in_state_dir(state_dir, f"bench-{name}-", partial(measure, args), fresh=fresh)
     except StateDirError as exc:
         return fail(prog(name), exc, 2)
     except (BenchmarkError, ActiveMemoryError) as exc:
         return fail(prog(name), exc, 1)
-    emit(run, table, as_json=args.json)
+    emit(result, table, as_json=args.json)
     return 0
 
 
 def in_state_dir(
-    state_dir: Path | None, prefix: str, measure: Callable[[Path, bool], T], fresh: bool = False
+    state_dir: Path | None, prefix: str, measure: Callable[[Path, bool], T], *, fresh: bool = False
 ) -> T:
     """`measure(run_dir, kept)` in `state_dir` (with `fresh`, in a new `prefix*` directory inside
     it), kept; or in a temporary directory, removed afterwards.
