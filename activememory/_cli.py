@@ -24,11 +24,11 @@ from .protocol.errors import ActiveMemoryError, InvalidInputError, SessionNotFou
 from .protocol.recall import RecallOutcome, Sender, Turn
 from .protocol.search import VISIBILITIES, SearchResult
 from .protocol.transcript import Event, IndexStats
+from .simulations.bench import BENCHMARKS
 from .storage.fts_query import MATCH_MODES
 
 SAMPLES = ("sample-alice.jsonl", "sample-team.jsonl")
 IMPORT_FORMATS = ("jsonl", "locomo")
-BENCHMARKS = ("indexing", "locomo", "search", "cjk", "recall", "records")
 T = TypeVar("T")
 WAIT_FOR_INDEX_SECONDS = 60
 
@@ -124,11 +124,10 @@ def _parser() -> argparse.ArgumentParser:
     simulate.add_argument("--json", action="store_true")
     simulate.set_defaults(run=_simulate)
 
-    bench = commands.add_parser(
-        "bench", help="run a benchmark (indexing, locomo, search, cjk, recall, records)"
-    )
-    bench.add_argument("name", choices=BENCHMARKS)
-    bench.add_argument("bench_args", nargs=argparse.REMAINDER)
+    bench = commands.add_parser("bench", help=f"run a benchmark ({', '.join(BENCHMARKS)})")
+    what = "; ".join(f"{name}: {does}" for name, does in BENCHMARKS.items())
+    bench.add_argument("name", choices=BENCHMARKS, help=what)
+    bench.add_argument("bench_args", nargs=argparse.REMAINDER, help="its options (NAME --help)")
     bench.set_defaults(run=_bench)
 
     # Every argument goes to simulations/soak.py (`activememory soak --help` shows them):
@@ -379,29 +378,9 @@ def _soak(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    if args.name == "locomo":
-        from .simulations import bench_locomo
+    from .simulations import bench
 
-        return bench_locomo.main(args.bench_args)
-    if args.name == "search":
-        from .simulations import bench_search
-
-        return bench_search.main(args.bench_args)
-    if args.name == "cjk":
-        from .simulations import bench_cjk
-
-        return bench_cjk.main(args.bench_args)
-    if args.name == "recall":
-        from .simulations import bench_recall
-
-        return bench_recall.main(args.bench_args)
-    if args.name == "records":
-        from .simulations import bench_records
-
-        return bench_records.main(args.bench_args)
-    from .simulations import bench_indexing
-
-    return bench_indexing.main(args.bench_args)
+    return bench.main(args.name, args.bench_args)
 
 
 def _demo(args: argparse.Namespace) -> int:

@@ -224,7 +224,7 @@ def locomo_turn_text(turn: LocomoTurn, speaker: str) -> str:
     The turn's words, then the shared image's caption as "[shares a photo: …]". `speaker`
     (the speaker's name) is not written: the message role already says who spoke.
     """
-    # Dev split (bench_locomo --turn-text): the caption lifts R@10 by 0.02 (6 questions up,
+    # Dev split (`activememory bench locomo --turn-text`): the caption lifts R@10 by 0.02 (6 questions up,
     # none down); a "Speaker: " prefix moves it by one question either way, so it stays out.
     del speaker
     if turn.blip_caption:

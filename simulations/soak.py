@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import itertools
 import json
 import os
@@ -61,7 +62,6 @@ import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections import Counter, defaultdict
@@ -78,6 +78,8 @@ from activememory.storage.fts_query import TOKENIZE, index_row
 from activememory.storage.transcripts import agent_db_path
 
 from .adversaries import Grounded, HangForever, IgnoresCancellation, LateAnswer, Raises
+from .bench import runner
+from .bench.runner import percentile, positive_int
 
 AGENT = "main"
 MODEL = "soak/chaos"
@@ -697,48 +699,33 @@ def child_argv(args: argparse.Namespace, state_dir: Path, inc: int, until: float
     return argv + (["--fsync-acks"] if args.fsync_acks else [])
 
 
-class Progress:
-    """The one-line live display on stderr (a line every 10 s when stderr is not a tty)."""
+class Progress(runner.Progress):
+    """The soak's live line: acknowledgements, recalls, faults and memory so far."""
 
     def __init__(self, enabled: bool, duration: float, bound_ms: float) -> None:
-        self.enabled = enabled
+        super().__init__(enabled)
         self.duration = duration
         self.bound_ms = bound_ms
-        self.tty = sys.stderr.isatty()
-        self.last = 0.0
 
     def show(self, live: Live, runs: RunLog, *, force: bool = False) -> None:
         """Print the line if it is time to (or `force`)."""
-        if not self.enabled:
-            return
         now = time.monotonic() - live.started
-        if not force and now - self.last < (1.0 if self.tty else 10.0):
+        if not self.due(now, force=force):
             return
-        self.last = now
         with live.lock:
             walls = sorted(float(r["wall"]) for r in live.recalls if r["op"] == "recall")
             timeouts = sum(1 for r in live.recalls if r["st"] == "timeout" and not r.get("cb"))
             rss = live.rss[-1].kib / 1024 if live.rss else 0.0
             trips = live.trips
         acked = live.total("acked")
-        p99 = percentile(walls, 99) if walls else 0.0
+        p99 = percentile(walls, 99)
         line = (
             f"soak {now:5.0f}/{self.duration:.0f}s  acked {acked} ({acked / max(now, 1e-9):.1f}/s)"
             f"  recalls {live.total('recalls')}  p99 {p99:.0f}ms (bound {self.bound_ms:.0f})"
             f"  timeouts {timeouts}  trips {trips}  kills {len(runs.kills)}"
             f"  rejected {live.total('rejected')}  RSS {rss:.0f} MiB"
         )
-        if self.tty:
-            sys.stderr.write("\r" + line + "\x1b[K")
-        else:
-            sys.stderr.write(line + "\n")
-        sys.stderr.flush()
-
-    def close(self) -> None:
-        """End the live line."""
-        if self.enabled and self.tty:
-            sys.stderr.write("\n")
-            sys.stderr.flush()
+        self.write(line)
 
 
 def drive(args: argparse.Namespace, state_dir: Path, live: Live) -> RunLog:
@@ -1268,14 +1255,6 @@ async def verify(state_dir: Path, acked: AckedOps) -> Verification:
 # -- the report ---------------------------------------------------------------------------
 
 
-def percentile(sorted_values: Sequence[float], pct: float) -> float:
-    """Nearest-rank percentile of already sorted values."""
-    if not sorted_values:
-        return 0.0
-    rank = max(1, -(-len(sorted_values) * pct // 100))
-    return float(sorted_values[int(rank) - 1])
-
-
 def latency(values: Sequence[float]) -> dict[str, float]:
     """count, p50, p99 and max of `values`."""
     ordered = sorted(values)
@@ -1614,16 +1593,6 @@ def format_report(report: dict[str, Any]) -> str:
 # -- the command --------------------------------------------------------------------------
 
 
-def _positive_int(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value!r}") from None
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value!r}")
-    return number
-
-
 def _rate(value: str) -> float:
     try:
         number = float(value)
@@ -1653,7 +1622,7 @@ def _interval(value: str) -> tuple[float, float]:
 
 
 def _timeout_ms(value: str) -> int:
-    number = _positive_int(value)
+    number = positive_int(value)
     if not 250 <= number <= 120000:
         raise argparse.ArgumentTypeError(f"expected 250-120000 (timeoutMs), got {value!r}")
     return number
@@ -1667,7 +1636,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "(kill -9 and restart, a busy second writer, misbehaving recall models), then checks "
         "that nothing acknowledged was lost and the index equals the active branches.",
     )
-    parser.add_argument("--sessions", type=_positive_int, default=200, help="private sessions")
+    parser.add_argument("--sessions", type=positive_int, default=200, help="private sessions")
     parser.add_argument("--append-rate", type=_rate, default=50.0, help="messages/s overall")
     parser.add_argument("--recall-rate", type=_rate, default=20.0, help="recalls/s overall")
     parser.add_argument("--duration", type=_seconds, default=600.0, help="seconds")
@@ -1716,7 +1685,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
-def run(args: argparse.Namespace, state_dir: Path, *, kept: bool) -> dict[str, Any]:
+def run(args: argparse.Namespace, state_dir: Path, kept: bool) -> dict[str, Any]:
     """Run the soak in `state_dir` and verify it; return the report."""
     if (state_dir / ACK_LOG).exists() or agent_db_path(state_dir, AGENT).exists():
         raise am.InvalidInputError(
@@ -1740,20 +1709,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.busy_writer:
         return run_busy_writer(args)
     try:
-        if args.state_dir is None:
-            with tempfile.TemporaryDirectory(prefix="activememory-soak-") as tmp:
-                report = run(args, Path(tmp), kept=False)
-        else:
-            try:
-                args.state_dir.mkdir(parents=True, exist_ok=True)
-            except OSError as exc:
-                print(f"soak: --state-dir {str(args.state_dir)!r}: {exc.strerror}", file=sys.stderr)
-                return 2
-            report = run(args, args.state_dir, kept=True)
-    except am.InvalidInputError as exc:
-        print(f"soak: {exc}", file=sys.stderr)
-        return 2
-    print(json.dumps(report) if args.json else format_report(report))
+        measure = functools.partial(run, args)
+        report = runner.in_state_dir(args.state_dir, "activememory-soak-", measure)
+    except (runner.StateDirError, am.InvalidInputError) as exc:
+        return runner.fail("soak", exc, 2)
+    runner.emit(report, format_report, as_json=args.json)
     return 0 if report["ok"] else 1
 
 

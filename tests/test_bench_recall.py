@@ -15,7 +15,7 @@ from types import FrameType
 import pytest
 
 from activememory._cli import main
-from activememory.simulations import bench_recall
+from activememory.simulations.bench import recall as bench_recall
 
 TINY = [
     "--messages", "600",

@@ -16,7 +16,7 @@ import pytest
 import activememory as am
 from activememory._cli import main
 from activememory._importers import LocomoTurn, locomo_turn_text, read_locomo
-from activememory.simulations import bench_locomo
+from activememory.simulations.bench import locomo as bench_locomo
 
 PHOTO_CAPTION = "a photo of a small brown dog asleep on a sofa"
 SAMPLE: dict[str, Any] = {
@@ -294,7 +294,7 @@ def test_bench_skips_without_data(
     out, err = capsys.readouterr()
     reason = f"no LoCoMo data at {missing} (give --data or set $ACTIVEMEMORY_LOCOMO)"
     assert json.loads(out) == {"benchmark": "locomo", "skipped": True, "reason": reason}
-    assert err == f"bench_locomo: {reason}; skipped\n"
+    assert err == f"activememory bench locomo: {reason}; skipped\n"
 
 
 def test_bench_default_data_is_next_to_the_repository() -> None:

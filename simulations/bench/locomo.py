@@ -12,18 +12,15 @@ visibility `agent`, so it searches that conversation only. Scoring follows the d
 README: recall@k = |gold ∩ top k| / |gold|, averaged over the questions of categories 1-4
 (category 5, adversarial, reported apart); questions left without gold are skipped.
 
-    python -m activememory.simulations.bench_locomo [--data PATH] [--json] [--limit N]
+    activememory bench locomo [--data PATH] [--json] [--limit N]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import platform
-import sys
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -34,12 +31,15 @@ import apsw
 import trio
 
 import activememory as am
-from activememory._importers import LocomoSample, LocomoTurn, locomo_turn_text, read_locomo
+
+from ..._importers import LocomoSample, LocomoTurn, locomo_turn_text, read_locomo
+from . import runner
+from .runner import BenchmarkError, percentile
 
 ENV_DATA = "ACTIVEMEMORY_LOCOMO"
-# ../shared/data/locomo/ relative to the repository root (this file is simulations/<name>).
+# ../shared/data/locomo/ relative to the repository root (this file is simulations/bench/<name>).
 DEFAULT_DATA = (
-    Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "locomo" / "locomo-dev.json"
+    Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "locomo" / "locomo-dev.json"
 )
 KS = (1, 5, 10, 20)
 MAX_LIMIT = 25  # the search's own cap (docs/design.md §3)
@@ -69,10 +69,6 @@ TURN_TEXTS: dict[str, Callable[[LocomoTurn, str], str]] = {
     "speaker": _speaker,
     "speaker+photo": _speaker_photo,
 }
-
-
-class BenchmarkError(Exception):
-    """The search answered something the import cannot account for."""
 
 
 @dataclass(frozen=True)
@@ -179,12 +175,6 @@ async def _dia_ids_by_event(mem: am.Memory, sample: LocomoSample) -> dict[tuple[
 # -- the report -------------------------------------------------------------------------
 
 
-def _percentile(values: Sequence[float], p: float) -> float:
-    """Nearest-rank percentile (no interpolation: every figure is a measured query)."""
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(p / 100 * len(ordered)) - 1)]
-
-
 def _recall(asked: Sequence[Asked], ks: Sequence[int]) -> dict[str, Any]:
     if not asked:
         return {"questions": 0, "recall_at": {str(k): None for k in ks}}
@@ -223,8 +213,8 @@ def report(args: argparse.Namespace, data: Path, run: Run) -> dict[str, Any]:
         },
         "latency_ms": {
             "queries": len(seconds),
-            "p50": round(_percentile(seconds, 50) * 1000, 3) if seconds else None,
-            "p99": round(_percentile(seconds, 99) * 1000, 3) if seconds else None,
+            "p50": round(percentile(seconds, 50) * 1000, 3) if seconds else None,
+            "p99": round(percentile(seconds, 99) * 1000, 3) if seconds else None,
         },
         "import_seconds": round(run.import_seconds, 4),
         "rebuild_seconds": round(run.rebuild_seconds, 4),
@@ -297,9 +287,8 @@ def _limit(value: str) -> int:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     """The command line (`sys.argv[1:]` when `argv` is None)."""
-    parser = argparse.ArgumentParser(
-        prog="bench_locomo",
-        description="Retrieval quality of sessions_search on LoCoMo (recall@k, docs/design.md §7).",
+    parser = runner.command(
+        "locomo", "Retrieval quality of sessions_search on LoCoMo (recall@k, docs/design.md §7)."
     )
     parser.add_argument(
         "--data",
@@ -313,7 +302,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default="default",
         help="how a turn is written as a message (default: locomo_turn_text)",
     )
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
     return parser.parse_args(argv)
 
 
@@ -335,25 +323,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     data = data_path(args.data)
     if not data.is_file():
         reason = f"no LoCoMo data at {data} (give --data or set ${ENV_DATA})"
-        print(f"bench_locomo: {reason}; skipped", file=sys.stderr)
         if args.json:
             print(json.dumps({"benchmark": "locomo", "skipped": True, "reason": reason}))
-        return 0
+        return runner.fail(runner.prog("locomo"), f"{reason}; skipped", 0)
     try:
         samples = read_locomo(data, turn_text=TURN_TEXTS[args.turn_text])
     except am.InvalidInputError as exc:
-        print(f"bench_locomo: {exc}", file=sys.stderr)
-        return 2
-    try:
-        with tempfile.TemporaryDirectory(prefix="bench-locomo-") as tmp:
-            run = trio.run(run_benchmark, Path(tmp), samples, args.limit)
-    except (BenchmarkError, am.ActiveMemoryError) as exc:
-        print(f"bench_locomo: {exc}", file=sys.stderr)
-        return 1
-    result = report(args, data, run)
-    print(json.dumps(result) if args.json else format_table(result))
-    return 0
+        return runner.fail(runner.prog("locomo"), exc, 2)
 
+    def measure(args: argparse.Namespace, run_dir: Path, kept: bool) -> dict[str, Any]:
+        return report(args, data, trio.run(run_benchmark, run_dir, samples, args.limit))
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+    return runner.main("locomo", args, measure, format_table)

@@ -12,7 +12,7 @@ One seeded synthetic store is built twice:
   values (`index_columns` of each record's content), filled in one transaction.
 
 The records: content of 4-30 words drawn from a Zipf law over a made-up vocabulary (the
-`bench_search` corpus generator); mostly `memory` records, with messages, documents, actor
+`bench search` corpus generator); mostly `memory` records, with messages, documents, actor
 profiles and images (`TYPE_MIX`); a few hundred users (some far more active than others,
 `USER_SKEW`), agents and threads, with a share of records unscoped in each dimension
 (`UNSCOPED`); a few invalidated, a few expiring (half of them already expired). The graph:
@@ -46,25 +46,19 @@ against the target p99 <= 20 ms. Absolute times on a shared machine are noise; t
 the result. With `--state-dir`, the loaded databases are kept with their parameters
 (`bench-records.json`) and reused by a later run with the same parameters.
 
-    python -m activememory.simulations.bench_records [--records N] [--degree 4] [--hops 2] ...
+    activememory bench records [--records N] [--degree 4] [--hops 2] ...
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
-import inspect
 import itertools
 import json
 import os
-import platform
 import random
-import shutil
-import sys
-import tempfile
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -73,8 +67,9 @@ import apsw
 import trio
 
 import activememory as am
-from activememory.protocol.record_results import RecordSearchResult
-from activememory.protocol.records import (
+
+from ...protocol.record_results import RecordSearchResult
+from ...protocol.records import (
     DEFAULT_MAX_RESULTS,
     AddRecord,
     InvalidateRecord,
@@ -88,16 +83,14 @@ from activememory.protocol.records import (
     RecordsLinked,
     RecordType,
 )
-from activememory.simulations.bench_search import ZIPF_EXPONENT, Zipf, or_match, percentiles
-from activememory.storage import fts_query
-from activememory.storage import records as records_storage
-from activememory.storage.db import configure
-from activememory.storage.fts_query import index_columns, plan_match
-from activememory.storage.records import (
-    RecordWriter,
-    open_records_connection,
-    records_db_path,
-)
+from ...storage import fts_query
+from ...storage import records as records_storage
+from ...storage.db import configure
+from ...storage.fts_query import index_columns, plan_match
+from ...storage.records import RecordWriter, open_records_connection, records_db_path
+from . import runner
+from .runner import BenchmarkError, percentiles
+from .search import ZIPF_EXPONENT, LibrarySide, RawSide, Zipf, or_match
 
 NOW = 1_700_000_000.0  # the benchmark's clock: expiry is judged against it
 SPACING = 30.0  # seconds between consecutive records' timestamps
@@ -128,10 +121,6 @@ RAW_QUERY = "SELECT rowid FROM t WHERE t MATCH ? ORDER BY rank LIMIT 10"
 _ID_MULTIPLIER = 0x9E3779B97F4A7C15F39CC0605CEDC835  # odd: i -> id is a bijection mod 2**128
 
 
-class BenchmarkError(Exception):
-    """The library stored or answered something other than the raw index implies."""
-
-
 # -- the corpus -------------------------------------------------------------------------
 
 
@@ -156,13 +145,7 @@ class Params:
         """The parameters as recorded in `bench-records.json`."""
         return {
             "layout": LAYOUT,
-            "records": self.records,
-            "degree": self.degree,
-            "users": self.users,
-            "agents": self.agents,
-            "threads": self.threads,
-            "vocab": self.vocab,
-            "seed": self.seed,
+            **asdict(self),
             "zipf_exponent": ZIPF_EXPONENT,
             "words_per_record": list(WORDS_PER_RECORD),
             "type_mix": {t.value: share for t, share in TYPE_MIX.items()},
@@ -172,20 +155,14 @@ class Params:
             "expiring_share": EXPIRING_SHARE,
             "same_user_share": SAME_USER_SHARE,
             "schema_version": records_storage.SCHEMA_VERSION,
-            "store_code": _store_code_digest(),
+            "store_code": runner.code_digest(
+                fts_query,
+                *records_storage.MIGRATIONS,
+                RecordWriter,
+                records_storage._INSERT,
+                records_storage._INSERT_FTS,
+            ),
         }
-
-
-def _store_code_digest() -> str:
-    """A digest of the code that decides what is stored and indexed (not how it is read)."""
-    parts = [
-        inspect.getsource(fts_query),
-        *(inspect.getsource(m) for m in records_storage.MIGRATIONS),
-        inspect.getsource(RecordWriter),
-        records_storage._INSERT,
-        records_storage._INSERT_FTS,
-    ]
-    return hashlib.sha256("".join(parts).encode()).hexdigest()[:16]
 
 
 def record_id(i: int) -> str:
@@ -374,36 +351,17 @@ def load_raw(raw_path: Path, library_db: Path) -> float:
 
 def prepare(run_dir: Path, params: Params, zipf: Zipf) -> LoadTimes:
     """Load both stores into `run_dir`, or reuse what a run with the same parameters left."""
-    record = run_dir / PARAMS_FILE
-    wanted = params.as_dict()
-    if record.exists():
-        try:
-            found = json.loads(record.read_text())
-        except (OSError, ValueError):
-            found = {}
-        if found.get("params") == wanted and found.get("complete"):
-            times = found["load"]
-            return LoadTimes(
-                records=times["records"],
-                relations=times["relations"],
-                raw=times["raw"],
-                stored_relations=times["stored_relations"],
-                reused=True,
-            )
-        # Ours, but for other parameters or unfinished: start over.
-        shutil.rmtree(run_dir / "library", ignore_errors=True)
-        for leftover in run_dir.glob("raw.db*"):
-            leftover.unlink()
-    elif (run_dir / "library").exists() or (run_dir / "raw.db").exists():
-        raise BenchmarkError(
-            f"{str(run_dir)!r} holds databases without a {PARAMS_FILE}; use an empty directory"
-        )
-    record.write_text(json.dumps({"params": wanted, "complete": False}))
-    stored, linked, created = load_library(run_dir / "library", params, zipf)
-    raw = load_raw(run_dir / "raw.db", records_db_path(run_dir / "library"))
-    times = {"records": stored, "relations": linked, "raw": raw, "stored_relations": created}
-    record.write_text(json.dumps({"params": wanted, "complete": True, "load": times}))
-    return LoadTimes(records=stored, relations=linked, raw=raw, stored_relations=created)
+
+    def load() -> dict[str, float]:
+        stored, linked, created = load_library(run_dir / "library", params, zipf)
+        raw = load_raw(run_dir / "raw.db", records_db_path(run_dir / "library"))
+        return {"records": stored, "relations": linked, "raw": raw, "stored_relations": created}
+
+    outputs = ("library", "raw.db*")
+    times, reused = runner.reuse_or_load(
+        run_dir, PARAMS_FILE, params.as_dict(), load, outputs=outputs
+    )
+    return LoadTimes(**times, reused=reused)
 
 
 # -- the queries ------------------------------------------------------------------------
@@ -438,38 +396,6 @@ class Timings:
     queries: list[str] = field(default_factory=list)
 
 
-class _Raw:
-    """The floor: one FTS5 query, synchronous on the calling thread."""
-
-    def __init__(self, conn: apsw.Connection, expression: str) -> None:
-        self.conn = conn
-        self.expression = expression
-        self.seconds = 0.0
-
-    async def run(self) -> None:
-        start = time.perf_counter()
-        self.conn.execute(RAW_QUERY, (self.expression,)).fetchall()
-        self.seconds = time.perf_counter() - start
-
-
-class _Library:
-    """One `mem.records` search, end to end from the event loop."""
-
-    def __init__(self, search: Any, query: str, hops: int, **scope: str) -> None:
-        self.search = search
-        self.query = query
-        self.hops = hops
-        self.scope = scope
-        self.seconds = 0.0
-        self.results: list[RecordSearchResult] = []
-
-    async def run(self) -> None:
-        start = time.perf_counter()
-        results = await self.search(self.query, num_hops=self.hops, **self.scope)
-        self.seconds = time.perf_counter() - start
-        self.results = results
-
-
 async def run_queries(
     run_dir: Path, queries: Sequence[str], users: Sequence[str], *, hops: int, warmup: int
 ) -> Timings:
@@ -487,26 +413,29 @@ async def run_queries(
                 plan = plan_match(query)
                 if plan is None:
                     raise BenchmarkError(f"{query!r}: nothing searchable")
-                raw_or = _Raw(raw, or_match(query))
-                raw_plan = _Raw(raw, plan.expression())
-                client = _Library(mem.records.search, query, hops, user_id=user)
-                store = _Library(mem.records.store.search, query, hops)
-                sides: list[_Raw | _Library] = [raw_or, raw_plan, client, store]
+                raw_or = RawSide(raw, or_match(query), RAW_QUERY)
+                raw_plan = RawSide(raw, plan.expression(), RAW_QUERY)
+                client = LibrarySide(
+                    partial(mem.records.search, query, num_hops=hops, user_id=user)
+                )
+                store = LibrarySide(partial(mem.records.store.search, query, num_hops=hops))
+                sides: list[RawSide | LibrarySide[Any]] = [raw_or, raw_plan, client, store]
                 turn = i % len(sides)  # no side always finds the caches warmer
                 for side in sides[turn:] + sides[:turn]:
                     await side.run()
                 if i < warmup:
                     continue
-                checker.check(query, plan.expression(), client.results, user, hops)
-                checker.check(query, plan.expression(), store.results, None, hops)
+                assert client.result is not None and store.result is not None
+                checker.check(query, plan.expression(), client.result, user, hops)
+                checker.check(query, plan.expression(), store.result, None, hops)
                 timings.raw_or.append(raw_or.seconds)
                 timings.raw_plan.append(raw_plan.seconds)
                 timings.client.append(client.seconds)
                 timings.store.append(store.seconds)
-                timings.client_hits.append(len(client.results))
-                timings.store_hits.append(len(store.results))
-                timings.client_linked.append(sum(_linked_count(r) for r in client.results))
-                timings.store_linked.append(sum(_linked_count(r) for r in store.results))
+                timings.client_hits.append(len(client.result))
+                timings.store_hits.append(len(store.result))
+                timings.client_linked.append(sum(_linked_count(r) for r in client.result))
+                timings.store_linked.append(sum(_linked_count(r) for r in store.result))
                 timings.queries.append(query)
     finally:
         checker.close()
@@ -665,7 +594,7 @@ def report(
     }
     floor = sides["raw_or_ms"]
     ratios = {
-        f"{side}_{p}": round(sides[f"{side}_ms"][p] / floor[p], 3)
+        f"{side}_{p}": runner.ratio(sides[f"{side}_ms"][p], floor[p])
         for side in ("client", "store")
         for p in ("p50", "p99")
     }
@@ -721,33 +650,14 @@ def report(
             "client": slowest(timings, "client", run_dir / "raw.db"),
             "store": slowest(timings, "store", run_dir / "raw.db"),
         },
-        "environment": environment(run_dir, kept=kept),
-    }
-
-
-def environment(run_dir: Path, *, kept: bool) -> dict[str, Any]:
-    """What the figures depend on besides the code."""
-    return {
-        "python": platform.python_version(),
-        "implementation": platform.python_implementation(),
-        "sqlite": apsw.sqlite_lib_version(),
-        "apsw": apsw.apsw_version(),
-        "cpus": os.cpu_count(),
-        "platform": platform.platform(),
-        "state_dir": str(run_dir),
-        "state_dir_kept": kept,
-        "load_average": [round(x, 2) for x in os.getloadavg()],  # at the end of the run
+        "environment": runner.environment(run_dir, kept=kept)
+        | {"load_average": [round(x, 2) for x in os.getloadavg()]},  # at the end of the run
     }
 
 
 def format_table(result: dict[str, Any]) -> str:
     """The report for a person."""
-    corpus, load, q, env = (
-        result["corpus"],
-        result["load"],
-        result["queries"],
-        result["environment"],
-    )
+    corpus, load, q = result["corpus"], result["load"], result["queries"]
     low, high = corpus["words_per_record"]
     reuse = " (reused: times from the run that loaded it)" if load["reused"] else ""
     mix = ", ".join(f"{t} {share:.0%}" for t, share in corpus["type_mix"].items())
@@ -765,7 +675,7 @@ def format_table(result: dict[str, Any]) -> str:
         f"  queries: {q['count']:,} timed after {q['warmup']} warm-up, {q['words'][0]}-"
         f"{q['words'][1]} words, limit {q['limit']}, num_hops {q['hops']}; sides interleaved",
         "",
-        f"  {'side':<44} {'p50':>8} {'p90':>8} {'p99':>8} {'max':>9}   (ms)",
+        runner.percentile_header("side", 44),
     ]
     res = result["results"]
     for label, key in (
@@ -776,18 +686,15 @@ def format_table(result: dict[str, Any]) -> str:
         (f"store, unfiltered ({res['store_mean_hits']} hits, "
          f"{res['store_mean_linked']} linked)", "store_ms"),
     ):  # fmt: skip
-        p = result["sides"][key]
-        lines.append(
-            f"  {label:<44} {p['p50']:>8.3f} {p['p90']:>8.3f} {p['p99']:>8.3f} {p['max']:>9.3f}"
-        )
+        lines.append(runner.percentile_row(label, result["sides"][key], 44, indent=2))
     lines.append("")
     for side in ("client", "store"):
         p99 = result["sides"][f"{side}_ms"]["p99"]
-        verdict = "PASS" if result["pass"][f"{side}_p99_ms"] else "MISS"
+        ok = result["pass"][f"{side}_p99_ms"]
         lines.append(
             f"  {side} / raw OR: p50 {result['ratios'][f'{side}_p50']:.2f}, "
             f"p99 {result['ratios'][f'{side}_p99']:.2f}; "
-            f"p99 {p99:.2f} ms (target <= {TARGET_P99_MS:g} ms): {verdict}"
+            + runner.against(f"p99 {p99:.2f} ms", "<=", f"{TARGET_P99_MS:g} ms", ok)
         )
     for side in ("client", "store"):
         lines.append(f"  slowest {side} queries (term: documents holding it):")
@@ -798,64 +705,29 @@ def format_table(result: dict[str, Any]) -> str:
                 f"{'store' if side == 'client' else 'client'} {s['other_ms']:.3f})  "
                 f"{s['query']!r}  [{docs}]"
             )
-    lines += [
-        "",
-        f"  environment: Python {env['python']} ({env['implementation']}), "
-        f"SQLite {env['sqlite']}, apsw {env['apsw']}, {env['cpus']} CPUs, load average "
-        f"{' '.join(str(x) for x in env['load_average'])} at the end",
-        f"               {env['platform']}",
-        f"               state dir {env['state_dir']}"
-        + ("" if env["state_dir_kept"] else " (temporary, removed)"),
-    ]
-    return "\n".join(lines)
+    return "\n".join(lines + runner.environment_lines(result["environment"]))
 
 
 # -- the command ------------------------------------------------------------------------
 
 
-def _int_at_least(low: int) -> Any:
-    def parse(value: str) -> int:
-        try:
-            number = int(value)
-        except ValueError:
-            raise argparse.ArgumentTypeError(
-                f"expected an integer >= {low}, got {value!r}"
-            ) from None
-        if number < low:
-            raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {value!r}")
-        return number
-
-    return parse
-
-
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     """The command line (`sys.argv[1:]` when `argv` is None)."""
-    parser = argparse.ArgumentParser(
-        prog="bench_records",
-        description="mem.records search with graph expansion against a raw FTS5 query "
-        "(docs/design.md §5, §7).",
+    parser = runner.command(
+        "records",
+        "mem.records search with graph expansion against a raw FTS5 query (docs/design.md §5, §7).",
+        seed=1,
+        state_dir=runner.REUSE_HELP,
     )
-    parser.add_argument("--records", type=_int_at_least(2), default=1_000_000)
-    parser.add_argument("--degree", type=_int_at_least(0), default=4, help="mean degree")
-    parser.add_argument("--users", type=_int_at_least(1), default=300)
-    parser.add_argument("--agents", type=_int_at_least(1), default=30)
-    parser.add_argument("--threads", type=_int_at_least(1), default=500)
-    parser.add_argument("--vocab", type=_int_at_least(1), default=50_000)
-    parser.add_argument("--queries", type=_int_at_least(1), default=QUERIES)
-    parser.add_argument("--warmup", type=_int_at_least(0), default=WARMUP)
+    parser.add_argument("--records", type=runner.int_at_least(2), default=1_000_000)
+    parser.add_argument("--degree", type=runner.int_at_least(0), default=4, help="mean degree")
+    runner.add_sizes(parser, users=300, agents=30, threads=500, vocab=50_000, queries=QUERIES)
+    parser.add_argument("--warmup", type=runner.int_at_least(0), default=WARMUP)
     parser.add_argument("--hops", type=int, choices=range(6), default=2, help="num_hops, 0-5")
-    parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.add_argument(
-        "--state-dir",
-        type=Path,
-        help="keep the databases here and reuse them when the parameters match; "
-        "default: a temporary directory, removed afterwards",
-    )
     return parser.parse_args(argv)
 
 
-def run_all(args: argparse.Namespace, run_dir: Path, *, kept: bool) -> dict[str, Any]:
+def run_all(args: argparse.Namespace, run_dir: Path, kept: bool) -> dict[str, Any]:
     """Load (or reuse) the stores in `run_dir`, time the queries, return the report."""
     params = Params(
         records=args.records,
@@ -882,27 +754,4 @@ def main(argv: Sequence[str] | None = None) -> int:
     Returns 0 (whatever the verdicts), 1 if the library answered something the raw index
     contradicts or the state directory holds foreign databases, 2 if `--state-dir` is unusable.
     """
-    args = parse_args(argv)
-    try:
-        if args.state_dir is None:
-            with tempfile.TemporaryDirectory(prefix="bench-records-") as tmp:
-                result = run_all(args, Path(tmp), kept=False)
-        else:
-            try:
-                args.state_dir.mkdir(parents=True, exist_ok=True)
-            except OSError as exc:
-                print(
-                    f"bench_records: --state-dir {str(args.state_dir)!r}: {exc.strerror}",
-                    file=sys.stderr,
-                )
-                return 2
-            result = run_all(args, args.state_dir, kept=True)
-    except (BenchmarkError, am.ActiveMemoryError) as exc:
-        print(f"bench_records: {exc}", file=sys.stderr)
-        return 1
-    print(json.dumps(result) if args.json else format_table(result))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    return runner.main("records", parse_args(argv), run_all, format_table)

@@ -3,7 +3,7 @@
 Two benchmarks of `mem.recall`, each against what it cannot do better than.
 
 **1. Overhead: everything but model think time.** A seeded synthetic corpus (the Zipf corpus
-of `bench_search`: made-up words, 100k messages spread over 1,000 direct conversations of agent
+of `bench search`: made-up words, 100k messages spread over 1,000 direct conversations of agent
 `main`, so cross-conversation recall reads them all) plus 1,000 memory notes
 (`memory/note-NNNN.md` in the agent's workspace, a few lines each, synced once before
 anything is timed). Loaded with `import_transcript` + `rebuild_index`; `--state-dir` keeps it
@@ -61,7 +61,7 @@ over enough model names (the turn's session model, one breaker each) that none r
 2 s shielded) is bounded by 250 + 1500 ms finalize: its overshoot over 1.75 s is reported,
 against the same 50 ms for comparison (the issue sets it no target).
 
-    python -m activememory.simulations.bench_recall [--messages 100000] [--notes 1000]
+    activememory bench recall [--messages 100000] [--notes 1000]
         [--recalls N] [--concurrency 1,16,128] [--runs 200] [--only overhead|overshoot]
         [--profile] [--json] [--state-dir DIR]
 """
@@ -70,21 +70,17 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import hashlib
-import inspect
+import functools
 import io
-import json
 import math
 import os
 import pstats
 import random
 import shutil
 import statistics
-import sys
-import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -92,21 +88,30 @@ import trio
 
 import activememory as am
 
-from ..protocol.config import SINGLE_OWNER
-from ..protocol.recall import RecallRequest, ToolResult
-from ..recall.budget import FINALIZE_S
-from ..recall.memory_core import DEFAULT_RESULTS, RESCAN_S
-from ..recall.subagent_input import build_search_query
-from ..recall.tools import RecallTools
-from ..storage import fts_query, notes, transcripts
-from ..storage.db import SCHEMA_VERSION, open_connection
-from ..storage.executor import ExecutorKind
-from ..storage.fts_query import plan_match
-from ..storage.notes import search_notes
-from ..storage.search import TermStats, indexed_rows, search_scope
-from ..storage.transcripts import agent_db_path
-from .adversaries import HangForever, IgnoresCancellation
-from .bench_search import TURNS, ZIPF_EXPONENT, Zipf, conversation, environment, percentiles
+from ...protocol.config import SINGLE_OWNER
+from ...protocol.recall import RecallRequest, ToolResult
+from ...recall.budget import FINALIZE_S
+from ...recall.memory_core import DEFAULT_RESULTS, RESCAN_S
+from ...recall.subagent_input import build_search_query
+from ...recall.tools import RecallTools
+from ...storage import fts_query, notes, transcripts
+from ...storage.db import SCHEMA_VERSION, open_connection
+from ...storage.executor import ExecutorKind
+from ...storage.fts_query import plan_match
+from ...storage.notes import search_notes
+from ...storage.search import TermStats, indexed_rows, search_scope
+from ...storage.transcripts import agent_db_path
+from ..adversaries import HangForever, IgnoresCancellation
+from . import runner
+from .runner import BenchmarkError, percentiles
+from .search import (
+    TURNS,
+    ZIPF_EXPONENT,
+    Zipf,
+    import_all,
+    session_key,
+    session_sizes,
+)
 
 AGENT = "main"
 MODEL = "bench/zero"
@@ -116,7 +121,6 @@ QUERY_WORDS = (2, 4)  # two or more: never a "tiny follow-up" that borrows the p
 CONTEXT_WORDS = (6, 16)
 NOTE_LINES = (2, 5)
 NOTE_WORDS = (5, 14)
-IMPORTERS = 8
 WARMUP_RECALLS = 50  # untimed, at concurrency 1
 WARMUP_BATCHES = 2  # untimed, at concurrency > 1
 MIN_BATCHES = 32
@@ -139,10 +143,6 @@ Side = Literal["raw", "core", "plan", "recall"]
 SIDES: tuple[Side, ...] = ("raw", "core", "plan", "recall")
 
 
-class BenchmarkError(Exception):
-    """The library answered something other than the raw floor, or a run went wrong."""
-
-
 # -- the corpus -------------------------------------------------------------------------
 
 
@@ -160,26 +160,11 @@ class Params:
         """The parameters as recorded in `bench-recall.json`."""
         return {
             "layout": LAYOUT,
-            "messages": self.messages,
-            "sessions": self.sessions,
-            "notes": self.notes,
-            "vocab": self.vocab,
-            "seed": self.seed,
+            **asdict(self),
             "zipf_exponent": ZIPF_EXPONENT,
             "schema_version": SCHEMA_VERSION,
-            "index_code": _index_code_digest(),
+            "index_code": runner.code_digest(fts_query, transcripts, notes),
         }
-
-
-def _index_code_digest() -> str:
-    """A digest of the code that decides what is indexed: other code, other databases."""
-    source = "".join(inspect.getsource(m) for m in (fts_query, transcripts, notes))
-    return hashlib.sha256(source.encode()).hexdigest()[:16]
-
-
-def session_key(n: int) -> str:
-    """Conversation `n` of the benchmark agent: a direct chat."""
-    return f"agent:{AGENT}:direct:s{n}"
 
 
 def note_name(n: int) -> str:
@@ -197,12 +182,6 @@ def note_text(zipf: Zipf, seed: int, n: int) -> str:
         for _ in range(rng.randint(*NOTE_LINES))
     ]
     return f"# {title}\n\n" + "\n".join(lines) + "\n"
-
-
-def session_sizes(messages: int, sessions: int) -> list[int]:
-    """Messages per conversation: spread evenly, the first few one more."""
-    base, extra = divmod(messages, sessions)
-    return [base + (n < extra) for n in range(sessions)]
 
 
 @dataclass(frozen=True)
@@ -269,7 +248,7 @@ async def load_library(state_dir: Path, params: Params, zipf: Zipf) -> LoadTimes
     sizes = session_sizes(params.messages, params.sessions)
     async with am.open_memory(state_dir, executor="thread") as mem:
         start = time.perf_counter()
-        await _import_all(mem, params, zipf, sizes)
+        await import_all(mem, zipf, params.seed, sizes)
         stored = time.perf_counter()
         await mem.sessions.rebuild_index()
         rebuilt = time.perf_counter()
@@ -294,28 +273,6 @@ async def load_library(state_dir: Path, params: Params, zipf: Zipf) -> LoadTimes
     return LoadTimes(store=stored - start, rebuild=rebuilt - stored, notes=noted - rebuilt)
 
 
-async def _import_all(mem: am.Memory, params: Params, zipf: Zipf, sizes: list[int]) -> None:
-    at = 1_700_000_000.0
-    todo = iter(range(params.sessions))
-
-    async def importer() -> None:
-        for n in todo:  # shared iterator: each task takes the next conversation
-            entries = [
-                am.ImportEntry(
-                    id=str(i),
-                    parent_id=str(i - 1) if i else None,
-                    timestamp=at + i,
-                    message=am.Message(role=TURNS[i % 2], content=text),
-                )
-                for i, text in enumerate(conversation(zipf, params.seed, n, sizes[n]))
-            ]
-            await mem.sessions.import_transcript(session_key(n), entries)
-
-    async with trio.open_nursery() as nursery:
-        for _ in range(IMPORTERS):
-            nursery.start_soon(importer)
-
-
 def write_notes(workspace: Path, zipf: Zipf, seed: int, count: int) -> int:
     """Write `count` notes into `workspace`, dated an hour ago; returns `count`.
 
@@ -334,29 +291,15 @@ def write_notes(workspace: Path, zipf: Zipf, seed: int, count: int) -> int:
 
 def prepare(run_dir: Path, params: Params, zipf: Zipf) -> LoadTimes:
     """Load the corpus into `run_dir/library`, or reuse what a run with the same parameters left."""
-    record = run_dir / PARAMS_FILE
-    library = run_dir / "library"
-    wanted = params.as_dict()
-    if record.exists():
-        try:
-            found = json.loads(record.read_text())
-        except (OSError, ValueError):
-            found = {}
-        if found.get("params") == wanted and found.get("complete"):
-            times = found["load"]
-            return LoadTimes(
-                store=times["store"], rebuild=times["rebuild"], notes=times["notes"], reused=True
-            )
-        shutil.rmtree(library, ignore_errors=True)  # ours, but other parameters or unfinished
-    elif library.exists():
-        raise BenchmarkError(
-            f"{str(run_dir)!r} holds a library without a {PARAMS_FILE}; use an empty directory"
-        )
-    record.write_text(json.dumps({"params": wanted, "complete": False}))
-    times = trio.run(load_library, library, params, zipf)
-    saved = {"store": times.store, "rebuild": times.rebuild, "notes": times.notes}
-    record.write_text(json.dumps({"params": wanted, "complete": True, "load": saved}))
-    return times
+
+    def load() -> dict[str, float]:
+        times = trio.run(load_library, run_dir / "library", params, zipf)
+        return {"store": times.store, "rebuild": times.rebuild, "notes": times.notes}
+
+    times, reused = runner.reuse_or_load(
+        run_dir, PARAMS_FILE, params.as_dict(), load, outputs=("library",)
+    )
+    return LoadTimes(**times, reused=reused)
 
 
 # -- benchmark 1: overhead --------------------------------------------------------------
@@ -687,11 +630,6 @@ async def _profile(bench: OverheadBench, count: int) -> list[str]:
     ]
 
 
-def ms(values: Sequence[float]) -> dict[str, float]:
-    """p50/p90/p99/max/mean in milliseconds."""
-    return percentiles(values) if values else {}
-
-
 def _paired(a: Sequence[float], *minus: Sequence[float]) -> list[float]:
     return [x - sum(parts) for x, *parts in zip(a, *minus, strict=True)]
 
@@ -702,8 +640,8 @@ def _meets(p: dict[str, float]) -> bool:
 
 def level_report(t: LevelTimings) -> dict[str, Any]:
     """One concurrency level's figures and verdict."""
-    paired = ms(_paired(t.recall, t.raw))
-    per_op = ms(t.per_op_overhead())
+    paired = percentiles(_paired(t.recall, t.raw))
+    per_op = percentiles(t.per_op_overhead())
     verdict = paired if t.concurrency == 1 else per_op
     walls = sum(t.batch_walls)
     report: dict[str, Any] = {
@@ -713,14 +651,14 @@ def level_report(t: LevelTimings) -> dict[str, Any]:
         "batches": len(t.batch_walls),
         "statuses": dict(sorted(t.statuses.items())),
         "mean_hits": round(statistics.fmean(t.hits), 2) if t.hits else 0.0,
-        "raw_ms": ms(t.raw),
-        "recall_ms": ms(t.recall),
+        "raw_ms": percentiles(t.raw),
+        "recall_ms": percentiles(t.recall),
         "overhead_ms": paired,
         "overhead_per_op_ms": per_op,
         # Diagnostic, not the verdict: the recalls (batches) during which no note rescan ran.
         "rescans": sum(t.rescanned),
         # (At concurrency 1 a batch is one recall: per op is the paired overhead.)
-        "overhead_without_rescans_ms": ms(t.per_op_overhead(without_rescans=True)),
+        "overhead_without_rescans_ms": percentiles(t.per_op_overhead(without_rescans=True)),
         "throughput_per_s": round(len(t.recall) / walls, 1) if walls else 0.0,
         "raw_throughput_per_s": round(len(t.raw) / sum(t.raw), 1) if t.raw else 0.0,
         "verdict_uses": "paired latency" if t.concurrency == 1 else "per op at throughput",
@@ -730,10 +668,10 @@ def level_report(t: LevelTimings) -> dict[str, Any]:
     }
     if t.core:
         report["breakdown_ms"] = {
-            "memory_search_tool": ms(t.core),
-            "preflight": ms(t.plan),
-            "tool_beyond_sql": ms(_paired(t.core, t.raw)),
-            "rest_of_pipeline": ms(_paired(t.recall, t.core, t.plan)),
+            "memory_search_tool": percentiles(t.core),
+            "preflight": percentiles(t.plan),
+            "tool_beyond_sql": percentiles(_paired(t.core, t.raw)),
+            "rest_of_pipeline": percentiles(_paired(t.recall, t.core, t.plan)),
         }
     return report
 
@@ -783,7 +721,7 @@ async def run_overshoot(
     async with am.open_memory(
         state_dir, config=_overshoot_config(), models=models, executor="thread"
     ) as mem:
-        await _import_all(mem, params, zipf, sizes)
+        await import_all(mem, zipf, seed, sizes)
         await mem.sessions.rebuild_index()
         write_notes(mem.notes.workspace(AGENT), zipf, seed, OVERSHOOT_NOTES)
         await mem.notes.sync_notes(AGENT)
@@ -819,7 +757,7 @@ async def run_overshoot(
 
 def overshoot_report(t: OvershootTimings) -> dict[str, Any]:
     """One model's wall times, overshoots over its bound, and verdict."""
-    over = ms([w - t.bound_s for w in t.walls])
+    over = percentiles([w - t.bound_s for w in t.walls])
     return {
         "name": t.name,
         "description": t.description,
@@ -827,7 +765,7 @@ def overshoot_report(t: OvershootTimings) -> dict[str, Any]:
         "models": t.models,
         "bound_ms": round(t.bound_s * 1000, 3),
         "statuses": t.statuses,
-        "wall_ms": ms(t.walls),
+        "wall_ms": percentiles(t.walls),
         "overshoot_ms": over,
         "pass_p99": bool(over) and over["p99"] <= TARGET_OVERSHOOT_P99_MS,
         "target_set_by_issue": t.name == "hang",
@@ -852,10 +790,12 @@ def verdicts(result: dict[str, Any]) -> list[dict[str, Any]]:
                 "p50_ms": p["p50"],
                 "p99_ms": p["p99"],
                 "pass": level["pass_p50"] and level["pass_p99"],
-                "text": (
-                    f"p50 {p['p50']:.3f} ms (target <= {TARGET_OVERHEAD_P50_MS:g}): "
-                    f"{_word(level['pass_p50'])}; p99 {p['p99']:.3f} ms "
-                    f"(target <= {TARGET_OVERHEAD_P99_MS:g}): {_word(level['pass_p99'])}"
+                "text": runner.against(
+                    f"p50 {p['p50']:.3f} ms", "<=", TARGET_OVERHEAD_P50_MS, level["pass_p50"]
+                )
+                + "; "
+                + runner.against(
+                    f"p99 {p['p99']:.3f} ms", "<=", TARGET_OVERHEAD_P99_MS, level["pass_p99"]
                 ),
             }
         )
@@ -870,31 +810,25 @@ def verdicts(result: dict[str, Any]) -> list[dict[str, Any]]:
                 "p50_ms": p["p50"],
                 "p99_ms": p["p99"],
                 "pass": run["pass_p99"],
-                "text": (
-                    f"p99 {p['p99']:.2f} ms over {run['bound_ms']:g} ms "
-                    f"(target <= {TARGET_OVERSHOOT_P99_MS:g}): {_word(run['pass_p99'])}{note}"
-                ),
+                "text": runner.against(
+                    f"p99 {p['p99']:.2f} ms over {run['bound_ms']:g} ms",
+                    "<=",
+                    TARGET_OVERSHOOT_P99_MS,
+                    run["pass_p99"],
+                )
+                + note,
             }
         )
     return out
 
 
-def _word(ok: bool) -> str:
-    return "PASS" if ok else "MISS"
-
-
-def _row(label: str, p: dict[str, float], width: int = 46) -> str:
-    if not p:
-        return f"    {label:<{width}} (none)"
-    return (
-        f"    {label:<{width}} {p['p50']:>8.3f} {p['p90']:>8.3f} {p['p99']:>8.3f} {p['max']:>9.3f}"
-    )
+_row = functools.partial(runner.percentile_row, width=46)
 
 
 def format_table(result: dict[str, Any]) -> str:
     """The report for a person."""
     lines: list[str] = []
-    header = f"    {'':<46} {'p50':>8} {'p90':>8} {'p99':>8} {'max':>9}   (ms)"
+    header = runner.percentile_header("", 46, indent=4)
     overhead = result["overhead"]
     if overhead is not None:
         corpus, load = overhead["corpus"], overhead["load"]
@@ -952,7 +886,7 @@ def format_table(result: dict[str, Any]) -> str:
             if c != 1:
                 lines.append(
                     f"    latency view (includes waiting behind the other {c - 1} recalls): "
-                    f"would {_word(level['latency_view_pass'])}; the verdict uses per recall "
+                    f"would {runner.verdict(level['latency_view_pass'])}; the verdict uses per recall "
                     "at throughput"
                 )
             v = next(x for x in result["verdicts"] if x.get("concurrency") == c)
@@ -979,19 +913,9 @@ def format_table(result: dict[str, Any]) -> str:
                 _row("wall time of mem.recall", run["wall_ms"]),
                 _row(f"overshoot = wall - {run['bound_ms']:g} ms", run["overshoot_ms"]),
             ]
-    env = result["environment"]
+    lines += [*runner.environment_lines(result["environment"]), "", "Verdicts"]
     lines += [
-        "",
-        f"  environment: Python {env['python']} ({env['implementation']}), "
-        f"SQLite {env['sqlite']}, apsw {env['apsw']}, {env['cpus']} CPUs",
-        f"               {env['platform']}",
-        f"               state dir {env['state_dir']}"
-        + ("" if env["state_dir_kept"] else " (temporary, removed)"),
-        "",
-        "Verdicts",
-    ]
-    lines += [
-        f"  {_word(v['pass'])} {v['name']} [{v['measure']}]: {v['text']}"
+        f"  {runner.verdict(v['pass'])} {v['name']} [{v['measure']}]: {v['text']}"
         for v in result["verdicts"]
     ]
     return "\n".join(lines)
@@ -1003,7 +927,7 @@ def _breakdown_lines(overhead: dict[str, Any]) -> list[str]:
     lines = [
         "",
         "  where the time goes (concurrency 1, paired per query)",
-        f"    {'':<46} {'p50':>8} {'p90':>8} {'p99':>8} {'max':>9}   (ms)",
+        runner.percentile_header("", 46, indent=4),
     ]
     if first is not None:
         b = first["breakdown_ms"]
@@ -1040,16 +964,6 @@ def _breakdown_lines(overhead: dict[str, Any]) -> list[str]:
 # -- the command ------------------------------------------------------------------------
 
 
-def _positive_int(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value!r}") from None
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value!r}")
-    return number
-
-
 def _levels(value: str) -> tuple[int, ...]:
     try:
         levels = tuple(dict.fromkeys(int(v) for v in value.split(",") if v.strip()))
@@ -1064,24 +978,22 @@ def _levels(value: str) -> tuple[int, ...]:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     """The command line (`sys.argv[1:]` when `argv` is None)."""
-    parser = argparse.ArgumentParser(
-        prog="bench_recall",
-        description="Recall overhead against the raw SQL floor, and real-clock budget "
+    parser = runner.command(
+        "recall",
+        "Recall overhead against the raw SQL floor, and real-clock budget "
         "overshoot (docs/design.md §4.9, §7).",
+        seed=1,
+        state_dir=runner.REUSE_HELP,
     )
-    parser.add_argument("--messages", type=_positive_int, default=100_000)
-    parser.add_argument("--sessions", type=_positive_int, default=1_000)
-    parser.add_argument("--notes", type=_positive_int, default=1_000)
-    parser.add_argument("--vocab", type=_positive_int, default=20_000)
-    parser.add_argument("--seed", type=int, default=1)
+    runner.add_sizes(parser, messages=100_000, sessions=1_000, notes=1_000, vocab=20_000)
     parser.add_argument(
         "--recalls",
-        type=_positive_int,
+        type=runner.positive_int,
         default=2_000,
         help="timed recalls per concurrency level (at least 32 batches per level)",
     )
     parser.add_argument("--concurrency", type=_levels, default=(1, 16, 128))
-    parser.add_argument("--runs", type=_positive_int, default=200, help="HangForever runs")
+    parser.add_argument("--runs", type=runner.positive_int, default=200, help="HangForever runs")
     parser.add_argument(
         "--runs-ignoring", type=int, default=50, help="IgnoresCancellation runs (1.75 s each)"
     )
@@ -1094,13 +1006,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         choices=("thread", "inline"),
         default="thread",
         help="which loop --profile profiles",
-    )
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.add_argument(
-        "--state-dir",
-        type=Path,
-        help="keep the corpus here and reuse it when the parameters match; "
-        "default: a temporary directory, removed afterwards",
     )
     args = parser.parse_args(argv)
     if args.messages < args.sessions:
@@ -1157,7 +1062,7 @@ def overhead_section(args: argparse.Namespace, run_dir: Path, zipf: Zipf) -> dic
         },
         "levels": [level_report(t) for t in thread.levels],
         "inline": level_report(inline.levels[0]),
-        "note_rescan_ms": ms(thread.sync_seconds),
+        "note_rescan_ms": percentiles(thread.sync_seconds),
         "profile": thread.profile or inline.profile,
     }
 
@@ -1185,7 +1090,7 @@ def overshoot_section(args: argparse.Namespace, run_dir: Path, zipf: Zipf) -> di
     }
 
 
-def run_all(args: argparse.Namespace, run_dir: Path, *, kept: bool) -> dict[str, Any]:
+def run_all(args: argparse.Namespace, run_dir: Path, kept: bool) -> dict[str, Any]:
     """Run what `--only` selects in `run_dir`; return the report."""
     zipf = Zipf(args.vocab, args.seed)
     result: dict[str, Any] = {
@@ -1203,7 +1108,7 @@ def run_all(args: argparse.Namespace, run_dir: Path, *, kept: bool) -> dict[str,
     if args.only in (None, "overshoot"):
         result["overshoot"] = overshoot_section(args, run_dir, zipf)
     result["verdicts"] = verdicts(result)
-    result["environment"] = environment(run_dir, kept=kept)
+    result["environment"] = runner.environment(run_dir, kept=kept)
     return result
 
 
@@ -1213,27 +1118,4 @@ def main(argv: Sequence[str] | None = None) -> int:
     Returns 0 (whatever the verdicts), 1 if the library answered something the raw floor
     contradicts or a run went wrong, 2 if `--state-dir` is unusable.
     """
-    args = parse_args(argv)
-    try:
-        if args.state_dir is None:
-            with tempfile.TemporaryDirectory(prefix="bench-recall-") as tmp:
-                result = run_all(args, Path(tmp), kept=False)
-        else:
-            try:
-                args.state_dir.mkdir(parents=True, exist_ok=True)
-            except OSError as exc:
-                print(
-                    f"bench_recall: --state-dir {str(args.state_dir)!r}: {exc.strerror}",
-                    file=sys.stderr,
-                )
-                return 2
-            result = run_all(args, args.state_dir, kept=True)
-    except (BenchmarkError, am.ActiveMemoryError) as exc:
-        print(f"bench_recall: {exc}", file=sys.stderr)
-        return 1
-    print(json.dumps(result) if args.json else format_table(result))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    return runner.main("recall", parse_args(argv), run_all, format_table)

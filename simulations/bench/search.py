@@ -30,39 +30,34 @@ targets: p50 library/raw-OR ratio <= 1.5, p99 <= 10 ms. Absolute times on a shar
 are noise; the ratios are the result. With `--state-dir`, the loaded databases are kept with
 their parameters (`bench-search.json`) and reused by a later run with the same parameters.
 
-    python -m activememory.simulations.bench_search [--messages N] [--json] ...
+    activememory bench search [--messages N] [--json] ...
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
-import inspect
 import itertools
 import json
-import math
-import os
-import platform
 import random
-import shutil
-import sys
-import tempfile
 import time
-from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
+from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, Literal, TypeAlias, cast
+from typing import Any, Generic, Literal, TypeAlias, TypeVar, cast
 
 import apsw
 import trio
 
 import activememory as am
-from activememory.protocol.content import Role
-from activememory.storage import fts_query, transcripts
-from activememory.storage.db import SCHEMA_VERSION, configure
-from activememory.storage.fts_query import STOPWORDS, build_match, index_row
-from activememory.storage.transcripts import agent_db_path
+
+from ...protocol.content import Role
+from ...storage import fts_query, transcripts
+from ...storage.db import SCHEMA_VERSION, configure
+from ...storage.fts_query import STOPWORDS, build_match, index_row
+from ...storage.transcripts import agent_db_path
+from . import runner
+from .runner import BenchmarkError, percentile_row, percentiles, ratio
 
 AGENT = "main"
 ZIPF_EXPONENT = 1.1
@@ -85,6 +80,7 @@ RAW_QUERY = "SELECT rowid, rank FROM t WHERE t MATCH ? ORDER BY rank LIMIT 10"
 # with a second sort key (the library's tie-break) SQLite sorts, keeping only the top rows.
 RAW_TOPK_QUERY = "SELECT rowid, rank FROM t WHERE t MATCH ? ORDER BY rank, rowid DESC LIMIT 10"
 
+T = TypeVar("T")
 LoadMethod: TypeAlias = Literal["import", "append"]
 LOAD_METHODS: tuple[LoadMethod, ...] = ("import", "append")
 
@@ -94,10 +90,6 @@ _ONSETS = (
 )  # fmt: skip
 _VOWELS = ("a", "e", "i", "o", "u", "a", "e", "i", "o", "ai", "ea", "ee", "ie", "oa", "oo", "ou")
 _CODAS = ("", "", "", "n", "r", "s", "t", "l", "m", "nd", "st", "ng", "ck", "rt")
-
-
-class BenchmarkError(Exception):
-    """The library stored, indexed or answered something other than the raw floor."""
 
 
 # -- the corpus -------------------------------------------------------------------------
@@ -117,25 +109,15 @@ class Params:
         """The parameters as recorded in `bench-search.json`."""
         return {
             "layout": LAYOUT,
-            "messages": self.messages,
-            "sessions": self.sessions,
-            "vocab": self.vocab,
-            "seed": self.seed,
-            "load": self.load,
+            **asdict(self),
             "zipf_exponent": ZIPF_EXPONENT,
             "word_length": list(WORD_LENGTH),
             "words_per_message": list(WORDS_PER_MESSAGE),
             "spawn_every": SPAWN_EVERY,
             "children": CHILDREN,
             "schema_version": SCHEMA_VERSION,
-            "index_code": _index_code_digest(),
+            "index_code": runner.code_digest(fts_query, transcripts),
         }
-
-
-def _index_code_digest() -> str:
-    """A digest of the code that decides what is indexed: other code, other databases."""
-    source = "".join(inspect.getsource(m) for m in (fts_query, transcripts))
-    return hashlib.sha256(source.encode()).hexdigest()[:16]
 
 
 class Zipf:
@@ -152,20 +134,24 @@ class Zipf:
         return rng.choices(self.words, cum_weights=self.cum_weights, k=k)
 
 
-def make_vocabulary(rng: random.Random, size: int) -> list[str]:
-    """`size` distinct pronounceable lowercase words of 3-10 letters, shortest first.
+def searchable(word: str) -> bool:
+    """3-10 letters and no English stopword: the library drops stopwords from queries and the
+    raw floor would not, which is not what is measured."""
+    return WORD_LENGTH[0] <= len(word) <= WORD_LENGTH[1] and word not in STOPWORDS
 
-    Shortest first because frequent words are short. English stopwords are left out: the
-    library drops them from queries and the raw floor would not, which is not what is measured.
-    """
-    low, high = WORD_LENGTH
+
+def make_vocabulary(
+    rng: random.Random, size: int, keep: Callable[[str], bool] = searchable
+) -> list[str]:
+    """`size` distinct pronounceable lowercase words that `keep` keeps, shortest first
+    (frequent words are short)."""
     words: dict[str, None] = {}
     while len(words) < size:
         syllables = rng.choices((1, 2, 3, 4), weights=(3, 5, 3, 1))[0]
         word = "".join(
             rng.choice(_ONSETS) + rng.choice(_VOWELS) + rng.choice(_CODAS) for _ in range(syllables)
         )
-        if low <= len(word) <= high and word not in STOPWORDS:
+        if keep(word):
             words[word] = None
     return sorted(words, key=len)  # stable: generation order within a length
 
@@ -182,10 +168,10 @@ def spawned(n: int, sessions: int) -> list[int]:
     return [c for c in range(n + 1, n + 1 + CHILDREN) if c < sessions]
 
 
-def session_sizes(params: Params) -> list[int]:
+def session_sizes(messages: int, sessions: int) -> list[int]:
     """Messages per session: spread evenly, the first few sessions one more."""
-    base, extra = divmod(params.messages, params.sessions)
-    return [base + (n < extra) for n in range(params.sessions)]
+    base, extra = divmod(messages, sessions)
+    return [base + (n < extra) for n in range(sessions)]
 
 
 def conversation(zipf: Zipf, seed: int, n: int, size: int) -> list[str]:
@@ -238,13 +224,13 @@ async def load_library(state_dir: Path, params: Params, zipf: Zipf) -> tuple[flo
     Cancellation: as for `import_transcript`/`append`; a cancelled load leaves a partial
     store that the next run discards (its parameters file says it is incomplete).
     """
-    sizes = session_sizes(params)
+    sizes = session_sizes(params.messages, params.sessions)
     async with am.open_memory(state_dir, executor="thread") as mem:
         start = time.perf_counter()
         if params.load == "import":
-            await _import_all(mem, params, zipf, sizes)
+            await import_all(mem, zipf, params.seed, sizes)
         else:
-            await _append_all(mem, params, zipf, sizes)
+            await _append_all(mem, zipf, params.seed, sizes)
         for parent in range(0, params.sessions, SPAWN_EVERY):
             for child in spawned(parent, params.sessions):
                 await mem.sessions.create(session_key(child), spawned_by=session_key(parent))
@@ -263,9 +249,13 @@ async def load_library(state_dir: Path, params: Params, zipf: Zipf) -> tuple[flo
     return stored - start, rebuilt - stored
 
 
-async def _import_all(mem: am.Memory, params: Params, zipf: Zipf, sizes: list[int]) -> None:
+async def import_all(mem: am.Memory, zipf: Zipf, seed: int, sizes: Sequence[int]) -> None:
+    """Import session `n` with `sizes[n]` messages, for every `n`, a few sessions at a time.
+
+    Cancellation: as for `import_transcript`; the sessions imported so far stay.
+    """
     at = 1_700_000_000.0
-    todo = iter(range(params.sessions))
+    todo = iter(range(len(sizes)))
 
     async def importer() -> None:
         for n in todo:  # shared iterator: each task takes the next session
@@ -276,7 +266,7 @@ async def _import_all(mem: am.Memory, params: Params, zipf: Zipf, sizes: list[in
                     timestamp=at + i,
                     message=am.Message(role=TURNS[i % 2], content=text),
                 )
-                for i, text in enumerate(conversation(zipf, params.seed, n, sizes[n]))
+                for i, text in enumerate(conversation(zipf, seed, n, sizes[n]))
             ]
             await mem.sessions.import_transcript(session_key(n), entries)
 
@@ -285,15 +275,15 @@ async def _import_all(mem: am.Memory, params: Params, zipf: Zipf, sizes: list[in
             nursery.start_soon(importer)
 
 
-async def _append_all(mem: am.Memory, params: Params, zipf: Zipf, sizes: list[int]) -> None:
+async def _append_all(mem: am.Memory, zipf: Zipf, seed: int, sizes: Sequence[int]) -> None:
     async def appender(first: int) -> None:
-        for n in range(first, params.sessions, APPENDERS):
+        for n in range(first, len(sizes), APPENDERS):
             key = session_key(n)
-            for i, text in enumerate(conversation(zipf, params.seed, n, sizes[n])):
+            for i, text in enumerate(conversation(zipf, seed, n, sizes[n])):
                 await mem.sessions.append(key, am.Message(role=TURNS[i % 2], content=text))
 
     async with trio.open_nursery() as nursery:
-        for first in range(min(APPENDERS, params.sessions)):
+        for first in range(min(APPENDERS, len(sizes))):
             nursery.start_soon(appender, first)
 
 
@@ -358,36 +348,17 @@ def _index_rows(branch: Iterable[tuple[Any, ...]], columns: int) -> Iterator[tup
 
 def prepare(run_dir: Path, params: Params, zipf: Zipf) -> LoadTimes:
     """Load both stores into `run_dir`, or reuse what a run with the same parameters left."""
-    record = run_dir / PARAMS_FILE
-    wanted = params.as_dict()
-    if record.exists():
-        try:
-            found = json.loads(record.read_text())
-        except (OSError, ValueError):
-            found = {}
-        if found.get("params") == wanted and found.get("complete"):
-            times = found["load"]
-            return LoadTimes(
-                method=params.load,
-                generate_and_store=times["generate_and_store"],
-                rebuild=times["rebuild"],
-                raw=times["raw"],
-                reused=True,
-            )
-        # Ours, but for other parameters or unfinished: start over.
-        shutil.rmtree(run_dir / "library", ignore_errors=True)
-        for leftover in run_dir.glob("raw.db*"):
-            leftover.unlink()
-    elif (run_dir / "library").exists() or (run_dir / "raw.db").exists():
-        raise BenchmarkError(
-            f"{str(run_dir)!r} holds databases without a {PARAMS_FILE}; use an empty directory"
-        )
-    record.write_text(json.dumps({"params": wanted, "complete": False}))
-    store, rebuild = trio.run(load_library, run_dir / "library", params, zipf)
-    raw = load_raw(run_dir / "raw.db", agent_db_path(run_dir / "library", AGENT))
-    times = {"generate_and_store": store, "rebuild": rebuild, "raw": raw}
-    record.write_text(json.dumps({"params": wanted, "complete": True, "load": times}))
-    return LoadTimes(method=params.load, generate_and_store=store, rebuild=rebuild, raw=raw)
+
+    def load() -> dict[str, float]:
+        store, rebuild = trio.run(load_library, run_dir / "library", params, zipf)
+        raw = load_raw(run_dir / "raw.db", agent_db_path(run_dir / "library", AGENT))
+        return {"generate_and_store": store, "rebuild": rebuild, "raw": raw}
+
+    outputs = ("library", "raw.db*")
+    times, reused = runner.reuse_or_load(
+        run_dir, PARAMS_FILE, params.as_dict(), load, outputs=outputs
+    )
+    return LoadTimes(method=params.load, **times, reused=reused)
 
 
 # -- the queries ------------------------------------------------------------------------
@@ -457,11 +428,11 @@ async def run_setting(
         async with am.open_memory(run_dir / "library", executor="thread", config=config) as mem:
             for i, (query, caller) in enumerate(zip(queries, callers, strict=True)):
                 key = session_key(caller)
-                raw_or = _RawSide(raw, or_match(query))
-                raw_or_topk = _RawSide(raw, or_match(query), RAW_TOPK_QUERY)
-                raw_phrase = _RawSide(raw, build_match(query))
-                library = _LibrarySide(mem, query, key)
-                sides: list[_RawSide | _LibrarySide] = [raw_or, raw_or_topk, raw_phrase, library]
+                raw_or = RawSide(raw, or_match(query))
+                raw_or_topk = RawSide(raw, or_match(query), RAW_TOPK_QUERY)
+                raw_phrase = RawSide(raw, build_match(query))
+                library = LibrarySide(partial(mem.sessions.search, query, caller=key, limit=LIMIT))
+                sides: list[RawSide | LibrarySide[Any]] = [raw_or, raw_or_topk, raw_phrase, library]
                 # Rotate which side goes first, so no side always finds the caches warmer.
                 turn = i % len(sides)
                 for side in sides[turn:] + sides[:turn]:
@@ -480,7 +451,7 @@ async def run_setting(
     return timings
 
 
-class _RawSide:
+class RawSide:
     """The floor: one FTS5 query, synchronous on the calling thread."""
 
     def __init__(self, conn: apsw.Connection, expression: str | None, sql: str = RAW_QUERY) -> None:
@@ -497,19 +468,17 @@ class _RawSide:
         self.rows = cast(list[tuple[int, float]], rows)
 
 
-class _LibrarySide:
-    """`mem.sessions.search`, end to end from the event loop."""
+class LibrarySide(Generic[T]):
+    """One library call (a search), end to end from the event loop."""
 
-    def __init__(self, mem: am.Memory, query: str, caller: str) -> None:
-        self.mem = mem
-        self.query = query
-        self.caller = caller
+    def __init__(self, call: Callable[[], Awaitable[T]]) -> None:
+        self.call = call
         self.seconds = 0.0
-        self.result: am.SearchResult | None = None
+        self.result: T | None = None
 
     async def run(self) -> None:
         start = time.perf_counter()
-        result = await self.mem.sessions.search(self.query, caller=self.caller, limit=LIMIT)
+        result = await self.call()
         self.seconds = time.perf_counter() - start
         self.result = result
 
@@ -518,7 +487,7 @@ def _check(
     setting: Setting,
     query: str,
     raw: apsw.Connection,
-    phrase: _RawSide,
+    phrase: RawSide,
     caller: int,
     sessions: int,
     result: am.SearchResult,
@@ -555,30 +524,13 @@ def _check(
 # -- the report -------------------------------------------------------------------------
 
 
-def percentiles(seconds: Sequence[float]) -> dict[str, float]:
-    """p50/p90/p99/max/mean in milliseconds (nearest rank)."""
-    ordered = sorted(seconds)
-
-    def rank(p: float) -> float:
-        return ordered[max(0, math.ceil(p / 100 * len(ordered)) - 1)] * 1000
-
-    return {
-        "p50": round(rank(50), 4),
-        "p90": round(rank(90), 4),
-        "p99": round(rank(99), 4),
-        "max": round(ordered[-1] * 1000, 4),
-        "mean": round(sum(ordered) / len(ordered) * 1000, 4),
-    }
-
-
 def setting_report(setting: Setting, timings: Timings) -> dict[str, Any]:
     """One setting's figures, ratios and verdicts."""
     raw_or = percentiles(timings.raw_or)
     raw_or_topk = percentiles(timings.raw_or_topk)
     raw_phrase = percentiles(timings.raw_phrase)
     library = percentiles(timings.library)
-    ratio_p50 = library["p50"] / raw_or["p50"]
-    ratio_p99 = library["p99"] / raw_or["p99"]
+    ratio_p50 = ratio(library["p50"], raw_or["p50"])
     return {
         "name": setting.name,
         "description": setting.description,
@@ -589,42 +541,23 @@ def setting_report(setting: Setting, timings: Timings) -> dict[str, Any]:
         "raw_or_topk_ms": raw_or_topk,
         "raw_phrase_ms": raw_phrase,
         "library_ms": library,
-        "ratio_p50": round(ratio_p50, 3),
-        "ratio_p99": round(ratio_p99, 3),
+        "ratio_p50": ratio_p50,
+        "ratio_p99": ratio(library["p99"], raw_or["p99"]),
         # The split: what the library's query semantics cost SQLite, and what the rest costs.
-        "semantics_p50": round(raw_phrase["p50"] / raw_or["p50"], 3),
-        "overhead_p50": round(library["p50"] / raw_phrase["p50"], 3),
-        "overhead_p99": round(library["p99"] / raw_phrase["p99"], 3),
+        "semantics_p50": ratio(raw_phrase["p50"], raw_or["p50"]),
+        "overhead_p50": ratio(library["p50"], raw_phrase["p50"]),
+        "overhead_p99": ratio(library["p99"], raw_phrase["p99"]),
         # Against the same OR query sorted by SQLite (top-k) instead of FTS5's sorted cursor.
-        "ratio_topk_p50": round(library["p50"] / raw_or_topk["p50"], 3),
-        "ratio_topk_p99": round(library["p99"] / raw_or_topk["p99"], 3),
-        "pass_p50_ratio": ratio_p50 <= TARGET_P50_RATIO,
+        "ratio_topk_p50": ratio(library["p50"], raw_or_topk["p50"]),
+        "ratio_topk_p99": ratio(library["p99"], raw_or_topk["p99"]),
+        "pass_p50_ratio": library["p50"] / raw_or["p50"] <= TARGET_P50_RATIO,
         "pass_p99_ms": library["p99"] <= TARGET_P99_MS,
-    }
-
-
-def environment(run_dir: Path, *, kept: bool) -> dict[str, Any]:
-    """What the figures depend on besides the code."""
-    return {
-        "python": platform.python_version(),
-        "implementation": platform.python_implementation(),
-        "sqlite": apsw.sqlite_lib_version(),
-        "apsw": apsw.apsw_version(),
-        "cpus": os.cpu_count(),
-        "platform": platform.platform(),
-        "state_dir": str(run_dir),
-        "state_dir_kept": kept,
     }
 
 
 def format_table(result: dict[str, Any]) -> str:
     """The report for a person."""
-    corpus, load, env, q = (
-        result["corpus"],
-        result["load"],
-        result["environment"],
-        result["queries"],
-    )
+    corpus, load, q = result["corpus"], result["load"], result["queries"]
     low, high = corpus["words_per_message"]
     reuse = " (reused: times from the run that loaded it)" if load["reused"] else ""
     lines = [
@@ -638,7 +571,7 @@ def format_table(result: dict[str, Any]) -> str:
         f"  queries: {q['count']:,} timed after {q['warmup']} warm-up, {q['words'][0]}-"
         f"{q['words'][1]} words, limit {q['limit']}; sides interleaved per query",
         "",
-        f"  {'setting / side':<34} {'p50':>8} {'p90':>8} {'p99':>8} {'max':>9}   (ms)",
+        runner.percentile_header("setting / side", 34),
     ]
     for s in result["settings"]:
         lines.append(f"  {s['name']}: {s['description']} (mean {s['mean_results']} results)")
@@ -648,17 +581,13 @@ def format_table(result: dict[str, Any]) -> str:
             ("raw build_match", "raw_phrase_ms"),
             ("library", "library_ms"),
         ):
-            p = s[key]
-            lines.append(
-                f"    {label:<32} {p['p50']:>8.3f} {p['p90']:>8.3f} {p['p99']:>8.3f} "
-                f"{p['max']:>9.3f}"
-            )
-        lines.append(
-            f"    library / raw OR: p50 {s['ratio_p50']:.2f} (target <= {TARGET_P50_RATIO}): "
-            f"{'PASS' if s['pass_p50_ratio'] else 'MISS'}; p99 {s['ratio_p99']:.2f}; "
-            f"p99 {s['library_ms']['p99']:.2f} ms (target <= {TARGET_P99_MS:g} ms): "
-            f"{'PASS' if s['pass_p99_ms'] else 'MISS'}"
+            lines.append(percentile_row(label, s[key], 32))
+        p50 = runner.against(
+            f"p50 {s['ratio_p50']:.2f}", "<=", TARGET_P50_RATIO, s["pass_p50_ratio"]
         )
+        p99 = f"p99 {s['library_ms']['p99']:.2f} ms"
+        p99 = runner.against(p99, "<=", f"{TARGET_P99_MS:g} ms", s["pass_p99_ms"])
+        lines.append(f"    library / raw OR: {p50}; p99 {s['ratio_p99']:.2f}; {p99}")
         lines.append(
             f"    split at p50: query semantics (build_match / OR) {s['semantics_p50']:.2f}, "
             f"library overhead (library / build_match) {s['overhead_p50']:.2f}"
@@ -667,28 +596,10 @@ def format_table(result: dict[str, Any]) -> str:
             f"    library / raw OR with top-k sort: p50 {s['ratio_topk_p50']:.2f}, "
             f"p99 {s['ratio_topk_p99']:.2f}"
         )
-    lines += [
-        "",
-        f"  environment: Python {env['python']} ({env['implementation']}), "
-        f"SQLite {env['sqlite']}, apsw {env['apsw']}, {env['cpus']} CPUs",
-        f"               {env['platform']}",
-        f"               state dir {env['state_dir']}"
-        + ("" if env["state_dir_kept"] else " (temporary, removed)"),
-    ]
-    return "\n".join(lines)
+    return "\n".join(lines + runner.environment_lines(result["environment"]))
 
 
 # -- the command ------------------------------------------------------------------------
-
-
-def _positive_int(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value!r}") from None
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value!r}")
-    return number
 
 
 def _settings(value: str) -> tuple[str, ...]:
@@ -703,16 +614,14 @@ def _settings(value: str) -> tuple[str, ...]:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     """The command line (`sys.argv[1:]` when `argv` is None)."""
-    parser = argparse.ArgumentParser(
-        prog="bench_search",
-        description="sessions_search latency against a raw FTS5 query (docs/design.md §3, §7).",
+    parser = runner.command(
+        "search",
+        "sessions_search latency against a raw FTS5 query (docs/design.md §3, §7).",
+        seed=1,
+        state_dir=runner.REUSE_HELP,
     )
-    parser.add_argument("--messages", type=_positive_int, default=1_000_000)
-    parser.add_argument("--sessions", type=_positive_int, default=10_000)
-    parser.add_argument("--vocab", type=_positive_int, default=50_000)
-    parser.add_argument("--queries", type=_positive_int, default=2000)
+    runner.add_sizes(parser, messages=1_000_000, sessions=10_000, vocab=50_000, queries=2000)
     parser.add_argument("--warmup", type=int, default=WARMUP, help="untimed queries per setting")
-    parser.add_argument("--seed", type=int, default=1)
     parser.add_argument(
         "--settings",
         type=_settings,
@@ -725,13 +634,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default="import",
         help="import_transcript per session + rebuild_index (default, faster), or append",
     )
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.add_argument(
-        "--state-dir",
-        type=Path,
-        help="keep the databases here and reuse them when the parameters match; "
-        "default: a temporary directory, removed afterwards",
-    )
     args = parser.parse_args(argv)
     if args.messages < args.sessions:
         parser.error("--messages must be at least --sessions")
@@ -740,7 +642,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
-def run_all(args: argparse.Namespace, run_dir: Path, *, kept: bool) -> dict[str, Any]:
+def run_all(args: argparse.Namespace, run_dir: Path, kept: bool) -> dict[str, Any]:
     """Load (or reuse) the stores in `run_dir`, time every setting, return the report."""
     params = Params(
         messages=args.messages,
@@ -797,7 +699,7 @@ def run_all(args: argparse.Namespace, run_dir: Path, *, kept: bool) -> dict[str,
         },
         "targets": {"p50_ratio_max": TARGET_P50_RATIO, "p99_ms_max": TARGET_P99_MS},
         "settings": settings,
-        "environment": environment(run_dir, kept=kept),
+        "environment": runner.environment(run_dir, kept=kept),
     }
 
 
@@ -807,27 +709,4 @@ def main(argv: Sequence[str] | None = None) -> int:
     Returns 0 (whatever the verdicts), 1 if the library answered something the raw index
     contradicts or the state directory holds foreign databases, 2 if `--state-dir` is unusable.
     """
-    args = parse_args(argv)
-    try:
-        if args.state_dir is None:
-            with tempfile.TemporaryDirectory(prefix="bench-search-") as tmp:
-                result = run_all(args, Path(tmp), kept=False)
-        else:
-            try:
-                args.state_dir.mkdir(parents=True, exist_ok=True)
-            except OSError as exc:
-                print(
-                    f"bench_search: --state-dir {str(args.state_dir)!r}: {exc.strerror}",
-                    file=sys.stderr,
-                )
-                return 2
-            result = run_all(args, args.state_dir, kept=True)
-    except (BenchmarkError, am.ActiveMemoryError) as exc:
-        print(f"bench_search: {exc}", file=sys.stderr)
-        return 1
-    print(json.dumps(result) if args.json else format_table(result))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    return runner.main("search", parse_args(argv), run_all, format_table)

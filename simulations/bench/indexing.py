@@ -14,19 +14,14 @@ the gap to the floor into what transaction granularity costs SQLite and what the
 It prints ratios to the floor, since absolute rates on a shared machine are noise. After each
 run the index is checked against the number of messages, so a broken path cannot look fast.
 
-    python -m activememory.simulations.bench_indexing [--json] [--appenders N] ...
+    activememory bench indexing [--json] [--appenders N] ...
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
-import json
-import os
-import platform
 import random
-import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -38,13 +33,17 @@ import msgspec
 import trio
 
 import activememory as am
-from activememory._memory import Memory
-from activememory.actors.supervisor import open_supervisor
-from activememory.protocol.content import Role
-from activememory.protocol.session_key import parse_session_key
-from activememory.storage.db import DURABILITY_LEVELS, Durability, configure, migrate
-from activememory.storage.fts_query import index_row
-from activememory.storage.transcripts import TranscriptReader
+
+from ..._memory import Memory
+from ...actors.supervisor import open_supervisor
+from ...protocol.content import Role
+from ...protocol.session_key import parse_session_key
+from ...storage.db import DURABILITY_LEVELS, Durability, configure, migrate
+from ...storage.fts_query import index_row
+from ...storage.transcripts import TranscriptReader
+from . import runner
+from .runner import BenchmarkError
+from .search import make_vocabulary
 
 AGENT = "bench"
 VOCABULARY_SIZE = 20_000
@@ -52,18 +51,6 @@ ZIPF_EXPONENT = 1.1
 WORDS_PER_MESSAGE = (10, 60)
 TURNS: tuple[Role, Role] = ("user", "assistant")
 TARGET_RATIO = 0.5  # group commit should reach at least half of the raw floor
-
-_ONSETS = (
-    "b", "c", "d", "f", "g", "h", "j", "k", "l", "m", "n", "p", "r", "s", "t", "v", "w", "y",
-    "z", "br", "ch", "cl", "cr", "dr", "fl", "gr", "pl", "pr", "sh", "sl", "st", "th", "tr",
-)  # fmt: skip
-_VOWELS = ("a", "e", "i", "o", "u", "a", "e", "i", "o", "ai", "ea", "ee", "ie", "oa", "oo", "ou")
-_CODAS = ("", "", "", "n", "r", "s", "t", "l", "m", "nd", "st", "ng", "ck", "rt")
-
-
-class BenchmarkError(Exception):
-    """A run stored or indexed something other than what was appended."""
-
 
 # -- the rows ---------------------------------------------------------------------------
 
@@ -90,22 +77,10 @@ class Corpus:
         return sum(len(str(m.content).encode()) for c in self.conversations for m in c)
 
 
-def make_vocabulary(rng: random.Random, size: int) -> list[str]:
-    """`size` distinct pronounceable words, shortest first (frequent words are short)."""
-    words: dict[str, None] = {}
-    while len(words) < size:
-        syllables = rng.choices((1, 2, 3, 4), weights=(3, 5, 3, 1))[0]
-        word = "".join(
-            rng.choice(_ONSETS) + rng.choice(_VOWELS) + rng.choice(_CODAS) for _ in range(syllables)
-        )
-        words[word] = None
-    return sorted(words, key=len)  # stable: generation order within a length
-
-
 def make_corpus(*, appenders: int, messages_per_appender: int, seed: int) -> Corpus:
     """Seeded synthetic chats: Zipf-distributed words, roles alternating user/assistant."""
     rng = random.Random(seed)
-    vocabulary = make_vocabulary(rng, VOCABULARY_SIZE)
+    vocabulary = make_vocabulary(rng, VOCABULARY_SIZE, keep=lambda word: True)
     cum_weights = list(
         itertools.accumulate(1.0 / rank**ZIPF_EXPONENT for rank in range(1, VOCABULARY_SIZE + 1))
     )
@@ -306,20 +281,6 @@ async def run_per_message(state_dir: Path, corpus: Corpus, durability: Durabilit
 # -- the report -------------------------------------------------------------------------
 
 
-def environment(run_dir: Path, *, kept: bool) -> dict[str, Any]:
-    """What the figures depend on besides the code: interpreter, SQLite, CPUs, disk."""
-    return {
-        "python": platform.python_version(),
-        "implementation": platform.python_implementation(),
-        "sqlite": apsw.sqlite_lib_version(),
-        "apsw": apsw.apsw_version(),
-        "cpus": os.cpu_count(),
-        "platform": platform.platform(),
-        "state_dir": str(run_dir),
-        "state_dir_kept": kept,
-    }
-
-
 @dataclass(frozen=True)
 class Results:
     """Every run of one benchmark invocation, on the same corpus."""
@@ -341,7 +302,7 @@ def report(
         return {
             "seconds": round(result.seconds, 4),
             "messages_per_s": round(result.rate, 1),
-            "ratio_to_raw": round(result.rate / raw.rate, 4),
+            "ratio_to_raw": runner.ratio(result.rate, raw.rate, 4),
             "batches": result.batches,
             "mean_batch_size": None if mean is None else round(mean, 2),
         }
@@ -349,7 +310,9 @@ def report(
     group = run(results.group)
     group["target_ratio"] = TARGET_RATIO
     group["pass"] = results.group.rate / raw.rate >= TARGET_RATIO
-    group["ratio_to_raw_same_batches"] = round(results.group.rate / results.raw_batched.rate, 4)
+    group["ratio_to_raw_same_batches"] = runner.ratio(
+        results.group.rate, results.raw_batched.rate, 4
+    )
     return {
         "benchmark": "indexing",
         "durability": args.durability,
@@ -374,7 +337,7 @@ def report(
 
 def format_table(result: dict[str, Any]) -> str:
     """The report for a person."""
-    rows, raw, env = result["rows"], result["raw_floor"], result["environment"]
+    rows, raw = result["rows"], result["raw_floor"]
     group, single = result["group_commit"], result["per_message_commit"]
     same = result["raw_same_batches"]
     low, high = rows["words_per_message"]
@@ -400,19 +363,16 @@ def format_table(result: dict[str, Any]) -> str:
         line("library, one transaction per message", single),
         line("(raw apsw, group commit's batch size)", same),
         "",
-        f"  group commit / raw floor = {group['ratio_to_raw']:.2f} "
-        f"(target >= {group['target_ratio']:.2f}): {'PASS' if group['pass'] else 'MISS'}",
+        "  group commit / raw floor = "
+        + runner.against(
+            f"{group['ratio_to_raw']:.2f}", ">=", f"{group['target_ratio']:.2f}", group["pass"]
+        ),
         f"  group commit / per-message commit = "
         f"{group['messages_per_s'] / single['messages_per_s']:.1f}x "
         f"({group['batches']:,} transactions vs {single['batches']:,})",
         f"  group commit / raw apsw at the same batch size = "
         f"{group['ratio_to_raw_same_batches']:.2f} (the library's own overhead)",
-        "",
-        f"  environment: Python {env['python']} ({env['implementation']}), "
-        f"SQLite {env['sqlite']}, apsw {env['apsw']}, {env['cpus']} CPUs",
-        f"               {env['platform']}",
-        f"               state dir {env['state_dir']}"
-        + ("" if env["state_dir_kept"] else " (temporary, removed)"),
+        *runner.environment_lines(result["environment"]),
     ]
     return "\n".join(lines)
 
@@ -420,42 +380,26 @@ def format_table(result: dict[str, Any]) -> str:
 # -- the command ------------------------------------------------------------------------
 
 
-def _positive_int(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value!r}") from None
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value!r}")
-    return number
-
-
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """The command line (`sys.argv[1:]` when `argv` is None)."""
-    parser = argparse.ArgumentParser(
-        prog="bench_indexing",
-        description="Indexing throughput of the library against raw apsw inserts (docs/design.md §7).",
+    parser = runner.command(
+        "indexing",
+        "Indexing throughput of the library against raw apsw inserts (docs/design.md §7).",
+        seed=7,
+        state_dir="where the databases go (a fresh bench-indexing-* directory inside it, kept); "
+        "default: a temporary directory, removed afterwards",
     )
-    parser.add_argument("--messages-per-appender", type=_positive_int, default=300)
-    parser.add_argument("--appenders", type=_positive_int, default=64)
-    parser.add_argument("--seed", type=int, default=7)
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    runner.add_sizes(parser, messages_per_appender=300, appenders=64)
     parser.add_argument(
         "--durability",
         choices=DURABILITY_LEVELS,
         default="crash",
         help="as open_memory(durability=...): 'crash' (default) or 'power' (fsync per commit)",
     )
-    parser.add_argument(
-        "--state-dir",
-        type=Path,
-        help="where the databases go (a fresh bench-indexing-* directory inside it, kept); "
-        "default: a temporary directory, removed afterwards",
-    )
     return parser.parse_args(argv)
 
 
-def run_all(args: argparse.Namespace, run_dir: Path, *, kept: bool) -> dict[str, Any]:
+def run_all(args: argparse.Namespace, run_dir: Path, kept: bool) -> dict[str, Any]:
     """Generate the rows, run every path on them in `run_dir`, and return the report."""
     corpus = make_corpus(
         appenders=args.appenders,
@@ -469,7 +413,7 @@ def run_all(args: argparse.Namespace, run_dir: Path, *, kept: bool) -> dict[str,
     raw_batched = run_raw(run_dir / f"raw-batch-{batch}.db", corpus, durability, batch=batch)
     single = trio.run(run_per_message, run_dir / "per-message-commit", corpus, durability)
     results = Results(raw=raw, group=group, raw_batched=raw_batched, single=single)
-    return report(args, corpus, results, environment(run_dir, kept=kept))
+    return report(args, corpus, results, runner.environment(run_dir, kept=kept))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -477,28 +421,4 @@ def main(argv: list[str] | None = None) -> int:
 
     Returns 0, or 1 if a run lost or misindexed rows, or 2 if `--state-dir` is unusable.
     """
-    args = parse_args(argv)
-    try:
-        if args.state_dir is None:
-            with tempfile.TemporaryDirectory(prefix="bench-indexing-") as tmp:
-                result = run_all(args, Path(tmp), kept=False)
-        else:
-            try:
-                args.state_dir.mkdir(parents=True, exist_ok=True)
-                run_dir = Path(tempfile.mkdtemp(prefix="bench-indexing-", dir=args.state_dir))
-            except OSError as exc:
-                print(
-                    f"bench_indexing: --state-dir {str(args.state_dir)!r}: {exc.strerror}",
-                    file=sys.stderr,
-                )
-                return 2
-            result = run_all(args, run_dir, kept=True)
-    except (BenchmarkError, am.ActiveMemoryError) as exc:
-        print(f"bench_indexing: {exc}", file=sys.stderr)
-        return 1
-    print(json.dumps(result) if args.json else format_table(result))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    return runner.main("indexing", parse_args(argv), run_all, format_table, fresh=True)

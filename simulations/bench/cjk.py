@@ -16,17 +16,18 @@ English one (where bigrams cost nothing but the regex scan).
 from __future__ import annotations
 
 import argparse
-import json
+import functools
 import random
-import tempfile
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 import apsw
 
-from ..storage.db import configure
-from ..storage.fts_query import RANK, TOKENIZE, index_columns, index_row
+from ...storage.db import configure
+from ...storage.fts_query import RANK, TOKENIZE, index_columns, index_row
+from . import runner
 
 Row = tuple[object, ...]
 
@@ -117,38 +118,40 @@ def measure(path: Path, variant: str, texts: Sequence[str]) -> dict[str, float]:
     return {"seconds": seconds, "msg_per_s": len(texts) / seconds, "bytes": size}
 
 
-def run(messages: int, seed: int) -> dict[str, dict[str, dict[str, float]]]:
-    rng = random.Random(seed)
+def run(args: argparse.Namespace, run_dir: Path, kept: bool) -> dict[str, Any]:
+    """Every variant on both corpora, in `run_dir`."""
+    rng = random.Random(args.seed)
+    messages = args.messages
     corpora = {"cjk": cjk_corpus(messages, rng), "english": english_corpus(messages, rng)}
-    report: dict[str, dict[str, dict[str, float]]] = {}
-    with tempfile.TemporaryDirectory(prefix="bench-cjk-") as tmp:
-        for name, texts in corpora.items():
-            report[name] = {}
-            for variant in VARIANTS:
-                report[name][variant] = measure(Path(tmp) / f"{name}-{variant}.db", variant, texts)
-            floor = report[name]["unicode61"]
-            for result in report[name].values():
-                result["time_ratio"] = result["seconds"] / floor["seconds"]
-                result["size_ratio"] = result["bytes"] / floor["bytes"]
+    report: dict[str, Any] = {}
+    for name, texts in corpora.items():
+        report[name] = {}
+        for variant in VARIANTS:
+            report[name][variant] = measure(run_dir / f"{name}-{variant}.db", variant, texts)
+        floor = report[name]["unicode61"]
+        for result in report[name].values():
+            result["time_ratio"] = result["seconds"] / floor["seconds"]
+            result["size_ratio"] = result["bytes"] / floor["bytes"]
     return report
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="activememory bench cjk", description=__doc__)
-    parser.add_argument("--messages", type=int, default=50_000)
-    parser.add_argument("--seed", type=int, default=3)
-    parser.add_argument("--json", action="store_true")
-    args = parser.parse_args(argv)
-    report = run(args.messages, args.seed)
-    if args.json:
-        print(json.dumps(report, indent=2))
-        return 0
-    print(f"Index cost of CJK bigrams and the context column ({args.messages:,} messages each)")
+def format_table(report: dict[str, Any], messages: int) -> str:
+    """The report for a person."""
+    lines = [f"Index cost of CJK bigrams and the context column ({messages:,} messages each)"]
     for name, variants in report.items():
-        print(f"\n  {name} corpus               msg/s   time ×     size MB   size ×")
+        lines.append(f"\n  {name} corpus               msg/s   time ×     size MB   size ×")
         for variant, r in variants.items():
-            print(
+            lines.append(
                 f"  {variant:<22} {r['msg_per_s']:>9,.0f}  {r['time_ratio']:6.2f}"
                 f"  {r['bytes'] / 1e6:10.1f}  {r['size_ratio']:6.2f}"
             )
-    return 0
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the benchmark and print a table (or `--json`)."""
+    parser = runner.command("cjk", __doc__ or "", seed=3)
+    parser.add_argument("--messages", type=runner.positive_int, default=50_000)
+    args = parser.parse_args(argv)
+    table = functools.partial(format_table, messages=args.messages)
+    return runner.main("cjk", args, run, table)

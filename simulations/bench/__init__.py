@@ -1,0 +1,23 @@
+"""The benchmarks, run as `activememory bench NAME` (docs/design.md §7)."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Sequence
+
+# name -> what it measures; the module of the same name runs it (imported only then).
+BENCHMARKS = {
+    "indexing": "append throughput against raw apsw inserts",
+    "locomo": "retrieval quality (recall@k) on LoCoMo",
+    "search": "sessions_search latency against a raw FTS5 query",
+    "cjk": "index size and write time of CJK bigrams and the context column",
+    "recall": "recall overhead and real-clock budget overshoot",
+    "records": "records search with graph expansion against a raw FTS5 query",
+}
+
+
+def main(name: str, argv: Sequence[str]) -> int:
+    """Run benchmark `name` with its own command line `argv`; its exit code."""
+    module = importlib.import_module(f"{__name__}.{name}")
+    code: int = module.main(list(argv))
+    return code
