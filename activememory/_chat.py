@@ -1,4 +1,4 @@
-"""`activememory chat`: an interactive bot on the embedded default (docs/design.md §4.3, §4.11, §6).
+"""`activememory chat`: an interactive bot on the embedded default.
 
 Each line read from stdin is one user turn through `mem.reply`: recall runs on the built-in
 `local/extractive` model (no network) and the reply comes from `echo_model`, a deterministic

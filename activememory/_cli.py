@@ -1,4 +1,4 @@
-"""The `activememory` command line (docs/design.md §6). Human output by default, `--json` for programs."""
+"""The `activememory` command line. Human output by default, `--json` for programs."""
 
 from __future__ import annotations
 

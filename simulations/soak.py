@@ -1632,7 +1632,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     """The command line (`sys.argv[1:]` when `argv` is None)."""
     parser = argparse.ArgumentParser(
         prog="activememory soak",
-        description="The load soak (docs/design.md §7): appends and recalls at set rates under faults "
+        description="The load soak: appends and recalls at set rates under faults "
         "(kill -9 and restart, a busy second writer, misbehaving recall models), then checks "
         "that nothing acknowledged was lost and the index equals the active branches.",
     )

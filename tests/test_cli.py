@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
 import pytest
 
-from activememory._cli import main
+from activememory._cli import _parser, main
+from activememory.simulations.bench import BENCHMARKS
 
 
 def test_demo_runs_the_bot_path_offline(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
@@ -116,3 +118,28 @@ def test_search_human_and_json(capsys: pytest.CaptureFixture[str], tmp_path: Pat
     assert "sk-abcdefghijklmnopqrstuvwx" not in out
     assert main([*args, "--limit", "26"]) == 2
     assert "limit: 26 is not an integer from 1 to 25" in capsys.readouterr().err
+
+
+COMMANDS = next(
+    action.choices
+    for action in _parser()._actions
+    if isinstance(action, argparse._SubParsersAction)
+)
+
+
+@pytest.mark.parametrize(
+    "command",
+    [[], *[[name] for name in COMMANDS], *[["bench", name] for name in BENCHMARKS]],
+    ids=lambda command: " ".join(command) or "activememory",
+)
+def test_help_reads_without_a_document_outside_the_package(
+    command: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A user of the installed package has neither the design document nor any other: help
+    # must stand on its own (no section numbers, no outside spec).
+    with pytest.raises(SystemExit) as done:
+        main([*command, "--help"])
+    assert done.value.code == 0
+    text = capsys.readouterr().out
+    assert text.startswith("usage: activememory")
+    assert "§" not in text and "SPEC" not in text and "design.md" not in text

@@ -384,7 +384,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """The command line (`sys.argv[1:]` when `argv` is None)."""
     parser = runner.command(
         "indexing",
-        "Indexing throughput of the library against raw apsw inserts (docs/design.md §7).",
+        "Indexing throughput of the library against raw apsw inserts.",
         seed=7,
         state_dir="where the databases go (a fresh bench-indexing-* directory inside it, kept); "
         "default: a temporary directory, removed afterwards",

@@ -287,9 +287,7 @@ def _limit(value: str) -> int:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     """The command line (`sys.argv[1:]` when `argv` is None)."""
-    parser = runner.command(
-        "locomo", "Retrieval quality of sessions_search on LoCoMo (recall@k, docs/design.md §7)."
-    )
+    parser = runner.command("locomo", "Retrieval quality of sessions_search on LoCoMo (recall@k).")
     parser.add_argument(
         "--data",
         type=Path,

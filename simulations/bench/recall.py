@@ -980,8 +980,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     """The command line (`sys.argv[1:]` when `argv` is None)."""
     parser = runner.command(
         "recall",
-        "Recall overhead against the raw SQL floor, and real-clock budget "
-        "overshoot (docs/design.md §4.9, §7).",
+        "Recall overhead against the raw SQL floor, and real-clock budget overshoot.",
         seed=1,
         state_dir=runner.REUSE_HELP,
     )

@@ -715,7 +715,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     """The command line (`sys.argv[1:]` when `argv` is None)."""
     parser = runner.command(
         "records",
-        "mem.records search with graph expansion against a raw FTS5 query (docs/design.md §5, §7).",
+        "mem.records search with graph expansion against a raw FTS5 query.",
         seed=1,
         state_dir=runner.REUSE_HELP,
     )

@@ -616,7 +616,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     """The command line (`sys.argv[1:]` when `argv` is None)."""
     parser = runner.command(
         "search",
-        "sessions_search latency against a raw FTS5 query (docs/design.md §3, §7).",
+        "sessions_search latency against a raw FTS5 query.",
         seed=1,
         state_dir=runner.REUSE_HELP,
     )
