@@ -59,3 +59,35 @@ async def test_a_reload_mid_recall_does_not_reach_its_tools(tmp_path: Path) -> N
     # The old workspace and the old patterns: Pixel found and shown, the badge hidden.
     assert search.evidence and "Pixel" in search.content and "123456" not in search.content
     assert "Pixel" in get.content and "123456" not in get.content
+
+
+class WidensScopeMidRun:
+    """Reloads to `singleOwner: true` (every private chat one owner's), then searches."""
+
+    def __init__(self) -> None:
+        self.mem: am.Memory | None = None
+        self.results: list[am.ToolResult] = []
+
+    async def recall(self, request: am.RecallRequest, tools: am.RecallTools) -> str:
+        assert self.mem is not None
+        widened = config()
+        widened["plugins"]["entries"]["active-memory"]["config"]["singleOwner"] = True
+        self.mem.reload_config(widened)
+        self.results.append(await tools.call("memory_search", {"query": "cat name Whiskers"}))
+        return "NONE"
+
+
+async def test_a_reload_mid_recall_does_not_widen_its_privacy_scope(tmp_path: Path) -> None:
+    model = WidensScopeMidRun()
+    async with am.open_memory(tmp_path, config=config(), models={"test/reloads": model}) as mem:
+        model.mem = mem
+        dana = "My bank PIN hint is the name of my cat, Whiskers."
+        await mem.sessions.append("agent:main:direct:dana", am.Message(role="user", content=dana))
+        ask = am.Message(role="user", content="What is my cat's name?")
+        await mem.recall(am.Turn(session_key="agent:main:direct:erin", messages=[ask]))
+        (search,) = model.results
+        assert "Whiskers" not in search.content  # this run keeps Erin's own scope
+        # The next turn runs under the reload: a single owner's chats recall each other.
+        model.results.clear()
+        await mem.recall(am.Turn(session_key="agent:main:direct:erin", messages=[ask]))
+        assert "Whiskers" in model.results[0].content
