@@ -109,7 +109,7 @@ def _config_checks(config: Config) -> list[DoctorCheck]:
     elif not am.enabled:
         plugin = _check("plugin", "warn", "config.enabled is false: no recall runs")
     else:
-        plugin = _check("plugin", "ok", f"enabled ({config.source or 'defaults (no config file)'})")
+        plugin = _check("plugin", "ok", f"enabled ({config.source or 'no config file'})")
     if slot not in SLOT_TOOLS:
         why = f"unsupported memory provider {slot!r}: use memory-core or memory-records"
         provider = _check("memory provider", "error", why)
