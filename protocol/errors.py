@@ -52,3 +52,8 @@ def raise_rejected(
             raise MemoryClosedError(ack.message)
         case "storage":
             raise StorageError(ack.message)
+
+
+class EmbeddingError(ActiveMemoryError):
+    """An embedder could not turn texts into vectors (a model that cannot load, a failing or
+    late embeddings server, vectors of the wrong size). Search falls back to text alone."""

@@ -1,0 +1,39 @@
+"""The embedder: texts to vectors, for recall by meaning (docs/design.md §4.7).
+
+Vectors of one embedder live in one space, named by `name`; vectors of two names are never
+ranked together, and a change of embedder re-embeds in the background.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    import numpy
+
+
+@runtime_checkable
+class Embedder(Protocol):
+    """Turns texts into L2-normalised float32 vectors of `dim` dimensions."""
+
+    @property
+    def name(self) -> str:
+        """The vector space, e.g. "local/all-MiniLM-L6-v2"."""
+        ...
+
+    @property
+    def dim(self) -> int:
+        """How many dimensions each vector has."""
+        ...
+
+    async def embed(self, texts: Sequence[str], *, deadline: float | None = None) -> numpy.ndarray:
+        """float32 vectors, shape (len(texts), dim), each row of length 1.
+
+        `deadline` is on the event loop's clock (`anyio.current_time()`): past it the call
+        raises `EmbeddingError` instead of waiting. Raises `EmbeddingError` for any failure.
+
+        Cancellation: the vectors are lost; work already started on a worker thread or a
+        server finishes there, unobserved.
+        """
+        ...
