@@ -303,4 +303,8 @@ def test_a_run_that_never_starts_leaves_no_transcript(
             return out
 
     out = trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
-    assert out.status == "timeout"
+    if path == "pool-full":  # queued, never started: the budget (15 s) ran out waiting
+        assert (out.status, out.elapsed_ms) == ("timeout", 15000.0)
+    else:  # nothing could be queued: said at once, not after the budget
+        assert (out.status, out.elapsed_ms) == ("failed", 0.0)
+        assert out.reason == "the recall pool is closed: the memory is shutting down"

@@ -52,7 +52,14 @@ def report(**fields: object) -> RunReport:
 @pytest.mark.parametrize(
     ("run", "verdict"),
     [
-        (None, Verdict("timeout", "", "the run did not stop at its budget and was abandoned")),
+        (
+            None,
+            Verdict(
+                "timeout",
+                "",
+                "no report by the finalize deadline: the run did not stop at its budget, or the full pool never started it",
+            ),
+        ),
         (
             report(answer="The user likes tea.", answer_at=3.0, evidence=True),
             Verdict("ok", "The user likes tea."),

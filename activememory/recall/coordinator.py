@@ -55,7 +55,7 @@ from .subagent_input import (
     system_prompt,
 )
 from .tools import RecallModel, RecallTools, run_tools
-from .verdict import judge
+from .verdict import Verdict, judge
 
 _LOG_LINE_CHARS = 500
 log = logging.getLogger("activememory.recall")
@@ -195,7 +195,7 @@ class Recaller:
                 settings.redactor,
             )
         transcript = self._open_transcript(am, run_id, request)
-        report: RunReport | None = None
+        report: RunReport | str | None = None
         try:
             tools = run_tools(
                 request,
@@ -208,10 +208,15 @@ class Recaller:
             )
             report = await self._submit_and_wait(run_id, request, budget, model, tools)
         finally:  # however the wait ended: the pool never got the job, was full, or reported
-            transcript.finish(report, at=anyio.current_time())
-        verdict = judge(
-            report, deadline=budget.deadline, finalize_deadline=budget.finalize_deadline
-        )
+            transcript.finish(
+                report if isinstance(report, RunReport) else None, at=anyio.current_time()
+            )
+        if isinstance(report, str):  # it never reached the pool
+            verdict = Verdict("failed", "", report)
+        else:
+            verdict = judge(
+                report, deadline=budget.deadline, finalize_deadline=budget.finalize_deadline
+            )
         details = _search_details(tools)
         if transcript.failed:
             details["transcript"] = transcript.failed
@@ -237,11 +242,12 @@ class Recaller:
         budget: RecallBudget,
         model: RecallModel,
         tools: RecallTools,
-    ) -> RunReport | None:
+    ) -> RunReport | str | None:
         """Hand the run to the pool; wait for its report until the finalize deadline.
 
         The caller waits on the report, never on the run: a run that ignores cancellation
-        is left to the pool, and this returns None at the finalize deadline.
+        (or one the full pool never started) is left to the pool, and this returns None at
+        the finalize deadline. A pool that is closed takes nothing: the reason, at once.
         """
         send, receive = anyio.create_memory_object_stream[RunReport](1)
         job = RunRecall(
@@ -254,7 +260,7 @@ class Recaller:
             except anyio.WouldBlock:
                 await self._pool.send(job)  # the pool is backed up: bounded by the deadline
             except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-                return None
+                return "the recall pool is closed: the memory is shutting down"
             return await receive.receive()
         return None
 

@@ -51,7 +51,11 @@ def judge(report: RunReport | None, *, deadline: float, finalize_deadline: float
     `timeout_partial`; anything else is `timeout`.
     """
     if report is None:
-        return Verdict("timeout", "", "the run did not stop at its budget and was abandoned")
+        return Verdict(
+            "timeout",
+            "",
+            "no report by the finalize deadline: the run did not stop at its budget, or the full pool never started it",
+        )
     on_time = report.answer is not None and (report.answer_at or 0.0) <= deadline
     if on_time and not report.cancelled:
         answer = (report.answer or "").strip()
