@@ -9,11 +9,11 @@ from collections.abc import Sequence
 BENCHMARKS = {
     "indexing": "append throughput against raw apsw inserts",
     "locomo": "retrieval quality (recall@k) on LoCoMo",
-    "paraphrase": "recall by meaning: facts asked later in other words",
     "search": "sessions_search latency against a raw FTS5 query",
     "cjk": "index size and write time of CJK bigrams and the context column",
     "recall": "recall overhead and real-clock budget overshoot",
     "records": "records search with graph expansion against a raw FTS5 query",
+    "paraphrase": "recall by meaning: facts asked later in other words",
 }
 
 
