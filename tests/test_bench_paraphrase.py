@@ -106,7 +106,10 @@ def _set(questions: list[Question], *, fact_chat: str = "maya-tg") -> Paraphrase
                 id="jonas-tg",
                 session_key="agent:main:direct:telegram:2",
                 identity="jonas",
-                turns=(ChatTurn(role="user", text="My beagle Max howls at every siren."),),
+                turns=(
+                    ChatTurn(role="user", text="I'm allergic to peanuts too."),
+                    ChatTurn(role="user", text="My beagle Max howls at every siren."),
+                ),
             ),
         ),
     )
@@ -127,6 +130,7 @@ def test_check_names_every_problem() -> None:
         "fact 'f1': chat 'jonas-tg' is not 'maya''s",
         "chat 'maya-tg': says 'f1', not one of its facts",
         "question 'q1' shares allerg with fact 'f1'",
+        "question 'q1': the keywords also match chat 'jonas-tg' turn 0",
         "question 'q1': keyword 'shellfish' is not in fact 'f1'",
         "question 'q3': no fact 'f9'",
         "question 'q4': no keywords",
@@ -141,7 +145,8 @@ def test_a_malformed_data_file_is_refused_naming_the_problem(
     bad.write_bytes(msgspec.json.encode(_set([question])))
     assert cli(["bench", "paraphrase", "--data", str(bad)]) == 2
     assert capsys.readouterr().err == (
-        f"activememory bench paraphrase: {bad}: question 'q1' shares allerg with fact 'f1'\n"
+        f"activememory bench paraphrase: {bad}: question 'q1': keyword 'pea' is not in fact "
+        "'f1'; question 'q1' shares allerg with fact 'f1'\n"
     )
     bad.write_text('{"name": "t"}')
     assert cli(["bench", "paraphrase", "--data", str(bad)]) == 2
@@ -155,7 +160,9 @@ def test_a_malformed_data_file_is_refused_naming_the_problem(
         ("f1", "The user is allergic to peanuts.", "recalled"),
         ("f1", "The user is ALLERGIC to Peanuts, so no snacks.", "recalled"),
         ("f1", "The user's friend is allergic to shellfish.", "wrong"),
-        ("f1", "The user said: grapeanuts", "wrong"),  # a word start, not any substring
+        ("f1", "The user is allergic to peanut butter.", "recalled"),
+        ("f1", "The user said: grapeanuts", "wrong"),  # whole words, not any substring
+        ("f1", "The user is allergic to peanutbutter.", "wrong"),
         (None, None, "quiet"),
         (None, "The user is allergic to peanuts.", "injected"),
     ],
@@ -185,6 +192,7 @@ def test_the_owner_is_recalled_across_her_chats_and_another_user_never(tmp_path:
         "ok",
         "maya",
     )
+    assert recalled.note == "The user is allergic to peanuts."  # hers, never "too"
     assert recalled.closest == "maya-tg: I am allergic to peanuts."
     assert (other.judged, other.status) == ("quiet", "no_relevant_memory")
 

@@ -64,7 +64,8 @@ class Fact(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True
 class Question(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """A later turn: asks for fact `fact` in other words, or (`fact` None) for nothing in memory.
 
-    A correct note contains every one of `keywords` (case-insensitive, at a word start).
+    A correct note contains every one of `keywords` (case-insensitive, whole words, plurals
+    too); together they match the fact and no other line of the data set.
     """
 
     id: str
@@ -148,8 +149,8 @@ def load(path: Path) -> ParaphraseSet:
 
     Raises `DataError` naming the item for an unreadable or malformed file, a duplicate id,
     a dangling reference, a fact said other than once in its own chat, a fact question
-    without key words or whose key words its fact lacks, or a question that shares a
-    content word with its fact.
+    without key words, whose key words its fact lacks or another line also has, or a
+    question that shares a content word with its fact.
     """
     try:
         data = msgspec.json.decode(path.read_bytes(), type=ParaphraseSet)
@@ -201,6 +202,13 @@ def check(data: ParaphraseSet) -> list[str]:
     for fact_id, chat_id in said:
         if fact_id not in facts or facts[fact_id].chat != chat_id:
             problems.append(f"chat {chat_id!r}: says {fact_id!r}, not one of its facts")
+    # Every chat line as stored; a note is judged by its keywords, so they must name one fact.
+    lines = [
+        (chat, i, facts[t.fact].text if t.fact in facts else t.text or "")
+        for chat in data.chats
+        for i, t in enumerate(chat.turns)
+        if t.fact is None or t.fact in facts
+    ]
     for q in data.questions:
         if q.fact is None:
             continue
@@ -215,12 +223,20 @@ def check(data: ParaphraseSet) -> list[str]:
                 problems.append(f"question {q.id!r}: keyword {word!r} is not in fact {q.fact!r}")
         if shared := sorted(content_words(q.text) & content_words(asked.text)):
             problems.append(f"question {q.id!r} shares {', '.join(shared)} with fact {q.fact!r}")
+        if q.keywords:
+            for chat, i, text in lines:
+                said_here = chat.turns[i].fact == q.fact
+                if not said_here and all(contains(text, w) for w in q.keywords):
+                    problems.append(
+                        f"question {q.id!r}: the keywords also match chat {chat.id!r} turn {i}"
+                    )
     return problems
 
 
 def contains(note: str, word: str) -> bool:
-    """Whether `word` occurs in `note` at a word start, case-insensitively."""
-    return re.search(r"(?<!\w)" + re.escape(word.casefold()), note.casefold()) is not None
+    """Whether `word` (or its plural) is a word of `note`, case-insensitively."""
+    pattern = r"(?<!\w)" + re.escape(word.casefold()) + r"(?:s|es)?(?!\w)"
+    return re.search(pattern, note.casefold()) is not None
 
 
 # -- the run ----------------------------------------------------------------------------
