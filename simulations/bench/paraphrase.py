@@ -125,6 +125,9 @@ class ParaphraseSet(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
         return count
 
 
+Judged = Literal["recalled", "wrong", "missed", "injected", "quiet"]
+
+
 class DataError(Exception):
     """The data file is not a well-formed paraphrase set; the message says where."""
 
@@ -251,7 +254,7 @@ class Asked(msgspec.Struct, frozen=True, kw_only=True):
     category: str
     status: str
     note: str | None
-    judged: Literal["recalled", "wrong", "missed", "injected", "quiet"]
+    judged: Judged
     closest: str | None  # the chat line the note is closest to: "<chat id>: <text>"
     closest_identity: str | None
     seconds: float
@@ -268,9 +271,7 @@ def config_for(data: ParaphraseSet, base: Mapping[str, Any]) -> dict[str, Any]:
     return config
 
 
-def judge(
-    question: Question, note: str | None
-) -> Literal["recalled", "wrong", "missed", "injected", "quiet"]:
+def judge(question: Question, note: str | None) -> Judged:
     """The verdict on one question's note (None: no note reached the reply model)."""
     if question.fact is None:
         return "quiet" if note is None else "injected"
