@@ -401,6 +401,9 @@ DEMO_TURNS: tuple[tuple[str, str], ...] = (
     (DEMO_PORTAL, "Which snacks are safe for me?"),
     (DEMO_PORTAL, "thanks!"),
     ("agent:main:group:travel-club", "What time is the club meeting on Thursday?"),
+    # The same memories asked in other words: text search alone does not find them.
+    (DEMO_PORTAL, "Is there anything I must not eat?"),
+    (DEMO_PORTAL, "Any seat preference for my flight?"),
 )
 
 
@@ -435,7 +438,8 @@ async def _run_demo(state_dir: Path) -> int:
         print("   " + DEMO_NOTE.strip().replace("\n", "\n   ") + "\n")
 
         print("3. Turns through the whole bot path (mem.reply): a new private chat of the")
-        print("   same user, then the travel club group (groups are not allowed by default):\n")
+        print("   same user, then the travel club group (groups are not allowed by default),")
+        print("   then the private chat again, asking for the same memories in other words:\n")
         history: dict[str, list[Message]] = {}
         for key, text in DEMO_TURNS:
             print(f"   [{key}] user: {text}")

@@ -23,6 +23,11 @@ def test_demo_runs_the_bot_path_offline(capsys: pytest.CaptureFixture[str], tmp_
     assert "🧩 Active Memory: status=ok" in out and "🔎 Active Memory Debug:" in out
     assert "🧩 Active Memory: status=no_relevant_memory" in out  # "thanks!"
     assert "status skipped: chat type group is not in allowedChatTypes" in out
+    # The same memories asked in other words (answered once recall understands paraphrases):
+    asked = out.split("What time is the club meeting on Thursday?")[1]
+    assert "[agent:main:explicit:portal-7] user: Is there anything I must not eat?" in asked
+    assert "[agent:main:explicit:portal-7] user: Any seat preference for my flight?" in asked
+    assert asked.count("🧩 Active Memory: status=") == 2
     assert "[FAIL]" not in out
     assert main(["stats", "--state-dir", str(tmp_path), "--json"]) == 0
     stats = json.loads(capsys.readouterr().out)
@@ -35,7 +40,7 @@ def test_demo_runs_the_bot_path_offline(capsys: pytest.CaptureFixture[str], tmp_
             s["fts_integrity_ok"],
         )
         for s in stats
-    ] == [("main", 3, 15, 0, True)]
+    ] == [("main", 3, 19, 0, True)]
 
 
 def test_import_then_history(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
