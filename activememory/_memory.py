@@ -323,7 +323,7 @@ class Memory:
         self.tools = dict(tools or {})
         search = SessionSearch(supervisor, on_dirty=AgentStore.poke)
         self.sessions = Sessions(supervisor, clock, search, lambda: self._settings)
-        self._commands = Commands(supervisor, lambda: self._settings.config, self._swap_config)
+        self._commands = Commands(supervisor, self._swap_config)
         self.notes = MemoryCore(supervisor, search, lambda: self._settings)
         self.records = Records(supervisor, clock)
         self._composer = Composer(self.sessions.append, self.recall)
@@ -432,7 +432,9 @@ class Memory:
         Cancellation: if cancelled before a switch is queued nothing changes; after that it
         may still be committed. A `--global` file write is atomic: old or new file.
         """
-        return await self._commands.run(session_key, text, sender=sender)
+        return await self._commands.run(
+            session_key, text, sender=sender, config=self._settings.config
+        )
 
 
 @contextlib.asynccontextmanager
