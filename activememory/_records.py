@@ -34,7 +34,7 @@ import msgspec
 from ._record_search import refine
 from ._redaction import DEFAULT_REDACTOR, Redactor
 from .actors.supervisor import Supervisor
-from .protocol.content import check_nonblank, check_text
+from .protocol.content import check_bool, check_int, check_nonblank, check_text
 from .protocol.errors import InvalidInputError, raise_rejected
 from .protocol.recall import ToolResult
 from .protocol.record_results import RecordSearchResult
@@ -150,16 +150,11 @@ class _Layer:
         records, thread = self._records, self if isinstance(self, RecordThread) else None
         flags = (exact_user_match, exact_agent_match, exact_thread_match)
         scope, boosts = resolve_scope(self._layer, (user_id, agent_id, thread_id), flags, thread)
-        if include_invalid_results is NOT_SET:
-            include_invalid = True
-        elif isinstance(include_invalid_results, bool):
-            include_invalid = include_invalid_results
-        else:
-            raise InvalidInputError(
-                f"include_invalid_results: expected True or False, got {include_invalid_results!r}"
-            )
-        _int_in("num_hops", num_hops, 0, MAX_HOPS)
-        _int_in("max_linked_results", max_linked_results, 0, MAX_LINKED_RESULTS)
+        include_invalid = include_invalid_results is NOT_SET or check_bool(
+            "include_invalid_results", include_invalid_results
+        )
+        check_int("num_hops", num_hops, 0, MAX_HOPS)
+        check_int("max_linked_results", max_linked_results, 0, MAX_LINKED_RESULTS)
         if config is not None and not isinstance(config, MemorySearchConfig):
             raise InvalidInputError(
                 f"config: expected a MemorySearchConfig, got {type(config).__name__}"
@@ -400,8 +395,8 @@ def resolve_scope(
     for (dim, flag_name), value, exact in zip(_DIMENSIONS, values, flags, strict=True):
         if value is not NOT_SET:
             value = _scope_id(dim, value)
-        if exact is not NOT_SET and not isinstance(exact, bool):
-            raise InvalidInputError(f"{flag_name}: expected True or False, got {exact!r}")
+        if exact is not NOT_SET:
+            check_bool(flag_name, exact)
         if layer == "client" and dim == "user_id":
             if value is NOT_SET:
                 raise InvalidInputError(USER_REQUIRED)
@@ -530,12 +525,6 @@ def _seconds(name: str, value: object) -> float:
             f"{name}: expected a finite number of seconds since the epoch, got {value!r}"
         )
     return float(value)  # type: ignore[arg-type]
-
-
-def _int_in(name: str, value: object, low: int, high: int) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
-        raise InvalidInputError(f"{name}: {value!r} is not an integer from {low} to {high}")
-    return value
 
 
 def _metadata(metadata: object) -> dict[str, Any]:

@@ -205,6 +205,27 @@ def check_nonblank(where: str, value: object, max_chars: int) -> str:
     return check_text(where, value)
 
 
+def check_int(name: str, value: object, low: int, high: int | None = None) -> int:
+    """`value`, if it is an int (not a bool) from `low` to `high` (or up); else
+    `InvalidInputError` naming `name`."""
+    if (
+        not isinstance(value, int)
+        or isinstance(value, bool)
+        or value < low
+        or (high is not None and value > high)
+    ):
+        upper = f"from {low} to {high}" if high is not None else f"of at least {low}"
+        raise InvalidInputError(f"{name}: {value!r} is not an integer {upper}")
+    return value
+
+
+def check_bool(name: str, value: object) -> bool:
+    """`value`, if it is True or False; else `InvalidInputError` naming `name`."""
+    if not isinstance(value, bool):
+        raise InvalidInputError(f"{name}: expected True or False, got {value!r}")
+    return value
+
+
 def _check_unicode(where: str, value: object) -> None:
     """Reject lone surrogates anywhere in a message (`check_text` on every string)."""
     if isinstance(value, str):
