@@ -27,6 +27,11 @@ def one_line(text: str) -> str:
     return " ".join(text.split())
 
 
+def clip(text: str, cap: int) -> str:
+    """Cut `text` to at most `cap` characters, the last of them `…` when it had to be cut."""
+    return text if len(text) <= cap else text[: cap - 1] + ELLIPSIS
+
+
 def summarize(text: str, max_chars: int) -> str:
     """`text` as one line of at most `max_chars` characters (docs/design.md §4.10).
 

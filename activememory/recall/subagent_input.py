@@ -13,11 +13,12 @@ from typing import Literal, TypeAlias
 
 from .._output import (
     DEBUG_LINE_LABEL,
-    ELLIPSIS,
     PREFIX_CLOSE,
     PREFIX_HEADER,
     PREFIX_OPEN,
     STATUS_LINE_LABEL,
+    clip,
+    one_line,
 )
 from ..protocol.config import STYLE_BY_QUERY_MODE
 from ..protocol.content import Message
@@ -126,15 +127,6 @@ def latest_user_text(messages: Sequence[Message]) -> str:
     return _split_latest(messages)[0].strip()
 
 
-def _collapse(text: str) -> str:
-    return " ".join(text.split())
-
-
-def _clip(text: str, cap: int) -> str:
-    """Cut `text` to at most `cap` characters, the last of them `…` when it had to be cut."""
-    return text if len(text) <= cap else text[: cap - 1] + ELLIPSIS
-
-
 def _latest_user_index(messages: Sequence[Message]) -> int | None:
     """Where the latest user message is: the last message with role `user`, if any."""
     for i in range(len(messages) - 1, -1, -1):
@@ -160,7 +152,7 @@ def _split_latest(messages: Sequence[Message]) -> tuple[str, list[tuple[str, str
 
 
 def _latest_block(latest: str) -> str:
-    return f"{LATEST_HEADING}\n{_clip(latest.strip(), LATEST_MAX_CHARS)}"
+    return f"{LATEST_HEADING}\n{clip(latest.strip(), LATEST_MAX_CHARS)}"
 
 
 def build_query_text(
@@ -207,7 +199,7 @@ def build_query_text(
         if lines:
             return f"{RECENT_HEADING}\n" + "\n".join(lines) + f"\n\n{latest_block}"
     elif mode == "full" and earlier:
-        lines = [f"{role}: {_clip(_collapse(text), FULL_TURN_MAX_CHARS)}" for role, text in earlier]
+        lines = [f"{role}: {clip(one_line(text), FULL_TURN_MAX_CHARS)}" for role, text in earlier]
         body = _bound_full(lines, fixed=len(FULL_HEADING) + 3 + len(latest_block))
         return f"{FULL_HEADING}\n" + "\n".join(body) + f"\n\n{latest_block}"
     return latest_block
@@ -225,7 +217,7 @@ def _recent_tail(
         if left[role] == 0:
             continue  # this role is used up; older turns of the other role may still fit
         left[role] -= 1
-        taken.append(f"{role}: {_clip(_collapse(text), caps[role])}")
+        taken.append(f"{role}: {clip(one_line(text), caps[role])}")
     taken.reverse()
     return taken
 
@@ -262,7 +254,7 @@ def _clean_for_search(text: str) -> str:
         not lines[start].strip() or _ENVELOPE_LINE.fullmatch(lines[start].rstrip("\r"))
     ):
         start += 1
-    return _collapse("\n".join(lines[start:]))
+    return one_line("\n".join(lines[start:]))
 
 
 def _substantial_words(text: str) -> int:
