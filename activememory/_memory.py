@@ -178,10 +178,8 @@ class Sessions:
         left behind.
         """
         key = parse_session_key(session_key)
-        if limit is not None and (
-            not isinstance(limit, int) or isinstance(limit, bool) or limit < 1
-        ):
-            raise InvalidInputError(f"limit: {limit!r} is not a positive integer")
+        if limit is not None:
+            _check_positive_int("limit", limit)
         store = await self._store(key)
         events = await store.read(lambda reader: reader.history(key.raw, limit))
         if events is None:
