@@ -8,7 +8,7 @@ switches (docs/design.md §4.3), persisted in the agent database; `RecallOutcome
 from __future__ import annotations
 
 import math
-from typing import Literal, TypeAlias
+from typing import Literal, TypeAlias, get_args
 
 import msgspec
 
@@ -19,13 +19,7 @@ from .session_key import parse_session_key
 Trigger: TypeAlias = Literal["user", "heartbeat", "system", "inter_session"]
 TRIGGERS: tuple[Trigger, ...] = ("user", "heartbeat", "system", "inter_session")
 Surface: TypeAlias = Literal["interactive", "headless", "background", "agent_command", "subagent"]
-SURFACES: tuple[Surface, ...] = (
-    "interactive",
-    "headless",
-    "background",
-    "agent_command",
-    "subagent",
-)
+SURFACES: tuple[Surface, ...] = get_args(Surface)
 TraceMode: TypeAlias = Literal["off", "on", "raw"]
 TRACE_MODES: tuple[TraceMode, ...] = ("off", "on", "raw")
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from typing import Literal, TypeAlias
+from typing import get_args
 
 from .._output import (
     DEBUG_LINE_LABEL,
@@ -18,14 +18,14 @@ from .._output import (
     PREFIX_OPEN,
     STATUS_LINE_LABEL,
     clip,
+    head_at_word,
     one_line,
 )
-from ..protocol.config import STYLE_BY_QUERY_MODE
+from ..protocol.config import STYLE_BY_QUERY_MODE, PromptStyle, QueryMode
 from ..protocol.content import Message
 from ..storage.fts_query import STOPWORDS
 
-QueryMode: TypeAlias = Literal["message", "recent", "full"]
-QUERY_MODES: tuple[QueryMode, ...] = ("message", "recent", "full")
+QUERY_MODES: tuple[QueryMode, ...] = get_args(QueryMode)
 
 # The latest message keeps its line breaks, but a pasted log must not eat the whole budget.
 LATEST_MAX_CHARS = 4000
@@ -266,20 +266,6 @@ def _substantial_words(text: str) -> int:
     )
 
 
-def _head_at_word(text: str, max_chars: int) -> str:
-    """The longest prefix of `text` within `max_chars` that ends at a word boundary.
-
-    A first word longer than `max_chars` is hard-cut rather than dropped.
-    """
-    if len(text) <= max_chars:
-        return text
-    if text[max_chars] == " ":
-        return text[:max_chars].rstrip()
-    head = text[:max_chars]
-    space = head.rfind(" ")
-    return head[:space].rstrip() if space > 0 else head
-
-
 def _tail_at_word(text: str, max_chars: int) -> str:
     """The longest suffix of `text` within `max_chars` that starts at a word boundary.
 
@@ -325,22 +311,12 @@ def build_search_query(
                 piece = _tail_at_word(previous, FOLLOW_UP_CONTEXT_CHARS)
                 query = f"{piece} {query}" if query else piece
                 break
-    return _head_at_word(query, max_chars)
+    return head_at_word(query, max_chars)
 
 
 # --- Prompt styles (docs/design.md §4.5) ----------------------------------------------------------
 
-PromptStyle: TypeAlias = Literal[
-    "balanced", "strict", "contextual", "recall-heavy", "precision-heavy", "preference-only"
-]
-PROMPT_STYLES: tuple[PromptStyle, ...] = (
-    "balanced",
-    "strict",
-    "contextual",
-    "recall-heavy",
-    "precision-heavy",
-    "preference-only",
-)
+PROMPT_STYLES: tuple[PromptStyle, ...] = get_args(PromptStyle)
 
 STYLE_THRESHOLDS: dict[str, float] = {
     "precision-heavy": 0.75,
