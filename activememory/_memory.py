@@ -101,12 +101,9 @@ class Sessions:
         key = parse_session_key(session_key)
         if spawned_by is not None:
             spawned_by = parse_session_key(spawned_by, field="spawned_by").raw
-        for name, flag in (
-            ("persistent", persistent),
-            ("interactive", interactive),
-            ("sandboxed", sandboxed),
-        ):
-            _check_bool(name, flag)
+        _check_bool("persistent", persistent)
+        _check_bool("interactive", interactive)
+        _check_bool("sandboxed", sandboxed)
         command = CreateSession(
             key=key,
             persistent=persistent,
