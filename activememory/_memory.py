@@ -20,7 +20,7 @@ from ._settings import Settings
 from .actors.composer import Composer, Respond
 from .actors.supervisor import AgentStore, Supervisor, open_supervisor
 from .protocol.config import Config
-from .protocol.content import Message, message_from_mapping
+from .protocol.content import Message, check_choice, message_from_mapping
 from .protocol.errors import InvalidInputError, SessionNotFoundError, raise_rejected
 from .protocol.indexer import (
     Appended,
@@ -458,12 +458,8 @@ async def open_memory(
     acknowledge every command already queued, shielded from cancellation, then the
     databases close.
     """
-    if executor not in EXECUTOR_KINDS:
-        allowed = ", ".join(repr(k) for k in EXECUTOR_KINDS)
-        raise InvalidInputError(f"executor: {executor!r} is not one of {allowed}")
-    if durability not in DURABILITY_LEVELS:
-        allowed = ", ".join(repr(k) for k in DURABILITY_LEVELS)
-        raise InvalidInputError(f"durability: {durability!r} is not one of {allowed}")
+    check_choice("executor", executor, EXECUTOR_KINDS)
+    check_choice("durability", durability, DURABILITY_LEVELS)
     if not isinstance(state_dir, str | os.PathLike):
         raise InvalidInputError(f"state_dir: expected a path, got {type(state_dir).__name__}")
     loaded = load_config(config if config is not None else {})

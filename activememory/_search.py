@@ -14,8 +14,7 @@ from ._redaction import Redactor
 from ._settings import Settings
 from .actors.supervisor import AgentStore, Supervisor
 from .protocol.config import PrivateScope
-from .protocol.content import check_int
-from .protocol.errors import InvalidInputError
+from .protocol.content import check_choice, check_int
 from .protocol.search import (
     DEFAULT_LIMIT,
     INDEXING_WARNING,
@@ -74,10 +73,7 @@ class SessionSearch:
         caller_key = parse_session_key(caller, field="caller")
         only = None if session_key is None else parse_session_key(session_key)
         limit = check_int("limit", limit, 1, MAX_LIMIT)
-        if match not in MATCH_MODES:
-            allowed = ", ".join(repr(m) for m in MATCH_MODES)
-            raise InvalidInputError(f"match: {match!r} is not one of {allowed}")
-        plan = plan_match(text, match)
+        plan = plan_match(text, check_choice("match", match, MATCH_MODES))
         if plan is None:
             return SearchResult(results=())
         terms = query_terms(text)

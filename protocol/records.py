@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal, Protocol, TypeAlias, runt
 
 import msgspec
 
-from .content import check_bool, check_int
+from .content import check_bool, check_choice, check_int
 from .errors import ActiveMemoryError, InvalidInputError
 
 if TYPE_CHECKING:
@@ -280,11 +280,7 @@ class PruningMemorySearchConfig(MemorySearchConfig, frozen=True, kw_only=True):
     def __post_init__(self) -> None:
         super().__post_init__()
         modes = [m.value for m in PruningEvaluationMode]
-        if self.evaluation_mode not in modes:
-            allowed = ", ".join(repr(m) for m in modes)
-            raise InvalidInputError(
-                f"evaluation_mode: {self.evaluation_mode!r} is not one of {allowed}"
-            )
+        check_choice("evaluation_mode", self.evaluation_mode, modes)
         if self.num_probe_points is not None:
             if self.evaluation_mode == PruningEvaluationMode.EXHAUSTIVE:
                 raise InvalidInputError(
