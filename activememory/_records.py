@@ -34,7 +34,7 @@ import msgspec
 from ._record_search import refine
 from ._redaction import DEFAULT_REDACTOR, Redactor
 from .actors.supervisor import Supervisor
-from .protocol.content import check_bool, check_int, check_nonblank, check_text
+from .protocol.content import check_bool, check_choice, check_int, check_nonblank, check_text
 from .protocol.errors import InvalidInputError, raise_rejected
 from .protocol.recall import ToolResult
 from .protocol.record_results import RecordSearchResult
@@ -82,7 +82,7 @@ RELATION_NAME: Final = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,63}")
 """A relation name: a letter, then letters, digits, `_` or `-`; at most 64 characters."""
 _MAX_METADATA_DEPTH = 32
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-_TYPES = ", ".join(repr(t.value) for t in RecordType)
+_TYPES = tuple(t.value for t in RecordType)
 
 # The two rejected cells of the docs/design.md §5.2 table.
 USER_REQUIRED: Final = (
@@ -477,14 +477,7 @@ def _record_id(name: str, value: object) -> str:
 
 
 def _record_type(name: str, value: object) -> RecordType:
-    if isinstance(value, RecordType):
-        return value
-    if isinstance(value, str):
-        try:
-            return RecordType(value)
-        except ValueError:
-            pass
-    raise InvalidInputError(f"{name}: {value!r} is not one of {_TYPES}")
+    return RecordType(check_choice(name, value, _TYPES))
 
 
 def _record_types(value: Iterable[RecordType | str] | None) -> tuple[RecordType, ...] | None:
