@@ -1,14 +1,8 @@
 """`mem.records`: the scoped memory records store (docs/design.md §5), and the `memory_recall` tool.
 
 Three API layers search the same store and differ only in how an omitted scope field is
-resolved (docs/design.md §5.2):
-
-- `mem.records.thread(user_id=..., agent_id=..., thread_id=...).search(...)` (`RecordThread`):
-  omitted → the thread's exact user and agent, and its thread id with
-  `exact_thread_match=False` (thread records rank higher, others still come back);
-- `mem.records.search(...)` (`Records`, the client): `user_id` is required and always exact;
-  omitted agent and thread are not filtered;
-- `mem.records.store.search(...)` (`RecordStore`): omitted → not filtered.
+resolved (docs/design.md §5.2; each layer's class docstring says how): `mem.records.thread(...)`
+(`RecordThread`), `mem.records` (`Records`, the client) and `mem.records.store` (`RecordStore`).
 
 In every layer an explicit id with exact=True matches exactly that id, an explicit None with
 exact=True only records not scoped in that dimension, and an explicit value (or None) with
