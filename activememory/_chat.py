@@ -101,16 +101,8 @@ class ChatOptions:
 
 
 def _run_from_args(args: argparse.Namespace) -> int:
-    return run_chat(
-        ChatOptions(
-            state_dir=args.state_dir,
-            config=args.config,
-            session=args.session,
-            owner=args.owner,
-            json=args.json,
-            watch_interval=args.watch_interval,
-        )
-    )
+    fields = dataclasses.fields(ChatOptions)  # each one is a command-line option
+    return run_chat(ChatOptions(**{field.name: getattr(args, field.name) for field in fields}))
 
 
 def run_chat(

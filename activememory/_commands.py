@@ -32,19 +32,18 @@ GLOBAL_REFUSED = (
 
 
 class Commands:
-    """Runs `mem.command`; holds nothing but how to reach the switches and the config."""
+    """Runs `mem.command`; holds nothing but how to reach the switches and swap the config.
 
-    def __init__(
-        self,
-        supervisor: Supervisor,
-        get_config: Callable[[], Config],
-        set_config: Callable[[Config], None],
-    ) -> None:
+    Each command gets the config snapshot `Memory` held when it started.
+    """
+
+    def __init__(self, supervisor: Supervisor, set_config: Callable[[Config], None]) -> None:
         self._supervisor = supervisor
-        self._get_config = get_config
         self._set_config = set_config
 
-    async def run(self, session_key: str, text: str, *, sender: Sender) -> str | None:
+    async def run(
+        self, session_key: str, text: str, *, sender: Sender, config: Config
+    ) -> str | None:
         key = parse_session_key(session_key)
         if not isinstance(text, str):
             raise InvalidInputError(f"text: expected a string, got {type(text).__name__}")
@@ -55,7 +54,7 @@ class Commands:
             return None
         name, args = words[0].casefold(), [w.casefold() for w in words[1:]]
         if name == "/active-memory":
-            return await self._active_memory(key, args, sender)
+            return await self._active_memory(key, args, sender, config)
         if name == "/verbose":
             return await self._verbose(key, args)
         if name == "/trace":
@@ -82,7 +81,9 @@ class Commands:
             raise InvalidInputError(f"session_key: could not change the switches ({ack})")
         return ack.switches
 
-    async def _active_memory(self, key: SessionKey, args: list[str], sender: Sender) -> str:
+    async def _active_memory(
+        self, key: SessionKey, args: list[str], sender: Sender, config: Config
+    ) -> str:
         is_global = "--global" in args
         rest = [a for a in args if a != "--global"]
         if len(rest) > 1 or (rest and rest[0] != "status" and rest[0] not in _ON):
@@ -92,8 +93,8 @@ class Commands:
             if not sender.is_admin:
                 return GLOBAL_REFUSED
             if action != "status":
-                await self._set_global(_ON[action])
-            state = "on" if self._get_config().active_memory.enabled else "off"
+                config = await self._set_global(_ON[action], config)
+            state = "on" if config.active_memory.enabled else "off"
             return f"Active Memory: {state} globally."
         if action == "status":
             switches = await self.switches(key)
@@ -101,22 +102,21 @@ class Commands:
             switches = await self._set(key, active_memory=_ON[action])
         state = "on" if switches.active_memory else "off"
         reply = f"Active Memory: {state} for this session."
-        config = self._get_config()
         if not (config.active_memory.enabled and config.plugin_enabled):
             reply += " (It is off globally.)"
         return reply
 
-    async def _set_global(self, enabled: bool) -> None:
-        """Write `config.enabled` (and keep the plugin entry enabled), then swap the config.
+    async def _set_global(self, enabled: bool, config: Config) -> Config:
+        """Write `config.enabled` (and keep the plugin entry enabled), then swap the config in.
 
         The file is written first: if that fails, the error propagates and nothing changed.
         """
-        config = self._get_config()
         updated = config.with_enabled(enabled)
         if config.source is not None:
             source = Path(config.source)
             await anyio.to_thread.run_sync(_write_enabled, source, enabled, config.plugin_enabled)
         self._set_config(updated)
+        return updated
 
     async def _verbose(self, key: SessionKey, args: list[str]) -> str:
         if len(args) > 1 or (args and args[0] not in ("on", "off")):

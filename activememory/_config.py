@@ -24,6 +24,7 @@ import json5
 import msgspec
 import msgspec.inspect as mi
 
+from ._output import clip
 from ._redaction import Redactor
 from .protocol.config import (
     AgentModelChoice,
@@ -227,9 +228,7 @@ def _show(value: object) -> str:
         text = json.dumps(value, ensure_ascii=False, default=repr)
     except (TypeError, ValueError):  # unhashable keys, cycles: fall back to Python's view
         text = repr(value)
-    if len(text) > _SHOWN_CHARS:
-        text = text[: _SHOWN_CHARS - 1] + "…"
-    return text
+    return clip(text, _SHOWN_CHARS)
 
 
 @functools.cache

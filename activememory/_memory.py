@@ -20,7 +20,7 @@ from ._settings import Settings
 from .actors.composer import Composer, Respond
 from .actors.supervisor import AgentStore, Supervisor, open_supervisor
 from .protocol.config import Config
-from .protocol.content import Message, message_from_mapping
+from .protocol.content import Message, check_choice, message_from_mapping
 from .protocol.errors import InvalidInputError, SessionNotFoundError, raise_rejected
 from .protocol.indexer import (
     Appended,
@@ -101,12 +101,9 @@ class Sessions:
         key = parse_session_key(session_key)
         if spawned_by is not None:
             spawned_by = parse_session_key(spawned_by, field="spawned_by").raw
-        for name, flag in (
-            ("persistent", persistent),
-            ("interactive", interactive),
-            ("sandboxed", sandboxed),
-        ):
-            _check_bool(name, flag)
+        _check_bool("persistent", persistent)
+        _check_bool("interactive", interactive)
+        _check_bool("sandboxed", sandboxed)
         command = CreateSession(
             key=key,
             persistent=persistent,
@@ -178,10 +175,8 @@ class Sessions:
         left behind.
         """
         key = parse_session_key(session_key)
-        if limit is not None and (
-            not isinstance(limit, int) or isinstance(limit, bool) or limit < 1
-        ):
-            raise InvalidInputError(f"limit: {limit!r} is not a positive integer")
+        if limit is not None:
+            _check_positive_int("limit", limit)
         store = await self._store(key)
         events = await store.read(lambda reader: reader.history(key.raw, limit))
         if events is None:
@@ -323,7 +318,7 @@ class Memory:
         self.tools = dict(tools or {})
         search = SessionSearch(supervisor, on_dirty=AgentStore.poke)
         self.sessions = Sessions(supervisor, clock, search, lambda: self._settings)
-        self._commands = Commands(supervisor, lambda: self._settings.config, self._swap_config)
+        self._commands = Commands(supervisor, self._swap_config)
         self.notes = MemoryCore(supervisor, search, lambda: self._settings)
         self.records = Records(supervisor, clock)
         self._composer = Composer(self.sessions.append, self.recall)
@@ -432,7 +427,9 @@ class Memory:
         Cancellation: if cancelled before a switch is queued nothing changes; after that it
         may still be committed. A `--global` file write is atomic: old or new file.
         """
-        return await self._commands.run(session_key, text, sender=sender)
+        return await self._commands.run(
+            session_key, text, sender=sender, config=self._settings.config
+        )
 
 
 @contextlib.asynccontextmanager
@@ -461,12 +458,8 @@ async def open_memory(
     acknowledge every command already queued, shielded from cancellation, then the
     databases close.
     """
-    if executor not in EXECUTOR_KINDS:
-        allowed = ", ".join(repr(k) for k in EXECUTOR_KINDS)
-        raise InvalidInputError(f"executor: {executor!r} is not one of {allowed}")
-    if durability not in DURABILITY_LEVELS:
-        allowed = ", ".join(repr(k) for k in DURABILITY_LEVELS)
-        raise InvalidInputError(f"durability: {durability!r} is not one of {allowed}")
+    check_choice("executor", executor, EXECUTOR_KINDS)
+    check_choice("durability", durability, DURABILITY_LEVELS)
     if not isinstance(state_dir, str | os.PathLike):
         raise InvalidInputError(f"state_dir: expected a path, got {type(state_dir).__name__}")
     loaded = load_config(config if config is not None else {})

@@ -27,6 +27,11 @@ def one_line(text: str) -> str:
     return " ".join(text.split())
 
 
+def clip(text: str, cap: int) -> str:
+    """Cut `text` to at most `cap` characters, the last of them `…` when it had to be cut."""
+    return text if len(text) <= cap else text[: cap - 1] + ELLIPSIS
+
+
 def summarize(text: str, max_chars: int) -> str:
     """`text` as one line of at most `max_chars` characters (docs/design.md §4.10).
 
@@ -42,13 +47,21 @@ def summarize(text: str, max_chars: int) -> str:
     line = one_line(text)
     if len(line) <= max_chars:
         return line
-    budget = max_chars - 1  # room for the `…`
-    head = line[:budget]
-    if line[budget] != " ":  # the cut falls inside a word: back up to the last space
-        space = head.rfind(" ")
-        if space > 0:
-            head = head[:space]
-    return head.rstrip() + ELLIPSIS
+    return head_at_word(line, max_chars - 1) + ELLIPSIS  # room for the `…`
+
+
+def head_at_word(text: str, max_chars: int) -> str:
+    """The longest prefix of one-line `text` within `max_chars` that ends at a word boundary.
+
+    A first word longer than `max_chars` is hard-cut rather than dropped.
+    """
+    if len(text) <= max_chars:
+        return text
+    if text[max_chars] == " ":
+        return text[:max_chars].rstrip()
+    head = text[:max_chars]
+    space = head.rfind(" ")
+    return head[:space].rstrip() if space > 0 else head
 
 
 def escape_xml(text: str) -> str:

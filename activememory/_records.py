@@ -1,14 +1,8 @@
 """`mem.records`: the scoped memory records store (docs/design.md §5), and the `memory_recall` tool.
 
 Three API layers search the same store and differ only in how an omitted scope field is
-resolved (docs/design.md §5.2):
-
-- `mem.records.thread(user_id=..., agent_id=..., thread_id=...).search(...)` (`RecordThread`):
-  omitted → the thread's exact user and agent, and its thread id with
-  `exact_thread_match=False` (thread records rank higher, others still come back);
-- `mem.records.search(...)` (`Records`, the client): `user_id` is required and always exact;
-  omitted agent and thread are not filtered;
-- `mem.records.store.search(...)` (`RecordStore`): omitted → not filtered.
+resolved (docs/design.md §5.2; each layer's class docstring says how): `mem.records.thread(...)`
+(`RecordThread`), `mem.records` (`Records`, the client) and `mem.records.store` (`RecordStore`).
 
 In every layer an explicit id with exact=True matches exactly that id, an explicit None with
 exact=True only records not scoped in that dimension, and an explicit value (or None) with
@@ -27,14 +21,14 @@ import math
 import re
 import uuid
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Final, Literal, TypeAlias, TypeVar
+from typing import Any, ClassVar, Final, Literal, TypeAlias, TypeVar
 
 import msgspec
 
 from ._record_search import refine
 from ._redaction import DEFAULT_REDACTOR, Redactor
 from .actors.supervisor import Supervisor
-from .protocol.content import check_nonblank, check_text
+from .protocol.content import check_bool, check_choice, check_int, check_nonblank, check_text
 from .protocol.errors import InvalidInputError, raise_rejected
 from .protocol.recall import ToolResult
 from .protocol.record_results import RecordSearchResult
@@ -82,7 +76,7 @@ RELATION_NAME: Final = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,63}")
 """A relation name: a letter, then letters, digits, `_` or `-`; at most 64 characters."""
 _MAX_METADATA_DEPTH = 32
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-_TYPES = ", ".join(repr(t.value) for t in RecordType)
+_TYPES = tuple(t.value for t in RecordType)
 
 # The two rejected cells of the docs/design.md §5.2 table.
 USER_REQUIRED: Final = (
@@ -100,16 +94,107 @@ ExactFlag: TypeAlias = bool | NotSetType
 A = TypeVar("A", bound=RecordAck)
 
 
-class Records:
+class _Layer:
+    """What the three layers share (docs/design.md §5.2): one `search`, whose omitted scope
+    fields each layer resolves its own way."""
+
+    _layer: ClassVar[Layer]
+    _records: Records
+
+    async def search(
+        self,
+        query: str,
+        *,
+        user_id: ScopeValue = NOT_SET,
+        agent_id: ScopeValue = NOT_SET,
+        thread_id: ScopeValue = NOT_SET,
+        exact_user_match: ExactFlag = NOT_SET,
+        exact_agent_match: ExactFlag = NOT_SET,
+        exact_thread_match: ExactFlag = NOT_SET,
+        include_invalid_results: ExactFlag = NOT_SET,
+        num_hops: int = 0,
+        max_linked_results: int = 100,
+        record_types: Iterable[RecordType | str] | None = None,
+        metadata_filter: Mapping[str, Any] | None = None,
+        config: MemorySearchConfig | None = None,
+        format_config: SearchResultFormatConfig | None = None,
+    ) -> list[RecordSearchResult]:
+        """Full-text search of the records in scope, best first (smallest `distance`).
+
+        Query terms work as in `sessions_search` (any term matches, BM25 ranks, stemming,
+        CJK). Scope: the layer's rules (its class docstring) and the module docstring.
+        `include_invalid_results`: omitted or True returns valid and invalid matches, False
+        only valid ones (linked records are never dropped for being invalid). `num_hops` (0-5) attaches linked memory records to each
+        direct memory result, as a shortest-path tree, at most `max_linked_results` (0 to
+        10000, default 100) per result across all hops. `record_types` keeps only those
+        types (direct and linked). `metadata_filter` keeps records whose metadata holds
+        every given top-level key with an equal scalar value (str, int/float, bool, None;
+        True is not 1). Scope, expiry, type and metadata filters apply to linked records
+        too. `config` sets the direct result count, reranking, pruning and token budgets
+        (`MemorySearchConfig` and subclasses; default: at most 10 results). `format_config`
+        becomes each result's `format_config`, which budgets count with.
+
+        Raises `InvalidInputError` naming the argument for bad input, `RankingError` when a
+        reranker or judge fails.
+
+        Cancellation: nothing is written; a read that has started finishes on its worker,
+        and a reranker or judge call is cancelled with the search.
+        """
+        _query(query)
+        records, thread = self._records, self if isinstance(self, RecordThread) else None
+        flags = (exact_user_match, exact_agent_match, exact_thread_match)
+        scope, boosts = resolve_scope(self._layer, (user_id, agent_id, thread_id), flags, thread)
+        include_invalid = include_invalid_results is NOT_SET or check_bool(
+            "include_invalid_results", include_invalid_results
+        )
+        check_int("num_hops", num_hops, 0, MAX_HOPS)
+        check_int("max_linked_results", max_linked_results, 0, MAX_LINKED_RESULTS)
+        if config is not None and not isinstance(config, MemorySearchConfig):
+            raise InvalidInputError(
+                f"config: expected a MemorySearchConfig, got {type(config).__name__}"
+            )
+        if format_config is None:
+            format_config = RecordResultFormatConfig()
+        elif not isinstance(format_config, SearchResultFormatConfig):
+            raise InvalidInputError(
+                f"format_config: expected a SearchResultFormatConfig, "
+                f"got {type(format_config).__name__}"
+            )
+        request = RecordQuery(
+            scope=scope,
+            boosts=boosts,
+            now=records._clock(),
+            limit=(config or MemorySearchConfig()).direct_limit,
+            include_invalid=include_invalid,
+            record_types=_record_types(record_types),
+            metadata=_metadata_filter(metadata_filter),
+            num_hops=num_hops,
+            max_linked=max_linked_results,
+        )
+        plan = plan_match(query)
+        if plan is None:
+            return []  # nothing searchable in the query (only punctuation, say)
+        db = await records._supervisor.records()
+        hits = await db.read(lambda reader: reader.search(plan, request))
+        results = [_result(hit, format_config) for hit in hits]
+        return await refine(query, results, config)
+
+
+class Records(_Layer):
     """The records store client (docs/design.md §5): `mem.records`.
 
-    Add, link, invalidate, delete and get records; search with the client's scope rules
-    (`user_id` required and exact); `thread(...)` and `store` search with theirs.
+    Add, link, invalidate, delete and get records; search with the client's scope rules:
+    `user_id` is required and exact (an omitted `user_id`, or `exact_user_match=False`,
+    raises `InvalidInputError`); omitted `agent_id`/`thread_id` are not filtered.
+    `thread(...)` and `store` search with theirs.
     """
+
+    _layer = "client"
 
     def __init__(self, supervisor: Supervisor, clock: Callable[[], float]) -> None:
         self._supervisor = supervisor
         self._clock = clock
+        self._records = self
         self._store = RecordStore(self)
 
     @property
@@ -235,49 +320,6 @@ class Records:
         db = await self._supervisor.records()
         return await db.read(lambda reader: reader.get(record_id, now))
 
-    async def search(
-        self,
-        query: str,
-        *,
-        user_id: ScopeValue = NOT_SET,
-        agent_id: ScopeValue = NOT_SET,
-        thread_id: ScopeValue = NOT_SET,
-        exact_user_match: ExactFlag = NOT_SET,
-        exact_agent_match: ExactFlag = NOT_SET,
-        exact_thread_match: ExactFlag = NOT_SET,
-        include_invalid_results: ExactFlag = NOT_SET,
-        num_hops: int = 0,
-        max_linked_results: int = 100,
-        record_types: Iterable[RecordType | str] | None = None,
-        metadata_filter: Mapping[str, Any] | None = None,
-        config: MemorySearchConfig | None = None,
-        format_config: SearchResultFormatConfig | None = None,
-    ) -> list[RecordSearchResult]:
-        """Search one user's records (the client layer, docs/design.md §5.2); best first.
-
-        `user_id` is required and exact (an omitted `user_id`, or `exact_user_match=False`,
-        raises `InvalidInputError`); omitted `agent_id`/`thread_id` are not filtered. See
-        the module docstring for the scope rules shared by every layer, and
-        `RecordStore.search` for the other arguments.
-
-        Cancellation: nothing is written; a read that has started finishes on its worker,
-        and a reranker or judge call is cancelled with the search.
-        """
-        return await self._search(
-            "client",
-            None,
-            query,
-            (user_id, agent_id, thread_id),
-            (exact_user_match, exact_agent_match, exact_thread_match),
-            include_invalid_results=include_invalid_results,
-            num_hops=num_hops,
-            max_linked_results=max_linked_results,
-            record_types=record_types,
-            metadata_filter=metadata_filter,
-            config=config,
-            format_config=format_config,
-        )
-
     # -- internals ------------------------------------------------------------------------
 
     async def _submit(self, command: RecordCommand, expect: type[A]) -> A:
@@ -288,70 +330,17 @@ class Records:
         assert isinstance(ack, RecordRejected), ack
         raise_rejected(ack)
 
-    async def _search(
-        self,
-        layer: Layer,
-        thread: RecordThread | None,
-        query: str,
-        values: tuple[ScopeValue, ScopeValue, ScopeValue],
-        flags: tuple[ExactFlag, ExactFlag, ExactFlag],
-        *,
-        include_invalid_results: ExactFlag,
-        num_hops: int,
-        max_linked_results: int,
-        record_types: Iterable[RecordType | str] | None,
-        metadata_filter: Mapping[str, Any] | None,
-        config: MemorySearchConfig | None,
-        format_config: SearchResultFormatConfig | None,
-    ) -> list[RecordSearchResult]:
-        _query(query)
-        scope, boosts = resolve_scope(layer, values, flags, thread)
-        if include_invalid_results is NOT_SET:
-            include_invalid = True
-        elif isinstance(include_invalid_results, bool):
-            include_invalid = include_invalid_results
-        else:
-            raise InvalidInputError(
-                f"include_invalid_results: expected True or False, got {include_invalid_results!r}"
-            )
-        _int_in("num_hops", num_hops, 0, MAX_HOPS)
-        _int_in("max_linked_results", max_linked_results, 0, MAX_LINKED_RESULTS)
-        if config is not None and not isinstance(config, MemorySearchConfig):
-            raise InvalidInputError(
-                f"config: expected a MemorySearchConfig, got {type(config).__name__}"
-            )
-        if format_config is None:
-            format_config = RecordResultFormatConfig()
-        elif not isinstance(format_config, SearchResultFormatConfig):
-            raise InvalidInputError(
-                f"format_config: expected a SearchResultFormatConfig, "
-                f"got {type(format_config).__name__}"
-            )
-        request = RecordQuery(
-            scope=scope,
-            boosts=boosts,
-            now=self._clock(),
-            limit=(config or MemorySearchConfig()).direct_limit,
-            include_invalid=include_invalid,
-            record_types=_record_types(record_types),
-            metadata=_metadata_filter(metadata_filter),
-            num_hops=num_hops,
-            max_linked=max_linked_results,
-        )
-        plan = plan_match(query)
-        if plan is None:
-            return []  # nothing searchable in the query (only punctuation, say)
-        db = await self._supervisor.records()
-        hits = await db.read(lambda reader: reader.search(plan, request))
-        results = [_result(hit, format_config) for hit in hits]
-        return await refine(query, results, config)
 
-
-class RecordThread:
+class RecordThread(_Layer):
     """The thread layer (docs/design.md §5.2): searches default to one user, agent and thread.
 
-    Made by `mem.records.thread(user_id=..., agent_id=..., thread_id=...)`.
+    Made by `mem.records.thread(user_id=..., agent_id=..., thread_id=...)`. Omitted fields:
+    exactly this thread's user and agent; this thread's records rank higher, but other
+    threads' records of that user and agent come back too (`exact_thread_match=True` keeps
+    only this thread's).
     """
+
+    _layer = "thread"
 
     def __init__(
         self, records: Records, *, user_id: str | None, agent_id: str | None, thread_id: str | None
@@ -367,108 +356,15 @@ class RecordThread:
             f" thread_id={self.thread_id!r})"
         )
 
-    async def search(
-        self,
-        query: str,
-        *,
-        user_id: ScopeValue = NOT_SET,
-        agent_id: ScopeValue = NOT_SET,
-        thread_id: ScopeValue = NOT_SET,
-        exact_user_match: ExactFlag = NOT_SET,
-        exact_agent_match: ExactFlag = NOT_SET,
-        exact_thread_match: ExactFlag = NOT_SET,
-        include_invalid_results: ExactFlag = NOT_SET,
-        num_hops: int = 0,
-        max_linked_results: int = 100,
-        record_types: Iterable[RecordType | str] | None = None,
-        metadata_filter: Mapping[str, Any] | None = None,
-        config: MemorySearchConfig | None = None,
-        format_config: SearchResultFormatConfig | None = None,
-    ) -> list[RecordSearchResult]:
-        """Search as this thread (docs/design.md §5.2); best first.
 
-        Omitted fields: exactly this thread's user and agent; this thread's records rank
-        higher, but other threads' records of that user and agent come back too
-        (`exact_thread_match=True` keeps only this thread's). See `RecordStore.search` for
-        the other arguments.
-
-        Cancellation: as for `Records.search`.
-        """
-        return await self._records._search(
-            "thread",
-            self,
-            query,
-            (user_id, agent_id, thread_id),
-            (exact_user_match, exact_agent_match, exact_thread_match),
-            include_invalid_results=include_invalid_results,
-            num_hops=num_hops,
-            max_linked_results=max_linked_results,
-            record_types=record_types,
-            metadata_filter=metadata_filter,
-            config=config,
-            format_config=format_config,
-        )
-
-
-class RecordStore:
+class RecordStore(_Layer):
     """The store layer (docs/design.md §5.2): `mem.records.store`; omitted scope fields are not
     filtered."""
 
+    _layer = "store"
+
     def __init__(self, records: Records) -> None:
         self._records = records
-
-    async def search(
-        self,
-        query: str,
-        *,
-        user_id: ScopeValue = NOT_SET,
-        agent_id: ScopeValue = NOT_SET,
-        thread_id: ScopeValue = NOT_SET,
-        exact_user_match: ExactFlag = NOT_SET,
-        exact_agent_match: ExactFlag = NOT_SET,
-        exact_thread_match: ExactFlag = NOT_SET,
-        include_invalid_results: ExactFlag = NOT_SET,
-        num_hops: int = 0,
-        max_linked_results: int = 100,
-        record_types: Iterable[RecordType | str] | None = None,
-        metadata_filter: Mapping[str, Any] | None = None,
-        config: MemorySearchConfig | None = None,
-        format_config: SearchResultFormatConfig | None = None,
-    ) -> list[RecordSearchResult]:
-        """Full-text search of the records in scope, best first (smallest `distance`).
-
-        Query terms work as in `sessions_search` (any term matches, BM25 ranks, stemming,
-        CJK). Scope: see the module docstring. `include_invalid_results`: omitted or True
-        returns valid and invalid matches, False only valid ones (linked records are never
-        dropped for being invalid). `num_hops` (0-5) attaches linked memory records to each
-        direct memory result, as a shortest-path tree, at most `max_linked_results` (0 to
-        10000, default 100) per result across all hops. `record_types` keeps only those
-        types (direct and linked). `metadata_filter` keeps records whose metadata holds
-        every given top-level key with an equal scalar value (str, int/float, bool, None;
-        True is not 1). Scope, expiry, type and metadata filters apply to linked records
-        too. `config` sets the direct result count, reranking, pruning and token budgets
-        (`MemorySearchConfig` and subclasses; default: at most 10 results). `format_config`
-        becomes each result's `format_config`, which budgets count with.
-
-        Raises `InvalidInputError` naming the argument for bad input, `RankingError` when a
-        reranker or judge fails.
-
-        Cancellation: as for `Records.search`.
-        """
-        return await self._records._search(
-            "store",
-            None,
-            query,
-            (user_id, agent_id, thread_id),
-            (exact_user_match, exact_agent_match, exact_thread_match),
-            include_invalid_results=include_invalid_results,
-            num_hops=num_hops,
-            max_linked_results=max_linked_results,
-            record_types=record_types,
-            metadata_filter=metadata_filter,
-            config=config,
-            format_config=format_config,
-        )
 
 
 _DIMENSIONS = (("user_id", "exact_user_match"), ("agent_id", "exact_agent_match"),
@@ -493,8 +389,8 @@ def resolve_scope(
     for (dim, flag_name), value, exact in zip(_DIMENSIONS, values, flags, strict=True):
         if value is not NOT_SET:
             value = _scope_id(dim, value)
-        if exact is not NOT_SET and not isinstance(exact, bool):
-            raise InvalidInputError(f"{flag_name}: expected True or False, got {exact!r}")
+        if exact is not NOT_SET:
+            check_bool(flag_name, exact)
         if layer == "client" and dim == "user_id":
             if value is NOT_SET:
                 raise InvalidInputError(USER_REQUIRED)
@@ -575,14 +471,7 @@ def _record_id(name: str, value: object) -> str:
 
 
 def _record_type(name: str, value: object) -> RecordType:
-    if isinstance(value, RecordType):
-        return value
-    if isinstance(value, str):
-        try:
-            return RecordType(value)
-        except ValueError:
-            pass
-    raise InvalidInputError(f"{name}: {value!r} is not one of {_TYPES}")
+    return RecordType(check_choice(name, value, _TYPES))
 
 
 def _record_types(value: Iterable[RecordType | str] | None) -> tuple[RecordType, ...] | None:
@@ -623,12 +512,6 @@ def _seconds(name: str, value: object) -> float:
             f"{name}: expected a finite number of seconds since the epoch, got {value!r}"
         )
     return float(value)  # type: ignore[arg-type]
-
-
-def _int_in(name: str, value: object, low: int, high: int) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
-        raise InvalidInputError(f"{name}: {value!r} is not an integer from {low} to {high}")
-    return value
 
 
 def _metadata(metadata: object) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from ._redaction import Redactor
 from ._settings import Settings
 from .actors.supervisor import AgentStore, Supervisor
 from .protocol.config import PrivateScope
-from .protocol.errors import InvalidInputError
+from .protocol.content import check_choice, check_int
 from .protocol.search import (
     DEFAULT_LIMIT,
     INDEXING_WARNING,
@@ -72,12 +72,8 @@ class SessionSearch:
         text = check_query(query)
         caller_key = parse_session_key(caller, field="caller")
         only = None if session_key is None else parse_session_key(session_key)
-        if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= MAX_LIMIT:
-            raise InvalidInputError(f"limit: {limit!r} is not an integer from 1 to {MAX_LIMIT}")
-        if match not in MATCH_MODES:
-            allowed = ", ".join(repr(m) for m in MATCH_MODES)
-            raise InvalidInputError(f"match: {match!r} is not one of {allowed}")
-        plan = plan_match(text, match)
+        limit = check_int("limit", limit, 1, MAX_LIMIT)
+        plan = plan_match(text, check_choice("match", match, MATCH_MODES))
         if plan is None:
             return SearchResult(results=())
         terms = query_terms(text)
@@ -134,8 +130,7 @@ class SessionSearch:
         nothing to search: a caller that is not itself private gets nothing.
         """
         text = check_query(query)
-        if not 1 <= limit <= MAX_LIMIT:
-            raise InvalidInputError(f"limit: {limit!r} is not an integer from 1 to {MAX_LIMIT}")
+        limit = check_int("limit", limit, 1, MAX_LIMIT)
         plan = plan_match(text, "phrase")
         if plan is None or not caller.is_private or caller.agent is None:
             return None

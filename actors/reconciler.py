@@ -50,10 +50,6 @@ class Reconciler:
         self.chunk_rows = chunk_rows
         self.busy = False
         self.stopping = False  # set by the supervisor at shutdown: stop after this chunk
-        # Counters for tests and `stats`.
-        self.sessions_rebuilt = 0
-        self.restarts = 0
-        self.chunks = 0
 
     async def run(self) -> None:
         """Serve pokes until the inbox closes.
@@ -96,14 +92,9 @@ class Reconciler:
                     max_rows=self.chunk_rows,
                 )
             )
-            self.chunks += 1
             if not isinstance(ack, Reindexed):
                 return False
-            if ack.stale:
-                self.restarts += 1
-                return True  # changed while we worked: the next read sees its new revision
-            if ack.clean:
-                self.sessions_rebuilt += 1
-                return True
+            if ack.stale or ack.clean:
+                return True  # done, or changed while we worked: the next read sees its revision
             after = ack.next_depth
         return False

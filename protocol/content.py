@@ -7,8 +7,8 @@ text of a string, or of text/input_text/output_text blocks. Everything else is s
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
-from typing import Any, Literal, TypeAlias
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal, TypeAlias, TypeVar, cast
 
 import msgspec
 
@@ -106,6 +106,7 @@ BLOCK_TYPES = (
     "text", "input_text", "output_text", "thinking", "reasoning", "image", "tool_use",
     "tool_result",
 )  # fmt: skip
+T = TypeVar("T")
 _TEXT_BLOCKS = (TextBlock, InputTextBlock, OutputTextBlock)
 _MSGSPEC_PATH = re.compile(r" - at `\$(.*)`$")
 _encode = msgspec.json.Encoder().encode
@@ -125,9 +126,7 @@ class Message(msgspec.Struct, frozen=True, kw_only=True):
     timestamp: float | None = None
 
     def __post_init__(self) -> None:
-        if self.role not in ROLES:
-            allowed = ", ".join(repr(r) for r in ROLES)
-            raise InvalidInputError(f"Message.role: {self.role!r} is not one of {allowed}")
+        check_choice("Message.role", self.role, ROLES)
         content = self.content
         if not isinstance(content, str):
             content = _convert_blocks(content)
@@ -203,6 +202,35 @@ def check_nonblank(where: str, value: object, max_chars: int) -> str:
     if len(value) > max_chars:
         raise InvalidInputError(f"{where}: {len(value)} characters is over the maximum {max_chars}")
     return check_text(where, value)
+
+
+def check_int(name: str, value: object, low: int, high: int | None = None) -> int:
+    """`value`, if it is an int (not a bool) from `low` to `high` (or up); else
+    `InvalidInputError` naming `name`."""
+    if (
+        not isinstance(value, int)
+        or isinstance(value, bool)
+        or value < low
+        or (high is not None and value > high)
+    ):
+        upper = f"from {low} to {high}" if high is not None else f"of at least {low}"
+        raise InvalidInputError(f"{name}: {value!r} is not an integer {upper}")
+    return value
+
+
+def check_choice(name: str, value: object, allowed: Sequence[T]) -> T:
+    """`value`, if it is one of `allowed`; else `InvalidInputError` naming `name`."""
+    if value not in allowed:
+        options = ", ".join(repr(a) for a in allowed)
+        raise InvalidInputError(f"{name}: {value!r} is not one of {options}")
+    return cast(T, value)
+
+
+def check_bool(name: str, value: object) -> bool:
+    """`value`, if it is True or False; else `InvalidInputError` naming `name`."""
+    if not isinstance(value, bool):
+        raise InvalidInputError(f"{name}: expected True or False, got {value!r}")
+    return value
 
 
 def _check_unicode(where: str, value: object) -> None:

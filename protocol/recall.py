@@ -8,24 +8,18 @@ switches (docs/design.md §4.3), persisted in the agent database; `RecallOutcome
 from __future__ import annotations
 
 import math
-from typing import Literal, TypeAlias
+from typing import Literal, TypeAlias, get_args
 
 import msgspec
 
-from .content import Message
+from .content import Message, check_choice
 from .errors import InvalidInputError
 from .session_key import parse_session_key
 
 Trigger: TypeAlias = Literal["user", "heartbeat", "system", "inter_session"]
 TRIGGERS: tuple[Trigger, ...] = ("user", "heartbeat", "system", "inter_session")
 Surface: TypeAlias = Literal["interactive", "headless", "background", "agent_command", "subagent"]
-SURFACES: tuple[Surface, ...] = (
-    "interactive",
-    "headless",
-    "background",
-    "agent_command",
-    "subagent",
-)
+SURFACES: tuple[Surface, ...] = get_args(Surface)
 TraceMode: TypeAlias = Literal["off", "on", "raw"]
 TRACE_MODES: tuple[TraceMode, ...] = ("off", "on", "raw")
 
@@ -80,8 +74,8 @@ class Turn(msgspec.Struct, frozen=True, kw_only=True):
             )
         if isinstance(messages, list):
             msgspec.structs.force_setattr(self, "messages", tuple(messages))
-        _check_choice("Turn.trigger", self.trigger, TRIGGERS)
-        _check_choice("Turn.surface", self.surface, SURFACES)
+        check_choice("Turn.trigger", self.trigger, TRIGGERS)
+        check_choice("Turn.surface", self.surface, SURFACES)
         if self.model is not None and (not isinstance(self.model, str) or not self.model):
             raise InvalidInputError(
                 f"Turn.model: expected a provider/model string, got {self.model!r}"
@@ -175,12 +169,6 @@ class RecallOutcome(msgspec.Struct, frozen=True, kw_only=True):
     model: str | None = None
     paths: tuple[RecallPath, ...] = ()
     reason: str = ""
-
-
-def _check_choice(field: str, value: object, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        options = ", ".join(repr(a) for a in allowed)
-        raise InvalidInputError(f"{field}: {value!r} is not one of {options}")
 
 
 class ToolResult(msgspec.Struct, frozen=True, kw_only=True):

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal, Protocol, TypeAlias, runt
 
 import msgspec
 
+from .content import check_bool, check_choice, check_int
 from .errors import ActiveMemoryError, InvalidInputError
 
 if TYPE_CHECKING:
@@ -127,25 +128,9 @@ class SearchScope(msgspec.Struct, frozen=True, kw_only=True):
 # -- search configs (docs/design.md §5.5) ----------------------------------------------------------------
 
 
-def _check_int(name: str, value: object, low: int, high: int | None = None) -> None:
-    if (
-        not isinstance(value, int)
-        or isinstance(value, bool)
-        or value < low
-        or (high is not None and value > high)
-    ):
-        upper = f"from {low} to {high}" if high is not None else f"of at least {low}"
-        raise InvalidInputError(f"{name}: {value!r} is not an integer {upper}")
-
-
 def _check_optional_int(name: str, value: object, low: int) -> None:
     if value is not None:
-        _check_int(name, value, low)
-
-
-def _check_bool(name: str, value: object) -> None:
-    if not isinstance(value, bool):
-        raise InvalidInputError(f"{name}: expected True or False, got {value!r}")
+        check_int(name, value, low)
 
 
 @runtime_checkable
@@ -227,8 +212,8 @@ class TopKMemorySearchConfig(MemorySearchConfig, frozen=True, kw_only=True):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _check_int("max_results", self.max_results, 1)
-        _check_int("reranker_max_candidates", self.reranker_max_candidates, 1)
+        check_int("max_results", self.max_results, 1)
+        check_int("reranker_max_candidates", self.reranker_max_candidates, 1)
         _check_reranker(self.reranker)
 
     @property
@@ -295,18 +280,14 @@ class PruningMemorySearchConfig(MemorySearchConfig, frozen=True, kw_only=True):
     def __post_init__(self) -> None:
         super().__post_init__()
         modes = [m.value for m in PruningEvaluationMode]
-        if self.evaluation_mode not in modes:
-            allowed = ", ".join(repr(m) for m in modes)
-            raise InvalidInputError(
-                f"evaluation_mode: {self.evaluation_mode!r} is not one of {allowed}"
-            )
+        check_choice("evaluation_mode", self.evaluation_mode, modes)
         if self.num_probe_points is not None:
             if self.evaluation_mode == PruningEvaluationMode.EXHAUSTIVE:
                 raise InvalidInputError(
                     "num_probe_points: not allowed with evaluation_mode EXHAUSTIVE "
                     "(it judges every candidate)"
                 )
-            _check_int("num_probe_points", self.num_probe_points, 2)
+            check_int("num_probe_points", self.num_probe_points, 2)
         fraction = self.protected_fraction
         if (
             not isinstance(fraction, int | float)
@@ -320,8 +301,8 @@ class PruningMemorySearchConfig(MemorySearchConfig, frozen=True, kw_only=True):
                 f"got {type(self.llm).__name__}"
             )
         _check_reranker(self.reranker)
-        _check_int("reranker_max_candidates", self.reranker_max_candidates, 1)
-        _check_int("max_candidates", self.max_candidates, 1)
+        check_int("reranker_max_candidates", self.reranker_max_candidates, 1)
+        check_int("max_candidates", self.max_candidates, 1)
 
     @property
     def direct_limit(self) -> int:
@@ -359,7 +340,7 @@ class SearchResultFormatConfig(msgspec.Struct, frozen=True, kw_only=True):
     include_invalid_results: bool = True
 
     def __post_init__(self) -> None:
-        _check_bool("include_invalid_results", self.include_invalid_results)
+        check_bool("include_invalid_results", self.include_invalid_results)
 
 
 class RecordResultFormatConfig(SearchResultFormatConfig, frozen=True, kw_only=True):
@@ -381,7 +362,7 @@ class RecordResultFormatConfig(SearchResultFormatConfig, frozen=True, kw_only=Tr
     def __post_init__(self) -> None:
         super().__post_init__()
         for name in self.__struct_fields__:
-            _check_bool(name, getattr(self, name))
+            check_bool(name, getattr(self, name))
 
 
 # -- the writer dialog -------------------------------------------------------------------------

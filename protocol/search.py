@@ -7,6 +7,7 @@ from typing import Any, Literal, TypeAlias
 
 import msgspec
 
+from .content import check_choice
 from .errors import InvalidInputError
 
 Visibility: TypeAlias = Literal["self", "tree", "agent", "all"]
@@ -85,9 +86,7 @@ def search_settings(config: Mapping[str, Any] | None) -> SearchSettings:
         value = get(path)
         if value is None:
             return default
-        if value not in allowed:
-            options = ", ".join(repr(a) for a in allowed)
-            raise InvalidInputError(f"{path}: {value!r} is not one of {options}")
+        check_choice(path, value, allowed)
         return str(value)
 
     enabled = get("tools.agentToAgent.enabled")

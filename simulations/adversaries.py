@@ -147,10 +147,8 @@ class BusyDatabase:
     def __init__(self, attempts: int = 5, backoff_s: float = 0.1) -> None:
         self.attempts = attempts
         self.backoff_s = backoff_s
-        self.tries = 0
 
     async def __call__(self, args: Mapping[str, Any]) -> str:
         for _ in range(self.attempts):
-            self.tries += 1
             await anyio.sleep(self.backoff_s)
         raise apsw.BusyError("database is locked")

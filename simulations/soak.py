@@ -68,13 +68,13 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Literal, cast
+from typing import IO, Any, Literal
 
 import apsw
 import trio
 
 import activememory as am
-from activememory.storage.fts_query import TOKENIZE, index_row
+from activememory.storage.fts_query import index_row, index_tokens
 from activememory.storage.transcripts import agent_db_path
 
 from .adversaries import Grounded, HangForever, IgnoresCancellation, LateAnswer, Raises
@@ -1012,31 +1012,16 @@ def indexed_tokens(conn: apsw.Connection) -> dict[int, dict[str, list[str]]]:
     }
 
 
-class Tokenizer:
-    """The index's tokenizer, to compute what a row must hold."""
-
-    def __init__(self) -> None:
-        self._conn = apsw.Connection(":memory:")
-        name, *options = TOKENIZE.split()
-        self._tokenize = self._conn.fts5_tokenizer(name, options)
-
-    def tokens(self, text: str | None) -> list[str]:
-        """The tokens the index holds for one column value."""
-        if not text:
-            return []
-        found = self._tokenize(text.encode("utf-8"), apsw.FTS5_TOKENIZE_DOCUMENT, None)
-        # (start, end, token) each: offsets on, and this tokenizer has no colocated tokens.
-        return [token for _, _, token in cast(list[tuple[int, int, str]], found)]
-
-    def row(self, event_id: int, text: str, previous: str | None) -> dict[str, list[str]]:
-        """column -> tokens of a message's index row (`previous`: the text before it)."""
-        _, words, grams, context = index_row(event_id, text, previous)
-        columns = {"words": words, "grams": grams, "context": context}
-        return {col: toks for col, value in columns.items() if (toks := self.tokens(value))}
+def row_tokens(event_id: int, text: str, previous: str | None) -> dict[str, list[str]]:
+    """column -> the tokens the index holds for a message's row (`previous`: the text before)."""
+    _, words, grams, context = index_row(event_id, text, previous)
+    columns = {"words": words, "grams": grams, "context": context}
+    found = {col: [t for _, _, t in index_tokens(v.encode())] for col, v in columns.items() if v}
+    return {col: tokens for col, tokens in found.items() if tokens}
 
 
 def expected_index(
-    branches: Mapping[str, list[int]], snap: Snapshot, tokenizer: Tokenizer
+    branches: Mapping[str, list[int]], snap: Snapshot
 ) -> dict[str, dict[int, dict[str, list[str]]]]:
     """Per session: rowid -> column -> tokens, for the active-branch messages with text."""
     out: dict[str, dict[int, dict[str, list[str]]]] = {}
@@ -1046,7 +1031,7 @@ def expected_index(
         for event_id in branch:
             text = snap.events[event_id].text
             if text is not None:
-                rows[event_id] = tokenizer.row(event_id, text, previous)
+                rows[event_id] = row_tokens(event_id, text, previous)
                 previous = text
         out[key] = rows
     return out
@@ -1176,7 +1161,6 @@ async def verify(state_dir: Path, acked: AckedOps) -> Verification:
     """Checks (a) and (b): open the state directory and compare it with the ack log."""
     result = Verification()
     path = agent_db_path(state_dir, AGENT)
-    tokenizer = Tokenizer()
     counts: Counter[str] = Counter()
     async with am.open_memory(state_dir) as mem:
         for stats in await mem.sessions.stats():
@@ -1225,7 +1209,7 @@ async def verify(state_dir: Path, acked: AckedOps) -> Verification:
                     ] += 1
         counts["dirty_before_rebuild"] = sum(dirty for _, dirty in snap.sessions.values())
         # (b) the index as the workload left it: clean sessions must be exact.
-        expected = expected_index(branches, snap, tokenizer)
+        expected = expected_index(branches, snap)
         problems, compared = compare_index(snap, expected, clean_only=True)
         result.index += [f"as left: {p}" for p in problems]
         counts["rows_compared_as_left"] = compared

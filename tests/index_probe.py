@@ -7,7 +7,7 @@ from pathlib import Path
 
 import apsw
 
-from activememory.storage.fts_query import TOKENIZE, index_columns
+from activememory.storage.fts_query import index_columns, index_tokens
 
 
 def agent_db(state_dir: Path, agent: str = "main") -> Path:
@@ -44,15 +44,8 @@ def indexed_tokens(path: Path, column: str | None = None) -> dict[int, list[str]
 
 def tokenize(text: str) -> list[str]:
     """The tokens the index holds for a message `text`: its `words` column, then `grams`."""
-    conn = apsw.Connection(":memory:")
-    name, *args = TOKENIZE.split()
-    tokenizer = conn.fts5_tokenizer(name, args)
-    tokens: list[str] = []
-    for column in index_columns(text):
-        if column is not None:
-            found = tokenizer(column.encode("utf-8"), apsw.FTS5_TOKENIZE_DOCUMENT, None)
-            tokens += [tok[2] for tok in found]
-    return tokens
+    columns = [column for column in index_columns(text) if column is not None]
+    return [token for column in columns for _, _, token in index_tokens(column.encode("utf-8"))]
 
 
 def match(path: Path, query: str) -> list[int]:

@@ -20,7 +20,7 @@ import anyio
 import msgspec
 from anyio.streams.memory import MemoryObjectSendStream
 
-from .._output import debug_line, hidden_prefix, status_line, summarize
+from .._output import clip, debug_line, hidden_prefix, one_line, status_line, summarize
 from .._policy import decide
 from .._records import Records
 from .._redaction import Redactor
@@ -436,7 +436,4 @@ def _search_details(tools: RecallTools) -> dict[str, object]:
 
 def _log(line: str, redactor: Redactor) -> None:
     """One structured, redacted, single-line log record, capped."""
-    text = " ".join(redactor.redact(line).split())
-    if len(text) > _LOG_LINE_CHARS:
-        text = text[: _LOG_LINE_CHARS - 1] + "…"
-    log.info(text)
+    log.info(clip(one_line(redactor.redact(line)), _LOG_LINE_CHARS))

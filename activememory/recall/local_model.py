@@ -60,7 +60,7 @@ from .._output import ELLIPSIS, summarize
 from ..protocol.recall import RecallRequest, ToolResult
 from ..storage.fts_query import STOPWORDS, index_columns, index_tokens
 from .subagent_input import FULL_HEADING, LATEST_HEADING, RECENT_HEADING, STYLE_THRESHOLDS
-from .third_person import third_person
+from .third_person import HABIT_CUES, third_person, word_set
 from .tools import RecallTools
 
 NONE = "NONE"
@@ -87,12 +87,8 @@ _RESULT_FIELDS = ("results", "items", "memories", "hits")
 _TEXT_FIELDS = ("snippet", "content", "text")
 
 
-def _word_set(words: str) -> frozenset[str]:
-    return frozenset(words.split())
-
-
 # Words a chat message carries that say nothing a memory could match.
-_FILLER = _word_set(
+_FILLER = word_set(
     """
     ok okay k lol lmao haha hahaha hehe hmm hm um uh oh ah yes yeah yep yup nope nah sure
     thanks thank thx ty please pls cool nice great awesome wow hi hello hey bye
@@ -112,10 +108,10 @@ _MONTHS = (
 )
 _PREFERENCE_CUES = re.compile(
     r"\b(?:"
-    r"likes?|loves?|enjoys?|prefers?|preferred|favou?rites?|always|usually|normally|"
-    r"generally|typically|often|never|hates?|dislikes?|can['’]?t stand|cannot stand|"
-    r"allergic|intolerant|vegetarian|vegan|go-to|routine|habits?|"
-    r"tends? to|daily|weekly|nightly|each (?:day|morning|evening|night|week|month)|"
+    r"likes?|loves?|enjoys?|prefers?|preferred|favou?rites?|hates?|dislikes?|"
+    + HABIT_CUES
+    + r"|can['’]?t stand|cannot stand|allergic|intolerant|vegetarian|vegan|go-to|routine|"
+    r"habits?|tends? to|each (?:day|morning|evening|night|week|month)|"
     r"every (?:day|morning|evening|night|week|weekend|month|year|"
     + _CUE_DAYS
     + r")|on "
@@ -145,7 +141,7 @@ _EVENT_CUES = re.compile(
 )
 
 # `strict`: a message asks for memory when it is a question, names the user, or the past.
-_QUESTION_WORDS = _word_set(
+_QUESTION_WORDS = word_set(
     """
     what which who whom whose where when why how do does did is are am was were can could
     should would will shall have has had any remind remember recall tell

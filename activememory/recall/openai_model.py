@@ -36,6 +36,8 @@ _REASONING_EFFORT: Final[Mapping[str, str]] = {
     "max": "high",
     "adaptive": "medium",
 }
+# `fast_mode` as an OpenAI `service_tier` (None sends nothing).
+_SERVICE_TIER: Final[Mapping[object, str]] = {True: "priority", False: "default", "auto": "auto"}
 _BAD_ARGUMENTS: Final = json.dumps({"error": "arguments are not a JSON object"})
 _NO_NAME: Final = json.dumps({"error": "the tool call names no function"})
 
@@ -210,7 +212,7 @@ class OpenAICompatibleModel(ChatCompletionsClient):
         effort = _REASONING_EFFORT.get(request.thinking)
         if effort is not None:
             body["reasoning_effort"] = effort
-        tier = _service_tier(request.fast_mode)
+        tier = _SERVICE_TIER.get(request.fast_mode)
         if tier is not None:
             body["service_tier"] = tier
         rounds = 0
@@ -272,16 +274,6 @@ def model_from_config(ref: str, provider: Provider) -> OpenAICompatibleModel:
             why = "it has no baseUrl"
         raise ValueError(f"{ref}: the provider cannot serve recall: {why}")
     return OpenAICompatibleModel(ref, base_url=provider.base_url, api_key=provider.api_key)
-
-
-def _service_tier(fast_mode: bool | str | None) -> str | None:
-    if fast_mode is True:
-        return "priority"
-    if fast_mode is False:
-        return "default"
-    if fast_mode == "auto":
-        return "auto"
-    return None
 
 
 async def _read_capped(response: httpx.Response) -> bytes | None:

@@ -9,22 +9,23 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from typing import Literal, TypeAlias
+from typing import get_args
 
 from .._output import (
     DEBUG_LINE_LABEL,
-    ELLIPSIS,
     PREFIX_CLOSE,
     PREFIX_HEADER,
     PREFIX_OPEN,
     STATUS_LINE_LABEL,
+    clip,
+    head_at_word,
+    one_line,
 )
-from ..protocol.config import STYLE_BY_QUERY_MODE
+from ..protocol.config import STYLE_BY_QUERY_MODE, PromptStyle, QueryMode
 from ..protocol.content import Message
 from ..storage.fts_query import STOPWORDS
 
-QueryMode: TypeAlias = Literal["message", "recent", "full"]
-QUERY_MODES: tuple[QueryMode, ...] = ("message", "recent", "full")
+QUERY_MODES: tuple[QueryMode, ...] = get_args(QueryMode)
 
 # The latest message keeps its line breaks, but a pasted log must not eat the whole budget.
 LATEST_MAX_CHARS = 4000
@@ -126,15 +127,6 @@ def latest_user_text(messages: Sequence[Message]) -> str:
     return _split_latest(messages)[0].strip()
 
 
-def _collapse(text: str) -> str:
-    return " ".join(text.split())
-
-
-def _clip(text: str, cap: int) -> str:
-    """Cut `text` to at most `cap` characters, the last of them `…` when it had to be cut."""
-    return text if len(text) <= cap else text[: cap - 1] + ELLIPSIS
-
-
 def _latest_user_index(messages: Sequence[Message]) -> int | None:
     """Where the latest user message is: the last message with role `user`, if any."""
     for i in range(len(messages) - 1, -1, -1):
@@ -160,7 +152,7 @@ def _split_latest(messages: Sequence[Message]) -> tuple[str, list[tuple[str, str
 
 
 def _latest_block(latest: str) -> str:
-    return f"{LATEST_HEADING}\n{_clip(latest.strip(), LATEST_MAX_CHARS)}"
+    return f"{LATEST_HEADING}\n{clip(latest.strip(), LATEST_MAX_CHARS)}"
 
 
 def build_query_text(
@@ -207,7 +199,7 @@ def build_query_text(
         if lines:
             return f"{RECENT_HEADING}\n" + "\n".join(lines) + f"\n\n{latest_block}"
     elif mode == "full" and earlier:
-        lines = [f"{role}: {_clip(_collapse(text), FULL_TURN_MAX_CHARS)}" for role, text in earlier]
+        lines = [f"{role}: {clip(one_line(text), FULL_TURN_MAX_CHARS)}" for role, text in earlier]
         body = _bound_full(lines, fixed=len(FULL_HEADING) + 3 + len(latest_block))
         return f"{FULL_HEADING}\n" + "\n".join(body) + f"\n\n{latest_block}"
     return latest_block
@@ -225,7 +217,7 @@ def _recent_tail(
         if left[role] == 0:
             continue  # this role is used up; older turns of the other role may still fit
         left[role] -= 1
-        taken.append(f"{role}: {_clip(_collapse(text), caps[role])}")
+        taken.append(f"{role}: {clip(one_line(text), caps[role])}")
     taken.reverse()
     return taken
 
@@ -262,7 +254,7 @@ def _clean_for_search(text: str) -> str:
         not lines[start].strip() or _ENVELOPE_LINE.fullmatch(lines[start].rstrip("\r"))
     ):
         start += 1
-    return _collapse("\n".join(lines[start:]))
+    return one_line("\n".join(lines[start:]))
 
 
 def _substantial_words(text: str) -> int:
@@ -272,20 +264,6 @@ def _substantial_words(text: str) -> int:
         for word in _WORD.findall(text)
         if len(word) >= FOLLOW_UP_WORD_MIN_CHARS and word.casefold() not in STOPWORDS
     )
-
-
-def _head_at_word(text: str, max_chars: int) -> str:
-    """The longest prefix of `text` within `max_chars` that ends at a word boundary.
-
-    A first word longer than `max_chars` is hard-cut rather than dropped.
-    """
-    if len(text) <= max_chars:
-        return text
-    if text[max_chars] == " ":
-        return text[:max_chars].rstrip()
-    head = text[:max_chars]
-    space = head.rfind(" ")
-    return head[:space].rstrip() if space > 0 else head
 
 
 def _tail_at_word(text: str, max_chars: int) -> str:
@@ -333,22 +311,12 @@ def build_search_query(
                 piece = _tail_at_word(previous, FOLLOW_UP_CONTEXT_CHARS)
                 query = f"{piece} {query}" if query else piece
                 break
-    return _head_at_word(query, max_chars)
+    return head_at_word(query, max_chars)
 
 
 # --- Prompt styles (docs/design.md §4.5) ----------------------------------------------------------
 
-PromptStyle: TypeAlias = Literal[
-    "balanced", "strict", "contextual", "recall-heavy", "precision-heavy", "preference-only"
-]
-PROMPT_STYLES: tuple[PromptStyle, ...] = (
-    "balanced",
-    "strict",
-    "contextual",
-    "recall-heavy",
-    "precision-heavy",
-    "preference-only",
-)
+PROMPT_STYLES: tuple[PromptStyle, ...] = get_args(PromptStyle)
 
 STYLE_THRESHOLDS: dict[str, float] = {
     "precision-heavy": 0.75,

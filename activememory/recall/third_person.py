@@ -31,7 +31,8 @@ _QUESTION = re.compile(r"\?[\s\"”’')]*$")
 _TOKEN = re.compile(r"[^\W_]+(?:['’][^\W_]+)*|\s+|.")
 
 
-def _words(words: str) -> frozenset[str]:
+def word_set(words: str) -> frozenset[str]:
+    """The words of a whitespace-separated list (the tables here and in `local_model`)."""
     return frozenset(words.split())
 
 
@@ -40,7 +41,7 @@ def _pairs(words: str, forms: str) -> dict[str, str]:
 
 
 # What may stand between "I" and its verb ("I really like"); other "-ly" words too.
-_ADVERBS = _words(
+_ADVERBS = word_set(
     """
     always usually normally generally typically often sometimes never rarely really also still
     just only mostly actually absolutely definitely truly totally once first recently already
@@ -48,10 +49,10 @@ _ADVERBS = _words(
     longer not kinda sorta
     """
 )
-_LY_VERBS = _words("fly rely apply reply supply comply imply multiply ally bully rally tally")
+_LY_VERBS = word_set("fly rely apply reply supply comply imply multiply ally bully rally tally")
 _AGREES = _pairs("am have do don't haven't aren't", "is has does doesn't hasn't isn't")
-_MODALS = _words("can could will would shall should may might must ought")
-_PAST = _words(
+_MODALS = word_set("can could will would shall should may might must ought")
+_PAST = word_set(
     """
     was were had did got went ate bought brought came drank drove flew forgot found gave heard ran
     held kept knew left lost made met paid said saw sent sat slept spent stood swam thought took
@@ -65,20 +66,18 @@ _PAST = _words(
     """
 )
 # Present and past spelt alike: the tense comes from a habit or past cue, else it is unsure.
-_SAME_PAST = _words("read put cut hit let set shut quit hurt cost spread bet beat burst cast lay")
-_PRESENT_ED = _words("need feed bleed breed speed seed heed weed proceed succeed exceed embed")
-_HABIT = re.compile(
-    r"\b(?:always|usually|often|never|sometimes|every|each|daily|weekly|nightly|normally|"
-    r"generally|typically|rarely|regularly)\b",
-    re.IGNORECASE,
-)
+_SAME_PAST = word_set("read put cut hit let set shut quit hurt cost spread bet beat burst cast lay")
+_PRESENT_ED = word_set("need feed bleed breed speed seed heed weed proceed succeed exceed embed")
+# A habit: also what `local_model` counts as a preference cue.
+HABIT_CUES = "always|usually|normally|generally|typically|often|never|daily|weekly|nightly"
+_HABIT = re.compile(rf"\b(?:{HABIT_CUES}|sometimes|every|each|rarely|regularly)\b", re.IGNORECASE)
 _PAST_CUE = re.compile(r"\b(?:yesterday|ago|last|once|earlier|previously)\b", re.IGNORECASE)
 # "I" after these is a numeral ("type I diabetes", "World War I").
-_NUMBERED = _words("type part chapter phase level grade stage class act volume season book war")
+_NUMBERED = word_set("type part chapter phase level grade stage class act volume season book war")
 _CLAUSE_BREAK = re.compile(r"[^\w\s'’]")
 _GLUED = re.compile(r"[-/]|\.\w")  # "I-95", "I/O", "I.e."
 # In an inversion ("so do I", "had I known") the auxiliary agrees and the verb stays.
-_AUXILIARIES = _MODALS | _words(
+_AUXILIARIES = _MODALS | word_set(
     """
     am do did have had was were don't didn't haven't hadn't can't couldn't won't wouldn't
     shouldn't wasn't weren't aren't
@@ -97,16 +96,16 @@ _WE = _pairs(  # after "X and I" only
 )
 _FIRST_PERSON = {"i", *_CONTRACTED, *_ME, *_WE}
 # "mine" is a pronoun in "is mine", "mine is"; a noun in "a gold mine", "mine shafts".
-_MINE_BEFORE = _words("is was are were be been of and or than like it's that's")
-_MINE_AFTER = _words("is was are were has had too and or will would")
+_MINE_BEFORE = word_set("is was are were be been of and or than like it's that's")
+_MINE_AFTER = word_set("is was are were has had too and or will would")
 # Words that start a new subject, not a second verb, after "I cook and …".
-_NOT_VERBS = _words(
+_NOT_VERBS = word_set(
     """
     he she it they you the a an my his her its their this that these those everyone everybody
     everything nobody nothing someone somebody something each all both none most many few some
     """
 )
-_SUBJECTS = _words("i i'm i've i'd i'll he she it they he's she's it's they're")
+_SUBJECTS = word_set("i i'm i've i'd i'll he she it they he's she's it's they're")
 # "X and I" is one plural subject when X is a name or "my wife", maybe after a time phrase.
 _NOUN_PHRASE = re.compile(
     r"(?:(?:every|each|on|at|in|this|last|next|then|now|so|also|usually|often|sometimes|"

@@ -272,13 +272,9 @@ def _records_handler(
 
     user_id = settings.config.identity_of(key) if key.chat_type == "direct" else None
     redactor = settings.redactor
-
-    async def recall(args: Mapping[str, Any]) -> ToolResult:
-        return await recall_tool(
-            records, args, user_id=user_id, agent_id=agent, thread_id=key.raw, redactor=redactor
-        )
-
-    return recall
+    return partial(
+        recall_tool, records, user_id=user_id, agent_id=agent, thread_id=key.raw, redactor=redactor
+    )
 
 
 def _host_handler(name: str, fn: Callable[[Mapping[str, Any]], Any]) -> ToolHandler:
