@@ -25,6 +25,7 @@ from activememory.recall.local_model import (
     candidates_of,
     conversation_tail,
     extract_note,
+    is_memory,
     is_preference,
     terms,
     third_person,
@@ -578,3 +579,40 @@ async def test_cancelled_in_the_tool_call_leaves_no_draft() -> None:
             tg.cancel_scope.cancel()  # cancelled inside the tool call, no clock involved
     assert tools.draft_text is None
     assert tools.results == []
+
+
+@pytest.mark.parametrize(
+    ("text", "role", "memory"),
+    [
+        ("What is my cat's name?", "user", False),
+        ("what is my cat's name", "user", False),
+        ("Do you remember where I parked?", "user", False),
+        ("Is there a vegan place nearby?", None, False),
+        ("How is the weather in Lisbon", "user", False),
+        ("Hello!", "user", False),
+        ("thanks", "user", False),
+        ("Got it, I'll take that into account.", "assistant", False),
+        ("Sure, I'll remember that you like aisle seats.", "assistant", False),
+        ("Happy to help!", "assistant", False),
+        ("My cat is called Whiskers.", "user", True),
+        ("How I met my wife is a long story: at a concert in Porto.", "user", True),
+        ("Hello, I am allergic to peanuts.", "user", True),
+        ("Your flight to Lisbon leaves at 9:40 on Tuesday.", "assistant", True),
+        ("Sure is a nice name for a boat, my boat is called Sure.", "user", True),
+    ],
+)
+def test_only_statements_can_be_memories(text: str, role: str | None, memory: bool) -> None:
+    assert is_memory(Candidate(text, 0, role)) is memory
+
+
+async def test_an_earlier_question_never_comes_back_as_a_note() -> None:
+    async def search(args: Mapping[str, Any]) -> ToolResult:
+        return host_result(
+            "memory_search",
+            {"results": [{"snippet": "What is my cat's name?", "role": "user"}]},
+        )
+
+    for style in PROMPT_STYLES:
+        tools = RecallTools({"memory_search": search})
+        answer = await run_model(make_request("What is my cat's name?", style), tools)
+        assert answer == "NONE", style

@@ -38,6 +38,9 @@ One recall is one memory-tool call and a pure function of what it returned:
    Sums use `math.fsum`, so the score does not depend on set order. Ties go to the
    candidate sharing more of the conversation tail (`balanced`, `contextual`), then the
    better search rank.
+   Questions, bare greetings and thanks, and the assistant's own acknowledgements ("Got
+   it, I'll remember that") are not memories and are never candidates (`is_memory`): an
+   earlier "What is my cat's name?" must not come back as a note.
 4. **Gate.** The best score must reach `STYLE_THRESHOLDS[style]`. `preference-only` keeps
    only candidates stating a preference, habit or recurring personal fact and none naming a
    one-off event (`is_preference`). `strict` also needs the latest message to ask for memory
@@ -164,6 +167,21 @@ _LINE_MARKER = re.compile(r"^(?:[#>*+\-•]+|\d+[.)]|\[[ xX]\])\s+")
 _ROLE_PREFIX = re.compile(r"^(user|assistant|human|ai|bot)\s*:\s*", re.IGNORECASE)
 # A sentence ends at . ! ? before a capital, but not after an initial ("Ursula K. Le Guin")
 # or a title ("Dr. Patel").
+# A question asks; it states nothing about the user (docs/design.md §4.8).
+_QUESTION = re.compile(
+    r"\?[\W]*$"
+    r"|^\W*(?:what|who|whom|whose|where|when|why|which|how)\s+(?:is|are|was|were|do|does|did|can|could|would|will|should|am|'s)\b"
+    r"|^\W*(?:do|does|did|can|could|would|will|should|is|are|am|have|has|shall)\s+(?:you|i|we|they|he|she|it|there|my|your|anyone)\b",
+    re.IGNORECASE,
+)
+# The assistant's own acknowledgements: they repeat or promise, they hold no memory.
+_ASSISTANT_FILLER = re.compile(
+    r"^\W*(?:got it|sure|of course|noted|ok(?:ay)?|alright|all right|great|sounds good"
+    r"|happy to help|glad to help|you'?re welcome|no problem|will do|absolutely|certainly"
+    r"|understood|i understand|thanks|thank you|i'?ll (?:remember|keep|take|note|make a note)"
+    r"|i will (?:remember|keep|take|note)|let me know|anything else)\b",
+    re.IGNORECASE,
+)
 _SENTENCE_END = re.compile(
     r"(?<=[.!?])(?<!\b[A-Z]\.)(?<!\b(?:Mr|Dr|Ms|St)\.)(?<!\bMrs\.)\s+(?=[\"'“‘(]?[A-Z0-9])"
 )
@@ -282,6 +300,15 @@ def _pieces(text: str) -> Iterable[tuple[str, str | None]]:
                 yield sentence, role
 
 
+def is_memory(candidate: Candidate) -> bool:
+    """Whether a piece of evidence can be a note at all: not a question, not a greeting or
+    a thanks with nothing else in it, not the assistant's own acknowledgement."""
+    text = candidate.text
+    if _QUESTION.search(text) or not terms(_GREETING.sub("", text)):
+        return False
+    return not (candidate.role == "assistant" and _ASSISTANT_FILLER.match(text))
+
+
 def terms(text: str) -> frozenset[str]:
     """The content terms of `text` as the index stems them (CJK runs as bigrams), without
     function words, chat filler and contraction fragments."""
@@ -352,6 +379,7 @@ def extract_note(request: RecallRequest, candidates: Sequence[Candidate]) -> str
     latest = request.latest.strip() or request.search_query.strip()
     if style == "strict" and not asks_for_memory(latest):
         return None
+    candidates = [c for c in candidates if is_memory(c)]
     if style == "preference-only":
         candidates = [c for c in candidates if is_preference(c.text)]
     asked = terms(_GREETING.sub("", latest))
