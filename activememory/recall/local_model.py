@@ -176,7 +176,7 @@ _QUESTION = re.compile(
 )
 # The assistant's own acknowledgements: they repeat or promise, they hold no memory.
 _ASSISTANT_FILLER = re.compile(
-    r"^\W*(?:got it|sure|of course|noted|ok(?:ay)?|alright|all right|great|sounds good"
+    r"^\W*(?:got it|sure|of course|noted|ok(?:ay)?|alright|all right|great|sounds (?:good|great|like)"
     r"|happy to help|glad to help|you'?re welcome|no problem|will do|absolutely|certainly"
     r"|understood|i understand|thanks|thank you|i'?ll (?:remember|keep|take|note|make a note)"
     r"|i will (?:remember|keep|take|note)|let me know|anything else)\b",
@@ -302,11 +302,12 @@ def _pieces(text: str) -> Iterable[tuple[str, str | None]]:
 
 def is_memory(candidate: Candidate) -> bool:
     """Whether a piece of evidence can be a note at all: not a question, not a greeting or
-    a thanks with nothing else in it, not the assistant's own acknowledgement."""
+    a thanks with nothing else in it, not the assistant's own acknowledgement (a line of
+    unknown role is held to the same rule: users rarely open a fact with "Got it")."""
     text = candidate.text
     if _QUESTION.search(text) or not terms(_GREETING.sub("", text)):
         return False
-    return not (candidate.role == "assistant" and _ASSISTANT_FILLER.match(text))
+    return candidate.role == "user" or not _ASSISTANT_FILLER.match(text)
 
 
 def terms(text: str) -> frozenset[str]:
