@@ -145,11 +145,44 @@ def _v4_memory_notes(conn: apsw.Connection) -> None:
     )
 
 
+def _v5_vectors(conn: apsw.Connection) -> None:
+    # Vectors for recall by meaning (storage/vectors.py, docs/design.md §2.3): one per
+    # indexed message of a clean session and per note chunk, each of one embedder `name`;
+    # clustered by session so a caller's scope is one range read. `vector_cache`
+    # keeps every vector by (sha256 of its text, name): rebuilds and re-imports reuse them.
+    conn.execute(
+        """
+        CREATE TABLE message_vectors(
+            session_id INTEGER NOT NULL,
+            name TEXT NOT NULL,
+            event_id INTEGER NOT NULL,
+            vector BLOB NOT NULL,
+            PRIMARY KEY (session_id, name, event_id)
+        ) STRICT, WITHOUT ROWID;
+        CREATE INDEX message_vectors_event ON message_vectors(event_id);
+        CREATE TABLE note_vectors(
+            name TEXT NOT NULL,
+            chunk_id INTEGER NOT NULL,
+            vector BLOB NOT NULL,
+            PRIMARY KEY (name, chunk_id)
+        ) STRICT, WITHOUT ROWID;
+        CREATE INDEX note_vectors_chunk ON note_vectors(chunk_id);
+        CREATE TABLE vector_cache(
+            digest BLOB NOT NULL,
+            name TEXT NOT NULL,
+            vector BLOB NOT NULL,
+            PRIMARY KEY (digest, name)
+        ) STRICT, WITHOUT ROWID;
+        """
+    )
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     _v1_transcripts,
     _v2_context_and_cjk,
     _v3_session_switches,
     _v4_memory_notes,
+    _v5_vectors,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
