@@ -27,7 +27,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from ..protocol.embedder import EmbedPoke
 from ..protocol.embeddings import Embedder
-from ..protocol.errors import MemoryClosedError
+from ..protocol.errors import EmbeddingError, MemoryClosedError
 from ..protocol.indexer import (
     IndexerAck,
     IndexerCommand,
@@ -102,8 +102,10 @@ class EmbedderActor:
         self.failures = 0
 
     def idle(self) -> bool:
-        """Nothing in hand and no poke waiting."""
-        return not self.busy and self.inbox.statistics().current_buffer_used == 0
+        """Waiting for a poke, with none queued (a poke handed straight to a waiting
+        receiver leaves the buffer empty, so "waiting" is checked too)."""
+        inbox = self.inbox.statistics()
+        return not self.busy and inbox.tasks_waiting_receive == 1 and inbox.current_buffer_used == 0
 
     async def run(self) -> None:
         """Serve pokes until the inbox closes.
@@ -186,8 +188,10 @@ class EmbedderActor:
                 matrix = await self.embedder.embed(texts, deadline=deadline)
         except TimeoutError:
             raise EmbedderFailed(f"{self.name}: no answer within {self.timeout:g} s") from None
+        except EmbeddingError as exc:
+            raise EmbedderFailed(str(exc)) from exc
         except Exception as exc:  # fail-open: a broken embedder never takes the memory down
-            raise EmbedderFailed(f"{self.name}: {exc}") from exc
+            raise EmbedderFailed(f"{self.name}: {type(exc).__name__}: {exc}") from exc
         array = numpy.asarray(matrix)
         dim = self.embedder.dim
         if array.shape != (len(texts), dim) or not numpy.all(numpy.isfinite(array)):
