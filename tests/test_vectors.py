@@ -74,10 +74,14 @@ async def store_of(mem: am.Memory, agent: str = "main") -> AgentStore:
 
 async def settle(mem: am.Memory) -> None:
     """Wait until every embedder actor is idle (bounded: a hang fails the test)."""
-    with anyio.fail_after(30):
-        while not all(
+
+    def working() -> bool:
+        return not all(
             s.embedder is None or s.embedder.idle() for s in mem._supervisor.open_agents()
-        ):
+        )
+
+    with anyio.fail_after(30):
+        while working():  # noqa: ASYNC110 - the state of several actors, no one event
             await anyio.sleep(0.001)
 
 
