@@ -196,6 +196,26 @@ async def test_a_rewind_racing_the_embedder_leaves_no_off_branch_vector(
         assert store.embedder is not None and store.embedder.skipped >= 1
 
 
+async def test_a_vector_read_before_a_session_turned_dirty_is_not_stored(
+    tmp_path: Path, executor: str
+) -> None:
+    state = tmp_path / "s"
+    embedder = Gated("beta")
+    async with am.open_memory(state, executor=executor, embedder=embedder) as mem:  # type: ignore[arg-type]
+        a = await mem.sessions.append(DIRECT, user("alpha"))
+        b = await mem.sessions.append(DIRECT, user("beta"))
+        await mem.sessions.append(DIRECT, user("gamma"))
+        with anyio.fail_after(10):
+            await embedder.held.wait()
+        await mem.sessions.rewind(DIRECT, b.id)  # "beta" stays on the branch; dirty now
+        embedder.release.set()
+        await settle(mem)
+        assert vectors(state) == set()  # a dirty session has none
+        await mem.sessions.rebuild_index()
+        await settle(mem)
+        assert vectors(state) == {(a.id, embedder.name), (b.id, embedder.name)}
+
+
 async def test_a_model_change_re_embeds_and_never_mixes_names(tmp_path: Path) -> None:
     state = tmp_path / "s"
     old, new = FakeEmbedder("fake/old"), FakeEmbedder("fake/new")
