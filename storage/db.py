@@ -148,25 +148,23 @@ def _v4_memory_notes(conn: apsw.Connection) -> None:
 def _v5_vectors(conn: apsw.Connection) -> None:
     # Vectors for recall by meaning (storage/vectors.py, docs/design.md §2.3): one per
     # indexed message of a clean session and per note chunk, each of one embedder `name`;
-    # clustered by session so a caller's scope is one range read. `vector_cache`
+    # rowid tables (a 1.5 KB vector fits in the row; a WITHOUT ROWID row that size spills
+    # to an overflow page), a scope read through (session, name). `vector_cache`
     # keeps every vector by (sha256 of its text, name): rebuilds and re-imports reuse them.
     conn.execute(
         """
         CREATE TABLE message_vectors(
+            event_id INTEGER PRIMARY KEY,
             session_id INTEGER NOT NULL,
             name TEXT NOT NULL,
-            event_id INTEGER NOT NULL,
-            vector BLOB NOT NULL,
-            PRIMARY KEY (session_id, name, event_id)
-        ) STRICT, WITHOUT ROWID;
-        CREATE INDEX message_vectors_event ON message_vectors(event_id);
+            vector BLOB NOT NULL
+        ) STRICT;
+        CREATE INDEX message_vectors_scope ON message_vectors(session_id, name);
         CREATE TABLE note_vectors(
+            chunk_id INTEGER PRIMARY KEY,
             name TEXT NOT NULL,
-            chunk_id INTEGER NOT NULL,
-            vector BLOB NOT NULL,
-            PRIMARY KEY (name, chunk_id)
-        ) STRICT, WITHOUT ROWID;
-        CREATE INDEX note_vectors_chunk ON note_vectors(chunk_id);
+            vector BLOB NOT NULL
+        ) STRICT;
         CREATE TABLE vector_cache(
             digest BLOB NOT NULL,
             name TEXT NOT NULL,

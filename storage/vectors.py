@@ -1,9 +1,8 @@
 """Vectors in an agent database (schema v5; docs/design.md §2.3): the writer's half, the
 embedder actor's reads, and nearest-neighbour search over the caller's visible rows.
 
-Three tables: `message_vectors` (one per indexed message of a clean session, per embedder
-`name`, clustered by session so a scope is one range read), `note_vectors` (one per note
-chunk) and `vector_cache` ((sha256 of the text, name) -> vector: rebuilds, rewinds and
+Three tables: `message_vectors` (one per indexed message of a clean session, of one
+embedder `name`, read by (session, name) for a scope), `note_vectors` (one per note chunk) and `vector_cache` ((sha256 of the text, name) -> vector: rebuilds, rewinds and
 re-imports never embed a text twice). Vectors are float32, little-endian, L2-normalised,
 so the dot product is the cosine similarity.
 
@@ -13,8 +12,8 @@ session and its text is the one embedded (`apply_store_vectors`), and it deletes
 session's vectors in the transaction that makes it dirty or deletes it. So a vector exists
 only for an active-branch message of a clean session, at every committed point.
 
-Search: a plain BLOB table scored with numpy over the visible rows only (the scope's
-sessions are read by their primary key range), so visibility applies before `k`.
+Search: a plain BLOB table scored with numpy over the visible rows only (read through the
+(session, name) index), so visibility applies before `k`.
 """
 
 from __future__ import annotations
@@ -194,9 +193,14 @@ def nearest_messages(
     else:
         params = [*visible_params, name]
         name_param = "?"
+    # CROSS JOIN fixes the order: the visible sessions first, then their vectors through
+    # the (session, name) index; left to itself the planner scans every vector.
     sql = (
-        f"SELECT event_id, vector FROM message_vectors WHERE session_id IN ({visible_sql})"
-        f" AND session_id NOT IN (SELECT id FROM sessions WHERE dirty) AND name = {name_param}"
+        f"WITH visible(session_id) AS ({visible_sql})"
+        " SELECT v.event_id, v.vector FROM visible"
+        " CROSS JOIN sessions s ON s.id = visible.session_id AND NOT s.dirty"
+        " CROSS JOIN message_vectors v INDEXED BY message_vectors_scope"
+        f" ON v.session_id = s.id AND v.name = {name_param}"
     )
     rows = cast(list[tuple[int, bytes]], conn.execute(sql, params).fetchall())
     return _top_k(rows, query_vec, k)
