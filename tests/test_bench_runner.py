@@ -28,7 +28,9 @@ def test_the_command_offers_the_registry(capsys: pytest.CaptureFixture[str]) -> 
     with pytest.raises(SystemExit):
         cli(["bench", "nonesuch"])
     err = capsys.readouterr().err
-    assert "(choose from 'indexing', 'locomo', 'search', 'cjk', 'recall', 'records', 'vectors')" in err
+    assert (
+        "(choose from 'indexing', 'locomo', 'search', 'cjk', 'recall', 'records', 'vectors')" in err
+    )
     with pytest.raises(SystemExit):
         cli(["bench", "--help"])
     out = " ".join(capsys.readouterr().out.split())
