@@ -27,7 +27,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from ..protocol.embedder import EmbedPoke
 from ..protocol.embeddings import Embedder
-from ..protocol.errors import EmbeddingError, MemoryClosedError
+from ..protocol.errors import EmbeddingError, MemoryClosedError, StorageError
 from ..protocol.indexer import (
     IndexerAck,
     IndexerCommand,
@@ -129,7 +129,7 @@ class EmbedderActor:
         while True:
             try:
                 progressed = await self._one_batch()
-            except EmbedderFailed as exc:
+            except (EmbedderFailed, StorageError) as exc:  # a read can fail too (disk, lock)
                 self.failures += 1
                 self.last_error = str(exc)
                 await anyio.sleep(backoff)

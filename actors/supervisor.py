@@ -117,6 +117,31 @@ class AgentStore(Database[TranscriptReader, IndexerCommand, IndexerAck]):
     embed_pokes: MemoryObjectSendStream[EmbedPoke] | None = None
     embedder_scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
     embedder_stopped: anyio.Event = field(default_factory=anyio.Event)
+    # The embedder actor's own reader: its scans for missing vectors (tens of ms at 100k
+    # messages) never queue in front of a recall's reads on `reader`.
+    embedder_reader: TranscriptReader | None = None
+    embedder_read_executor: Executor | None = None
+
+    async def read_for_embedder(self, fn: Callable[[TranscriptReader], T]) -> T:
+        """Run `fn` on the embedder actor's reader; SQLite errors become `StorageError`.
+
+        Cancellation: as for `read`.
+        """
+        reader, executor = self.embedder_reader, self.embedder_read_executor
+        assert reader is not None and executor is not None
+
+        def run() -> T:
+            with translate_errors(self.path):
+                return fn(reader)
+
+        return await executor.run(run)
+
+    async def close(self) -> None:
+        """Close the embedder actor's reader (it has stopped), then the database."""
+        await self.embedder_stopped.wait()
+        if self.embedder_reader is not None and self.embedder_read_executor is not None:
+            await self.embedder_read_executor.run(self.embedder_reader.conn.close)
+        await super().close()
 
     async def submit(self, command: IndexerCommand) -> IndexerAck:
         """Queue `command` for the indexer and wait for its ack; a write that may have
@@ -291,6 +316,18 @@ class Supervisor:
         actor, reader, read_executor, lock = await self._open(
             path, open_connection, TranscriptWriter, Indexer
         )
+        embedder_reader: TranscriptReader | None = None
+        embedder_executor: Executor | None = None
+        if self.embedder is not None:  # before any task starts: a failure leaves nothing
+            embedder_executor = make_executor(self.executor_kind)
+            try:
+                conn = await embedder_executor.run(lambda: open_connection(path, writer=False))
+            except BaseException:
+                await actor.executor.run(actor.writer.conn.close)
+                await read_executor.run(reader.close)
+                lock.release()
+                raise
+            embedder_reader = TranscriptReader(conn, agent)
         poke_send, poke_receive = reconciler_inbox()
         store = AgentStore(
             agent=agent,
@@ -303,6 +340,8 @@ class Supervisor:
                 poke_receive, submit=self._submit_for(agent), read_dirty=self._read_dirty_for(agent)
             ),
             pokes=poke_send,
+            embedder_reader=embedder_reader,
+            embedder_read_executor=embedder_executor,
         )
         self._tg.start_soon(store.run_writer, name=f"indexer:{agent}")
         self._tg.start_soon(self._run_reconciler, store, name=f"reconciler:{agent}")
@@ -314,7 +353,7 @@ class Supervisor:
                 agent=agent,
                 embedder=self.embedder,
                 submit=self._submit_for(agent),
-                read=store.read,
+                read=store.read_for_embedder,
             )
             self._tg.start_soon(self._run_embedder, store, name=f"embedder:{agent}")
             store.poke_embedder("start")

@@ -311,6 +311,53 @@ def test_appends_never_wait_for_a_hanging_embedder(tmp_path: Path) -> None:
     assert pending == 20
 
 
+class Broken(FakeEmbedder):
+    """Answers with the wrong shape, or raises something other than `EmbeddingError`."""
+
+    def __init__(self, mode: str) -> None:
+        super().__init__()
+        self.mode = mode
+
+    async def embed(self, texts, *, deadline=None):  # type: ignore[no-untyped-def]
+        self.calls += 1
+        if self.mode == "raise":
+            raise RuntimeError("boom")
+        return numpy.zeros((len(texts), DIM - 1), numpy.float32)
+
+
+@pytest.mark.parametrize(
+    ("mode", "error"),
+    [
+        ("raise", "fake/bag-of-words: RuntimeError: boom"),
+        (
+            "shape",
+            "fake/bag-of-words: expected 1 finite vectors of 32 dimensions, got shape (1, 31)",
+        ),
+    ],
+)
+async def test_a_broken_embedder_is_recorded_never_raised(
+    tmp_path: Path, mode: str, error: str
+) -> None:
+    embedder = Broken(mode)
+    async with am.open_memory(tmp_path / "s", executor="inline", embedder=embedder) as mem:
+        await mem.sessions.append(DIRECT, user("alpha"))
+        with anyio.fail_after(10):
+            while embedder.calls < 2:  # noqa: ASYNC110 - counting calls of a test double
+                await anyio.sleep(0.05)
+        stats = (await mem.sessions.stats())[0]
+        assert (stats.embedder_error, stats.vectors_pending) == (error, 1)
+        # The memory goes on: appends and reads work.
+        await mem.sessions.append(DIRECT, user("beta"))
+        assert len(await mem.sessions.history(DIRECT)) == 2
+
+
+async def test_the_embedder_actor_reads_on_its_own_connection(tmp_path: Path) -> None:
+    async with am.open_memory(tmp_path / "s", executor="inline", embedder=FakeEmbedder()) as mem:
+        store = await store_of(mem)
+        assert store.embedder_reader is not None
+        assert store.embedder_reader.conn is not store.reader.conn
+
+
 async def test_without_an_embedder_nothing_changes(tmp_path: Path) -> None:
     state = tmp_path / "s"
     async with am.open_memory(state, executor="inline") as mem:
