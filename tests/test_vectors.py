@@ -159,6 +159,23 @@ async def test_a_rewind_drops_the_sessions_vectors_and_the_cache_saves_recomputi
         assert vectors(state) == set()
 
 
+async def test_the_reconcilers_rebuild_brings_the_vectors_back(
+    tmp_path: Path, executor: str
+) -> None:
+    state = tmp_path / "s"
+    embedder = FakeEmbedder()
+    async with am.open_memory(state, executor=executor, embedder=embedder) as mem:  # type: ignore[arg-type]
+        a = await mem.sessions.append(DIRECT, user("alpha"))
+        await mem.sessions.append(DIRECT, user("beta"))
+        await mem.sessions.rewind(DIRECT, a.id)
+        await mem.sessions.search("alpha", caller=DIRECT)  # sees it dirty: pokes the reconciler
+        with anyio.fail_after(10):
+            while (await mem.sessions.info(DIRECT)).dirty:  # noqa: ASYNC110 - a stored flag
+                await anyio.sleep(0.001)
+        await settle(mem)
+        assert vectors(state) == {(a.id, embedder.name)}
+
+
 class Gated(FakeEmbedder):
     """Holds a call that embeds `gate` until `release`: lets a test commit writes after
     the actor has read its rows and before it stores their vectors."""

@@ -137,7 +137,7 @@ def run(args: argparse.Namespace, run_dir: Path, kept: bool) -> runner.Report:
     scopes = {"identity": (IDENTITY_SQL, private), "all": (ALL_SQL, {})}
     rng = random.Random(args.seed)
     result: runner.Report = {"messages": args.messages, "dim": args.dim, "k": args.k}
-    result["build_s"] = round(build_s, 2)
+    result["build_s"] = round(build_s, 3)
     result["vec0"] = has_vec0
     for scope, (sql, params) in scopes.items():
         visible = conn.execute(
