@@ -126,9 +126,10 @@ class EmbedderActor:
 
     async def _work(self) -> None:
         backoff = FIRST_BACKOFF
+        fruitless = 0  # batches in a row whose rows all changed before they were stored
         while True:
             try:
-                progressed = await self._one_batch()
+                read, stored = await self._one_batch()
             except (EmbedderFailed, StorageError) as exc:  # a read can fail too (disk, lock)
                 self.failures += 1
                 self.last_error = str(exc)
@@ -137,11 +138,15 @@ class EmbedderActor:
                 continue
             self.last_error = None
             backoff = FIRST_BACKOFF
-            if not progressed:
-                return  # nothing missing, or the rows changed under us: the next poke says
+            fruitless = 0 if stored else fruitless + 1
+            # Done when nothing is missing. Rows that changed under us (a rewind) are not
+            # read again, so other missing rows come next; a third fruitless batch in a row
+            # waits for the next poke rather than spin against a writer.
+            if not read or fruitless >= 3:
+                return
 
-    async def _one_batch(self) -> bool:
-        """Embed and store one batch; False if there was nothing to store."""
+    async def _one_batch(self) -> tuple[int, int]:
+        """Embed and store one batch; (rows read, rows stored)."""
         name, limit = self.name, self.batch
         messages = await self._read(lambda r: pending_messages(r.conn, name, limit))
         notes: list[tuple[int, str]] = []
@@ -149,7 +154,7 @@ class EmbedderActor:
             left = limit - len(messages)
             notes = await self._read(lambda r: pending_notes(r.conn, name, left))
         if not messages and not notes:
-            return False
+            return 0, 0
         texts = [t for _, t in messages] + [t for _, t in notes]
         digests = [text_digest(t) for t in texts]
         vectors = await self._read(lambda r: cached_vectors(r.conn, name, digests))
@@ -177,7 +182,7 @@ class EmbedderActor:
         assert isinstance(ack, VectorsStored), ack
         self.stored += ack.messages + ack.notes
         self.skipped += ack.skipped
-        return ack.messages + ack.notes > 0
+        return len(messages) + len(notes), ack.messages + ack.notes
 
     async def _embed(self, texts: Sequence[str]) -> list[bytes]:
         """The embedder's vectors as stored BLOBs; any failure is `EmbedderFailed`."""

@@ -233,6 +233,28 @@ async def test_a_vector_read_before_a_session_turned_dirty_is_not_stored(
         assert vectors(state) == {(a.id, embedder.name), (b.id, embedder.name)}
 
 
+async def test_a_batch_that_changed_under_the_actor_does_not_end_its_work(
+    tmp_path: Path,
+) -> None:
+    state = tmp_path / "s"
+    async with am.open_memory(state, executor="inline", embedder=FakeEmbedder()) as mem:
+        store = await store_of(mem)
+        actor = store.embedder
+        assert actor is not None
+        submit, refused = actor._submit, []
+
+        async def racing(command):  # type: ignore[no-untyped-def]
+            if isinstance(command, StoreVectors) and not refused:
+                refused.append(command)  # as if every row had left its branch meanwhile
+                return VectorsStored(messages=0, notes=0, skipped=len(command.messages))
+            return await submit(command)
+
+        actor._submit = racing
+        await mem.sessions.append(DIRECT, user("alpha"))
+        await settle(mem)
+        assert refused and vectors(state) == expected(state, "fake/bag-of-words") != set()
+
+
 async def test_a_model_change_re_embeds_and_never_mixes_names(tmp_path: Path) -> None:
     state = tmp_path / "s"
     old, new = FakeEmbedder("fake/old"), FakeEmbedder("fake/new")
