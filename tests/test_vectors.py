@@ -250,6 +250,7 @@ async def test_a_batch_that_changed_under_the_actor_does_not_end_its_work(
             return await submit(command)
 
         actor._submit = racing
+        await settle(mem)  # the start poke is served: the append's poke is the only one
         await mem.sessions.append(DIRECT, user("alpha"))
         await settle(mem)
         assert refused and vectors(state) == expected(state, "fake/bag-of-words") != set()
