@@ -13,7 +13,10 @@ session's vectors in the transaction that makes it dirty or deletes it. So a vec
 only for an active-branch message of a clean session, at every committed point.
 
 Search: a plain BLOB table scored with numpy over the visible rows only (read through the
-(session, name) index), so visibility applies before `k`.
+(session, name) index), so visibility applies before `k` and the cost follows the rows the
+caller may see, not the agent's size. sqlite-vec's `vec0` was measured against it
+(`activememory bench vectors`): faster over every row of an agent, but it scans its whole
+table whatever the filter, so one identity's 2,000 rows cost 7x more at 100k messages.
 """
 
 from __future__ import annotations
@@ -183,8 +186,9 @@ def nearest_messages(
     """The `k` messages most similar to `query_vec` among the visible ones, best first.
 
     `visible_sql` is a SELECT of one column of session ids (the caller's scope, the same
-    rule as the text side: storage/search.py); `visible_params` its bindings, positional
-    or named (then `:vector_name` is taken). Only vectors of `name` are ranked, and dirty
+    rule as the text side: storage/search.py, e.g. `f"SELECT id FROM ({_PRIVATE})"` with
+    `private_params(...)`); `visible_params` its bindings, positional or named (then
+    `:vector_name` is taken). Only vectors of `name` are ranked, and dirty
     sessions never. Returns (event id, cosine similarity); ties: newest event first.
     """
     if isinstance(visible_params, Mapping):
