@@ -17,6 +17,7 @@ import trio.testing
 
 import activememory as am
 from activememory.actors.supervisor import AgentStore
+from activememory.protocol.config import PrivateScope
 from activememory.protocol.indexer import (
     NoteChunk,
     NoteFile,
@@ -26,6 +27,7 @@ from activememory.protocol.indexer import (
     VectorRow,
     VectorsStored,
 )
+from activememory.storage.search import _PRIVATE, private_params
 from activememory.storage.vectors import nearest_messages, nearest_notes, text_digest, to_blob
 
 from fake_embedder import DIM, FakeEmbedder, embed_text
@@ -135,6 +137,44 @@ async def test_vectors_follow_appends_and_search_stays_in_scope(
             embedder.name,
             None,
         )
+
+
+async def test_the_privacy_rule_of_the_text_side_applies_before_k(tmp_path: Path) -> None:
+    embedder = FakeEmbedder()
+    async with am.open_memory(tmp_path / "s", executor="inline", embedder=embedder) as mem:
+        mine = await mem.sessions.append(DIRECT, user("the blue bicycle is in the garage"))
+        for key in (OTHER, "agent:main:group:g", "agent:main:main"):
+            await mem.sessions.append(key, user("the blue bicycle"))
+        await settle(mem)
+        store = await store_of(mem)
+        query = embed_text("the blue bicycle")
+        # The owner's main session asks, for Alice only (her direct chats; not the owner's).
+        params = private_params("main", "agent:main:main", PrivateScope(peers=("alice",), owner=False))
+
+        def nearest(reader: object) -> list[tuple[int, float]]:
+            return nearest_messages(
+                reader.conn,  # type: ignore[attr-defined]
+                query,
+                name=embedder.name,
+                visible_sql=f"SELECT id FROM ({_PRIVATE})",
+                visible_params=params,
+                k=1,
+            )
+
+        assert [e for e, _ in await store.read(nearest)] == [mine.id]
+
+        def wrong_size(reader: object) -> object:
+            return nearest_messages(
+                reader.conn,  # type: ignore[attr-defined]
+                query[:16],
+                name=embedder.name,
+                visible_sql="SELECT id FROM sessions",
+                visible_params=(),
+                k=1,
+            )
+
+        with pytest.raises(ValueError, match="query_vec: expected 32 dimensions, got 16"):
+            await store.read(wrong_size)
 
 
 async def test_a_rewind_drops_the_sessions_vectors_and_the_cache_saves_recomputing(
