@@ -149,7 +149,9 @@ async def test_the_privacy_rule_of_the_text_side_applies_before_k(tmp_path: Path
         store = await store_of(mem)
         query = embed_text("the blue bicycle")
         # The owner's main session asks, for Alice only (her direct chats; not the owner's).
-        params = private_params("main", "agent:main:main", PrivateScope(peers=("alice",), owner=False))
+        params = private_params(
+            "main", "agent:main:main", PrivateScope(peers=("alice",), owner=False)
+        )
 
         def nearest(reader: object) -> list[tuple[int, float]]:
             return nearest_messages(
