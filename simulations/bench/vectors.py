@@ -123,14 +123,18 @@ def vec0_nearest(
 def run(args: argparse.Namespace, run_dir: Path, kept: bool) -> runner.Report:
     path = run_dir / f"vectors-{args.messages}-{args.dim}-{args.seed}.db"
     build_s = 0.0
-    if not path.exists():
+    if not path.exists():  # built under another name: an interrupted build is never reused
+        partial = path.with_name(path.name + ".part")
+        for leftover in run_dir.glob(partial.name + "*"):
+            leftover.unlink()
         build_s = build(
-            path,
+            partial,
             messages=args.messages,
             identity_rows=args.identity_rows,
             dim=args.dim,
             seed=args.seed,
         )
+        partial.rename(path)
     conn = open_connection(path, writer=False)
     has_vec0 = load_vec0(conn, args.dim)
     private = {"agent": "main", "caller": CALLER, "peers": '["alice"]', "owner": False}
