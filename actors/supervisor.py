@@ -2,7 +2,8 @@
 
 It owns the task group of every actor. Agent databases are opened lazily, the first time a
 session of that agent is used; each gets its writer lock, an indexer actor with its bounded
-inbox, and a reader connection. The records store (`records.db`, one for all agents) is
+inbox, and a reader connection (and, with an embedder, an embedder actor with its own
+reader). The records store (`records.db`, one for all agents) is
 opened the same way on its first use, with the records keeper as its single writer; both are
 a `Database` handle. A crashed actor is never silently lost: its exception propagates out of
 `open_memory()`."""
@@ -180,6 +181,7 @@ class AgentStore(Database[TranscriptReader, IndexerCommand, IndexerAck]):
 
 
 def _may_need_vectors(ack: IndexerAck) -> bool:
+    """Whether a committed write may have added rows that need a vector (docs/design.md §2.3)."""
     match ack:
         case Appended(indexed=True) | Imported() | Rebuilt() | NotesSynced():
             return True
