@@ -3,7 +3,9 @@
 
 Inbox: `EmbedPoke`s (protocol/embedder.py), bounded to one: a poke that finds one already
 waiting is dropped, since both mean "look for work". Loop: on a poke, read a batch of
-indexed rows lacking a vector of the embedder's `name` (on the reader connection), take
+indexed rows lacking a vector of the embedder's `name` (on its own reader connection;
+above a watermark of event ids, unless the writer's `vector_epoch` says older messages
+may need vectors again, so an idle check costs only the new rows), take
 what the content-hash cache already has, embed the rest with the embedder's own `embed`
 (never on the writer's path: appends are acknowledged without waiting for it), and hand
 the vectors to the indexer, the single writer, as one `StoreVectors`. The indexer keeps
@@ -39,8 +41,7 @@ from ..protocol.indexer import (
 from ..storage.transcripts import TranscriptReader
 from ..storage.vectors import (
     cached_vectors,
-    pending_messages,
-    pending_notes,
+    pending_batch,
     text_digest,
     to_blob,
 )
@@ -93,6 +94,10 @@ class EmbedderActor:
         self.timeout = timeout
         self.busy = False
         self.last_error: str | None = None
+        # The watermark: messages up to `_after` were considered under `vector_epoch`
+        # `_epoch` (None: never read, so the first scan starts from the first message).
+        self._after = 0
+        self._epoch: int | None = None
         # Counters for tests and benchmarks.
         self.embed_calls = 0
         self.texts_embedded = 0
@@ -147,13 +152,13 @@ class EmbedderActor:
 
     async def _one_batch(self) -> tuple[int, int]:
         """Embed and store one batch; (rows read, rows stored)."""
-        name, limit = self.name, self.batch
-        messages = await self._read(lambda r: pending_messages(r.conn, name, limit))
-        notes: list[tuple[int, str]] = []
-        if len(messages) < limit:
-            left = limit - len(messages)
-            notes = await self._read(lambda r: pending_notes(r.conn, name, left))
+        name, limit, after, epoch = self.name, self.batch, self._after, self._epoch
+        batch = await self._read(
+            lambda r: pending_batch(r.conn, name, after=after, epoch=epoch, limit=limit)
+        )
+        messages, notes = batch.messages, batch.notes
         if not messages and not notes:
+            self._after, self._epoch = batch.scanned_to, batch.epoch
             return 0, 0
         texts = [t for _, t in messages] + [t for _, t in notes]
         digests = [text_digest(t) for t in texts]
@@ -180,6 +185,8 @@ class EmbedderActor:
                 raise MemoryClosedError(ack.message)
             raise EmbedderFailed(f"storing vectors: {ack.message}")
         assert isinstance(ack, VectorsStored), ack
+        # Rows skipped here changed: they come back through the epoch if they need a vector.
+        self._after, self._epoch = batch.scanned_to, batch.epoch
         self.stored += ack.messages + ack.notes
         self.skipped += ack.skipped
         return len(messages) + len(notes), ack.messages + ack.notes

@@ -165,6 +165,13 @@ def _v5_vectors(conn: apsw.Connection) -> None:
             name TEXT NOT NULL,
             vector BLOB NOT NULL
         ) STRICT;
+        -- bumped when old messages may need vectors again (a session turns clean, one is
+        -- deleted): the embedder actor then scans from the first message, else only new ones
+        CREATE TABLE vector_epoch(
+            id INTEGER PRIMARY KEY CHECK (id = 1),
+            epoch INTEGER NOT NULL
+        ) STRICT;
+        INSERT INTO vector_epoch(id, epoch) VALUES (1, 0);
         CREATE TABLE vector_cache(
             digest BLOB NOT NULL,
             name TEXT NOT NULL,

@@ -49,7 +49,7 @@ from ..protocol.transcript import Event, IndexStats, SessionInfo
 from .db import describe
 from .fts_query import index_row
 from .notes import apply_sync_notes
-from .vectors import apply_store_vectors, drop_session_vectors, pending_count
+from .vectors import apply_store_vectors, bump_vector_epoch, drop_session_vectors, pending_count
 
 _INSERT_MESSAGE = (
     "INSERT INTO events(id, session_id, parent_id, seq, depth, ts, kind, role, content, text)"
@@ -392,6 +392,7 @@ class TranscriptWriter:
         self.conn.execute("DELETE FROM session_switches WHERE key = ?", (key,))
         del self._sessions[key]
         self._touched.pop(key, None)
+        bump_vector_epoch(self.conn)  # its event and session ids may be used again
         return Deleted(events=events, index_rows=index_rows)
 
     def _set_switches(self, cmd: SetSwitches) -> IndexerAck:
@@ -510,6 +511,7 @@ class TranscriptWriter:
         if last < state.leaf_depth:
             return Reindexed(rows=rows, next_depth=last)
         # Published in the chunk's own transaction: nothing can slip in between.
+        bump_vector_epoch(self.conn)  # its old messages need vectors again
         state.dirty = False
         state.indexed_seq = state.next_seq - 1
         self._touched[key] = state
@@ -563,6 +565,7 @@ class TranscriptWriter:
         assert state is not None
         self._drop_index_rows(state)
         rows = self._index_branch(state.id, 0, state.leaf_depth)
+        bump_vector_epoch(self.conn)
         state.dirty = False
         state.indexed_seq = state.next_seq - 1
         self._touched[key] = state

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Mapping, Sequence
-from typing import cast
+from typing import NamedTuple, cast
 
 import apsw
 import numpy
@@ -49,6 +49,16 @@ _PENDING_MESSAGES = (
     "  SELECT 1 FROM message_vectors v"
     "  WHERE v.session_id = s.id AND v.name = ?1 AND v.event_id = e.id)"
 )
+# The same, after a watermark, in id order: what the embedder actor reads.
+_PENDING_AFTER = (
+    "SELECT e.id, e.text FROM events e"
+    " JOIN active_branch a ON a.session_id = e.session_id AND a.depth = e.depth"
+    " AND a.event_id = e.id"
+    " JOIN sessions s ON s.id = e.session_id"
+    " WHERE e.id > ?2 AND NOT s.dirty AND e.text IS NOT NULL AND NOT EXISTS ("
+    "  SELECT 1 FROM message_vectors v WHERE v.event_id = e.id AND v.name = ?1)"
+    " ORDER BY e.id LIMIT ?3"
+)
 _PENDING_NOTES = (
     "SELECT c.id, c.text FROM note_chunks c WHERE NOT EXISTS ("
     " SELECT 1 FROM note_vectors v WHERE v.name = ?1 AND v.chunk_id = c.id)"
@@ -73,10 +83,40 @@ def from_blobs(blobs: Sequence[bytes], dim: int) -> numpy.ndarray:
 # -- the embedder actor's reads (reader connection) ---------------------------------------
 
 
-def pending_messages(conn: apsw.Connection, name: str, limit: int) -> list[tuple[int, str]]:
-    """Up to `limit` (event id, text) of indexed messages lacking a vector of `name`."""
-    rows = conn.execute(_PENDING_MESSAGES + " LIMIT ?2", (name, limit)).fetchall()
-    return [(int(i), str(t)) for i, t in cast(list[tuple[int, str]], rows)]
+class PendingBatch(NamedTuple):
+    """Rows lacking a vector, as the embedder actor reads them (`pending_batch`)."""
+
+    epoch: int  # `vector_epoch` when read
+    scanned_to: int  # every message up to this event id has been considered
+    messages: list[tuple[int, str]]  # (event id, text)
+    notes: list[tuple[int, str]]  # (chunk id, text)
+
+
+def pending_batch(
+    conn: apsw.Connection, name: str, *, after: int, epoch: int | None, limit: int
+) -> PendingBatch:
+    """Up to `limit` messages (ids above `after`) and note chunks lacking a vector of `name`.
+
+    Messages only ever join the index above the watermark, except when a session turns
+    clean or one is deleted (its ids may be reused): then the writer bumps `vector_epoch`,
+    and an `epoch` other than the stored one scans from the first message again. One read
+    transaction: the epoch, the watermark and the rows are of one snapshot.
+    """
+    with conn:
+        row = conn.execute("SELECT epoch FROM vector_epoch").fetchone()
+        current = int(row[0]) if row else 0
+        start = after if epoch == current else 0
+        (top,) = conn.execute("SELECT coalesce(max(id), 0) FROM events").fetchone() or (0,)
+        rows = conn.execute(_PENDING_AFTER, (name, start, limit)).fetchall()
+        messages = [(int(i), str(t)) for i, t in cast(list[tuple[int, str]], rows)]
+        full = len(messages) == limit
+        notes = [] if full else pending_notes(conn, name, limit - len(messages))
+    return PendingBatch(current, messages[-1][0] if full else int(top), messages, notes)
+
+
+def bump_vector_epoch(conn: apsw.Connection) -> None:
+    """Old messages may need vectors again: the embedder actor rescans (writer only)."""
+    conn.execute("UPDATE vector_epoch SET epoch = epoch + 1")
 
 
 def pending_notes(conn: apsw.Connection, name: str, limit: int) -> list[tuple[int, str]]:

@@ -28,7 +28,14 @@ from activememory.protocol.indexer import (
     VectorsStored,
 )
 from activememory.storage.search import _PRIVATE, private_params
-from activememory.storage.vectors import nearest_messages, nearest_notes, text_digest, to_blob
+from activememory.storage.vectors import (
+    PendingBatch,
+    nearest_messages,
+    nearest_notes,
+    pending_batch,
+    text_digest,
+    to_blob,
+)
 
 from fake_embedder import DIM, FakeEmbedder, embed_text
 
@@ -283,19 +290,28 @@ async def test_a_batch_that_changed_under_the_actor_does_not_end_its_work(
         store = await store_of(mem)
         actor = store.embedder
         assert actor is not None
+        actor.batch = 1
         submit, refused = actor._submit, []
 
         async def racing(command):  # type: ignore[no-untyped-def]
             if isinstance(command, StoreVectors) and not refused:
-                refused.append(command)  # as if every row had left its branch meanwhile
+                refused.append(command)  # as if its row had left the branch meanwhile
                 return VectorsStored(messages=0, notes=0, skipped=len(command.messages))
             return await submit(command)
 
         actor._submit = racing
-        await settle(mem)  # the start poke is served: the append's poke is the only one
-        await mem.sessions.append(DIRECT, user("alpha"))
+        await settle(mem)  # the start poke is served
+        entries = [
+            am.ImportEntry(id=str(i), parent_id=str(i - 1) if i else None, timestamp=1.0,
+                           message=user(text))
+            for i, text in enumerate(["alpha", "beta"])
+        ]  # fmt: skip
+        await mem.sessions.import_transcript(DIRECT, entries)
+        await settle(mem)  # dirty: nothing to embed yet
+        await mem.sessions.rebuild_index()
         await settle(mem)
-        assert refused and vectors(state) == expected(state, "fake/bag-of-words") != set()
+        beta = (await mem.sessions.history(DIRECT))[1]
+        assert len(refused) == 1 and vectors(state) == {(beta.id, "fake/bag-of-words")}
 
 
 async def test_a_model_change_re_embeds_and_never_mixes_names(tmp_path: Path) -> None:
@@ -508,6 +524,27 @@ async def test_stored_only_while_the_text_and_branch_still_hold(tmp_path: Path) 
         )
         assert ack == VectorsStored(messages=1, notes=0, skipped=3)
     assert vectors(state) == {(a.id, "x")}
+
+
+async def test_the_actor_reads_above_its_watermark_until_the_epoch_moves(tmp_path: Path) -> None:
+    state = tmp_path / "s"
+    async with am.open_memory(state, executor="inline") as mem:
+        a = await mem.sessions.append(DIRECT, user("alpha"))
+        b = await mem.sessions.append(DIRECT, user("beta"))
+        store = await store_of(mem)
+
+        def batch(after: int, epoch: int | None) -> PendingBatch:
+            return pending_batch(store.reader.conn, "x", after=after, epoch=epoch, limit=10)
+
+        first = batch(0, None)
+        assert [i for i, _ in first.messages] == [a.id, b.id]
+        assert first.scanned_to == b.id
+        assert batch(a.id, first.epoch).messages == [(b.id, "beta")]
+        assert batch(b.id, first.epoch).messages == []
+        await mem.sessions.rewind(DIRECT, a.id)
+        await mem.sessions.rebuild_index()  # a is clean again: the epoch moves
+        again = batch(b.id, first.epoch)
+        assert again.epoch == first.epoch + 1 and again.messages == [(a.id, "alpha")]
 
 
 def test_store_vectors_round_trips_and_checks_dimensions() -> None:
