@@ -19,6 +19,7 @@ import activememory as am
 from activememory.actors.supervisor import AgentStore
 from activememory.protocol.config import PrivateScope
 from activememory.protocol.indexer import (
+    AppendMessage,
     NoteChunk,
     NoteFile,
     NotesSynced,
@@ -27,7 +28,9 @@ from activememory.protocol.indexer import (
     VectorRow,
     VectorsStored,
 )
+from activememory.storage.db import MIGRATIONS, open_connection
 from activememory.storage.search import _PRIVATE, private_params
+from activememory.storage.transcripts import TranscriptWriter
 from activememory.storage.vectors import (
     PendingBatch,
     nearest_messages,
@@ -454,6 +457,22 @@ async def test_the_embedder_actor_reads_on_its_own_connection(tmp_path: Path) ->
         store = await store_of(mem)
         assert store.embedder_reader is not None
         assert store.embedder_reader.conn is not store.reader.conn
+
+
+async def test_a_v4_database_gets_vectors_for_its_old_messages_on_start(tmp_path: Path) -> None:
+    state = tmp_path / "s"
+    path = db_path(state)
+    path.parent.mkdir(parents=True)
+    conn = open_connection(path, writer=True, migrations=MIGRATIONS[:4])
+    TranscriptWriter(conn).apply(
+        [AppendMessage(key=am.parse_session_key(DIRECT), message=user("alpha"), at=1.0)]
+    )
+    conn.close()
+    embedder = FakeEmbedder()
+    async with am.open_memory(state, executor="inline", embedder=embedder) as mem:
+        await store_of(mem)
+        await settle(mem)
+    assert vectors(state) == expected(state, embedder.name) != set()
 
 
 async def test_without_an_embedder_nothing_changes(tmp_path: Path) -> None:
