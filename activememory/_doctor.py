@@ -83,6 +83,11 @@ async def diagnose(memory: Memory) -> DoctorReport:
         )
         if level == "ok" and stats.dirty_sessions:
             level = "warn"
+        if stats.embedder is not None:  # vectors (docs/design.md §2.3): lag and failures
+            detail += f", {stats.vectors_pending} waiting for a vector of {stats.embedder}"
+            if stats.embedder_error is not None:
+                detail += f" (embedder failing: {stats.embedder_error})"
+                level = "warn" if level == "ok" else level
         add(f"index:{stats.agent}", level, detail)
     for info in memory.breaker_states():
         level = "ok" if info.state == "closed" else "warn"

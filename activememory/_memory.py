@@ -21,6 +21,7 @@ from .actors.composer import Composer, Respond
 from .actors.supervisor import AgentStore, Supervisor, open_supervisor
 from .protocol.config import Config
 from .protocol.content import Message, check_choice, message_from_mapping
+from .protocol.embeddings import Embedder
 from .protocol.errors import InvalidInputError, SessionNotFoundError, raise_rejected
 from .protocol.indexer import (
     Appended,
@@ -286,9 +287,7 @@ class Sessions:
         out = []
         for agent in self._supervisor.known_agents():
             store = await self._supervisor.agent(agent)
-            out.append(
-                await store.read(lambda reader: reader.stats(check_integrity=check_integrity))
-            )
+            out.append(await store.index_stats(check_integrity=check_integrity))
         return out
 
 
@@ -442,6 +441,7 @@ async def open_memory(
     executor: ExecutorKind = "thread",
     durability: Durability = "crash",
     clock: Callable[[], float] = time.time,
+    embedder: Embedder | None = None,
 ) -> AsyncIterator[Memory]:
     """Open the active memory kept in `state_dir` (created if missing) and start its actors.
 
@@ -449,7 +449,9 @@ async def open_memory(
     event-loop thread, for deterministic virtual-time simulations. `durability="crash"`
     (default): an acknowledged write survives the process being killed at any moment;
     `"power"`: it also survives power loss or an OS crash, at the price of an fsync per
-    commit. `clock` stamps stored events (wall-clock seconds).
+    commit. `clock` stamps stored events (wall-clock seconds). `embedder` (default None:
+    no vectors) turns texts into vectors for recall by meaning; they are computed in the
+    background, never on an append's path (docs/design.md §2.3).
 
     Raises `InvalidInputError` if `state_dir` is a file or `executor` is unknown, and
     `StorageError` if the directory cannot be created or is open in another process.
@@ -460,13 +462,19 @@ async def open_memory(
     """
     check_choice("executor", executor, EXECUTOR_KINDS)
     check_choice("durability", durability, DURABILITY_LEVELS)
+    if embedder is not None and not isinstance(embedder, Embedder):
+        raise InvalidInputError(
+            f"embedder: expected an Embedder (name, dim, embed), got {type(embedder).__name__}"
+        )
     if not isinstance(state_dir, str | os.PathLike):
         raise InvalidInputError(f"state_dir: expected a path, got {type(state_dir).__name__}")
     loaded = load_config(config if config is not None else {})
     transcripts = TranscriptPlace(Path(state_dir))
     memory: Memory | None = None
     try:
-        async with open_supervisor(Path(state_dir), executor, durability=durability) as supervisor:
+        async with open_supervisor(
+            Path(state_dir), executor, durability=durability, embedder=embedder
+        ) as supervisor:
             memory = Memory(
                 supervisor,
                 config=loaded,

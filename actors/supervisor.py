@@ -2,7 +2,8 @@
 
 It owns the task group of every actor. Agent databases are opened lazily, the first time a
 session of that agent is used; each gets its writer lock, an indexer actor with its bounded
-inbox, and a reader connection. The records store (`records.db`, one for all agents) is
+inbox, and a reader connection (and, with an embedder, an embedder actor with its own
+reader). The records store (`records.db`, one for all agents) is
 opened the same way on its first use, with the records keeper as its single writer; both are
 a `Database` handle. A crashed actor is never silently lost: its exception propagates out of
 `open_memory()`."""
@@ -17,17 +18,31 @@ from typing import Generic, Literal, Protocol, TypeVar
 
 import anyio
 import apsw
+import msgspec
 from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectSendStream
 
+from ..protocol.embedder import EmbedPoke
+from ..protocol.embeddings import Embedder
 from ..protocol.errors import MemoryClosedError, StorageError
-from ..protocol.indexer import IndexerAck, IndexerCommand
+from ..protocol.indexer import (
+    Appended,
+    Imported,
+    IndexerAck,
+    IndexerCommand,
+    NotesSynced,
+    Rebuilt,
+    Reindexed,
+)
 from ..protocol.reconciler import Poke
 from ..protocol.records import RecordAck, RecordCommand
+from ..protocol.transcript import IndexStats
 from ..storage.db import Durability, WriterLock, ensure_state_dir, open_connection, translate_errors
 from ..storage.executor import Executor, ExecutorKind, make_executor
 from ..storage.records import RecordReader, RecordWriter, open_records_connection, records_db_path
 from ..storage.transcripts import TranscriptReader, TranscriptWriter, agent_db_path
+from .embedder import EmbedderActor
+from .embedder import open_inbox as embedder_inbox
 from .group_commit import MAX_BATCH, A, C, GroupCommit, StorageWriter
 from .indexer import Indexer
 from .recall_pool import RecallPool
@@ -98,6 +113,61 @@ class AgentStore(Database[TranscriptReader, IndexerCommand, IndexerAck]):
     pokes: MemoryObjectSendStream[Poke]
     reconciler_stopped: anyio.Event = field(default_factory=anyio.Event)
 
+    # The embedder actor of this database (None: no embedder configured, no vectors).
+    embedder: EmbedderActor | None = None
+    embed_pokes: MemoryObjectSendStream[EmbedPoke] | None = None
+    embedder_scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
+    embedder_stopped: anyio.Event = field(default_factory=anyio.Event)
+    # The embedder actor's own reader: its scans for missing vectors (tens of ms at 100k
+    # messages) never queue in front of a recall's reads on `reader`.
+    embedder_reader: TranscriptReader | None = None
+    embedder_read_executor: Executor | None = None
+
+    async def read_for_embedder(self, fn: Callable[[TranscriptReader], T]) -> T:
+        """Run `fn` on the embedder actor's reader; SQLite errors become `StorageError`.
+
+        Cancellation: as for `read`.
+        """
+        reader, executor = self.embedder_reader, self.embedder_read_executor
+        assert reader is not None and executor is not None
+
+        def run() -> T:
+            with translate_errors(self.path):
+                return fn(reader)
+
+        return await executor.run(run)
+
+    async def close(self) -> None:
+        """Close the embedder actor's reader (it has stopped), then the database."""
+        await self.embedder_stopped.wait()
+        if self.embedder_reader is not None and self.embedder_read_executor is not None:
+            await self.embedder_read_executor.run(self.embedder_reader.conn.close)
+        await super().close()
+
+    async def submit(self, command: IndexerCommand) -> IndexerAck:
+        """Queue `command` for the indexer and wait for its ack; a write that may have
+        added indexed rows pokes the embedder actor (after its commit, never waiting)."""
+        ack = await self.actor.submit(command)
+        if self.embed_pokes is not None and _may_need_vectors(ack):
+            self.poke_embedder("write")
+        return ack
+
+    def poke_embedder(self, reason: Literal["start", "write"]) -> None:
+        """Tell the embedder actor vectors may be missing; never blocks (one slot)."""
+        if self.embed_pokes is not None:
+            with contextlib.suppress(anyio.WouldBlock, anyio.ClosedResourceError):
+                self.embed_pokes.send_nowait(EmbedPoke(reason=reason))
+
+    async def index_stats(self, *, check_integrity: bool = True) -> IndexStats:
+        """The database's `IndexStats`, with the embedder's lag and last error."""
+        name = None if self.embedder is None else self.embedder.name
+        stats = await self.read(
+            lambda reader: reader.stats(check_integrity=check_integrity, vector_name=name)
+        )
+        if self.embedder is None:
+            return stats
+        return msgspec.structs.replace(stats, embedder_error=self.embedder.last_error)
+
     def poke(self, reason: Literal["search", "dirty"] = "search") -> None:
         """Tell the reconciler there may be dirty sessions; never blocks.
 
@@ -108,6 +178,17 @@ class AgentStore(Database[TranscriptReader, IndexerCommand, IndexerAck]):
 
     async def read_dirty(self, limit: int) -> list[tuple[str, int]]:
         return await self.read(lambda reader: reader.dirty_sessions(limit))
+
+
+def _may_need_vectors(ack: IndexerAck) -> bool:
+    """Whether a committed write may have added rows that need a vector (docs/design.md §2.3)."""
+    match ack:
+        case Appended(indexed=True) | Imported() | Rebuilt() | NotesSynced():
+            return True
+        case Reindexed(clean=True):
+            return True
+        case _:
+            return False
 
 
 # `state_dir/records.db` (docs/design.md §5): its keeper and its reader.
@@ -125,8 +206,10 @@ class Supervisor:
         *,
         durability: Durability = "crash",
         max_batch: int = MAX_BATCH,
+        embedder: Embedder | None = None,
     ) -> None:
         self._tg = task_group
+        self.embedder = embedder
         self.durability: Durability = durability
         self.state_dir = state_dir
         self.executor_kind: ExecutorKind = executor
@@ -235,6 +318,18 @@ class Supervisor:
         actor, reader, read_executor, lock = await self._open(
             path, open_connection, TranscriptWriter, Indexer
         )
+        embedder_reader: TranscriptReader | None = None
+        embedder_executor: Executor | None = None
+        if self.embedder is not None:  # before any task starts: a failure leaves nothing
+            embedder_executor = make_executor(self.executor_kind)
+            try:
+                conn = await embedder_executor.run(lambda: open_connection(path, writer=False))
+            except BaseException:
+                await actor.executor.run(actor.writer.conn.close)
+                await read_executor.run(reader.close)
+                lock.release()
+                raise
+            embedder_reader = TranscriptReader(conn, agent)
         poke_send, poke_receive = reconciler_inbox()
         store = AgentStore(
             agent=agent,
@@ -247,9 +342,25 @@ class Supervisor:
                 poke_receive, submit=self._submit_for(agent), read_dirty=self._read_dirty_for(agent)
             ),
             pokes=poke_send,
+            embedder_reader=embedder_reader,
+            embedder_read_executor=embedder_executor,
         )
         self._tg.start_soon(store.run_writer, name=f"indexer:{agent}")
         self._tg.start_soon(self._run_reconciler, store, name=f"reconciler:{agent}")
+        if self.embedder is not None:
+            embed_send, embed_receive = embedder_inbox()
+            store.embed_pokes = embed_send
+            store.embedder = EmbedderActor(
+                embed_receive,
+                agent=agent,
+                embedder=self.embedder,
+                submit=self._submit_for(agent),
+                read=store.read_for_embedder,
+            )
+            self._tg.start_soon(self._run_embedder, store, name=f"embedder:{agent}")
+            store.poke_embedder("start")
+        else:
+            store.embedder_stopped.set()
         return store
 
     def _submit_for(self, agent: str) -> Submit:
@@ -270,6 +381,14 @@ class Supervisor:
         finally:
             store.reconciler_stopped.set()
 
+    async def _run_embedder(self, store: AgentStore) -> None:
+        assert store.embedder is not None
+        try:
+            with store.embedder_scope:
+                await store.embedder.run()
+        finally:
+            store.embedder_stopped.set()
+
     async def aclose(self) -> None:
         """Stop every actor after it has drained its inbox; close the databases.
 
@@ -284,6 +403,15 @@ class Supervisor:
         if self._records is not None:
             await self._records.actor.close_inbox()
             await self._records.close()
+        # The embedder actor writes through the indexer too; it is cancelled, not drained:
+        # a hanging embedder must not hold the memory open, and missing vectors are made up
+        # at the next start.
+        for store in self._agents.values():
+            if store.embed_pokes is not None:
+                await store.embed_pokes.aclose()
+            store.embedder_scope.cancel()
+        for store in self._agents.values():
+            await store.embedder_stopped.wait()
         # The reconciler writes through the indexer, so it stops first (after its chunk).
         for store in self._agents.values():
             store.reconciler.stopping = True
@@ -303,13 +431,20 @@ async def open_supervisor(
     *,
     durability: Durability = "crash",
     max_batch: int = MAX_BATCH,
+    embedder: Embedder | None = None,
 ) -> AsyncIterator[Supervisor]:
-    """Run a supervisor for the duration of the block."""
+    """Run a supervisor for the duration of the block; with `embedder`, each agent
+    database also gets an embedder actor (docs/design.md §2.3)."""
     ensure_state_dir(state_dir)
     try:
         async with anyio.create_task_group() as tg:
             supervisor = Supervisor(
-                tg, state_dir, executor, durability=durability, max_batch=max_batch
+                tg,
+                state_dir,
+                executor,
+                durability=durability,
+                max_batch=max_batch,
+                embedder=embedder,
             )
             try:
                 yield supervisor

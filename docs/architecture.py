@@ -19,13 +19,15 @@ BOXES: dict[str, tuple[int, int, int, int, str, str, str]] = {
     "memory": (230, 130, 190, 100, "Memory", "sessions, records, recall", "face"),
     "composer": (230, 20, 190, 60, "composer", "mem.reply, caller's task", "actor"),
     "coordinator": (230, 290, 190, 60, "recall coordinator", "activememory/recall/", "face"),
-    "indexer": (520, 40, 180, 60, "indexer (per agent)", "actors/indexer.py", "actor"),
-    "reconciler": (520, 140, 180, 60, "reconciler (per agent)", "actors/reconciler.py", "actor"),
-    "records": (520, 240, 180, 60, "records keeper", "actors/records.py", "actor"),
-    "recall_pool": (520, 340, 180, 60, "recall pool", "actors/recall_pool.py", "actor"),
-    "memory_db": (790, 40, 170, 60, "agents/<a>/memory.db", "transcripts, FTS, notes", "store"),
-    "records_db": (790, 240, 170, 60, "records.db", "scoped records", "store"),
-    "model": (790, 340, 170, 60, "recall model", "local or OpenAI-compatible", "outside"),
+    "reconciler": (520, 40, 180, 60, "reconciler (per agent)", "actors/reconciler.py", "actor"),
+    "indexer": (520, 140, 180, 60, "indexer (per agent)", "actors/indexer.py", "actor"),
+    "embedder": (520, 240, 180, 60, "embedder actor", "actors/embedder.py", "actor"),
+    "records": (520, 340, 180, 60, "records keeper", "actors/records.py", "actor"),
+    "recall_pool": (520, 440, 180, 60, "recall pool", "actors/recall_pool.py", "actor"),
+    "memory_db": (790, 140, 170, 60, "agents/<a>/memory.db", "transcripts, FTS, vectors", "store"),
+    "embedding": (790, 240, 170, 60, "embedding model", "Embedder: texts to vectors", "outside"),
+    "records_db": (790, 340, 170, 60, "records.db", "scoped records", "store"),
+    "model": (790, 440, 170, 60, "recall model", "local or OpenAI-compatible", "outside"),
 }
 # (from, to, label, dashed): solid arrows are bounded inboxes of tagged Structs.
 ARROWS: list[tuple[str, str, str, bool]] = [
@@ -35,6 +37,9 @@ ARROWS: list[tuple[str, str, str, bool]] = [
     ("memory", "indexer", "IndexerCommand", False),
     ("memory", "reconciler", "Poke", False),
     ("reconciler", "indexer", "ReindexChunk", False),
+    ("memory", "embedder", "EmbedPoke (acks)", False),
+    ("embedder", "indexer", "StoreVectors", False),
+    ("embedder", "embedding", "embed", True),
     ("memory", "records", "RecordCommand", False),
     ("coordinator", "recall_pool", "RunRecall", False),
     ("recall_pool", "coordinator", "RunReport (1 slot)", False),
@@ -42,7 +47,7 @@ ARROWS: list[tuple[str, str, str, bool]] = [
     ("records", "records_db", "one writer", True),
     ("recall_pool", "model", "runs, tools", True),
 ]
-SUPERVISED = ("indexer", "reconciler", "records", "recall_pool")
+SUPERVISED = ("indexer", "reconciler", "embedder", "records", "recall_pool")
 FILL = {"outside": "#f3f3f3", "face": "#e6f0fa", "actor": "#fdf3dc", "store": "#e8f5e9"}
 
 
@@ -61,14 +66,14 @@ def _edge(a: str, b: str) -> tuple[float, float, float, float]:
 
 def render() -> str:
     out = [
-        '<svg xmlns="http://www.w3.org/2000/svg" width="980" height="430" '
+        '<svg xmlns="http://www.w3.org/2000/svg" width="980" height="530" '
         'font-family="sans-serif" font-size="12">',
         '<defs><marker id="arrow" markerWidth="8" markerHeight="8" refX="8" refY="4" '
         'orient="auto"><path d="M0,0 L8,4 L0,8 z" fill="#333"/></marker></defs>',
-        '<rect x="0" y="0" width="980" height="430" fill="white"/>',
-        '<rect x="505" y="15" width="210" height="400" rx="8" fill="none" stroke="#999" '
+        '<rect x="0" y="0" width="980" height="530" fill="white"/>',
+        '<rect x="505" y="15" width="210" height="500" rx="8" fill="none" stroke="#999" '
         'stroke-dasharray="6 4"/>',
-        '<text x="610" y="428" text-anchor="middle" fill="#666">supervisor task group '
+        '<text x="610" y="528" text-anchor="middle" fill="#666">supervisor task group '
         "(actors/supervisor.py)</text>",
     ]
     for x, y, w, h, title, sub, kind in BOXES.values():

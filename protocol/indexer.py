@@ -159,6 +159,35 @@ class SyncNotes(msgspec.Struct, frozen=True, kw_only=True, tag_field="op", tag="
                 raise ValueError(f"removed: {path!r} is not MEMORY.md or memory/<name>.md")
 
 
+class VectorRow(msgspec.Struct, frozen=True, kw_only=True):
+    """One embedded text: the message's event id or the note chunk's id, the sha256 of the
+    text that was embedded, and its vector (float32, little-endian)."""
+
+    id: int
+    digest: bytes
+    vector: bytes
+
+
+class StoreVectors(msgspec.Struct, frozen=True, kw_only=True, tag_field="op", tag="store_vectors"):
+    """Embedder actor → indexer: store vectors of the embedder `name` (docs/design.md §2.3).
+
+    A message's vector is stored only if, in the applying transaction, its event is on the
+    active branch of a clean session and its text still has `digest`; a chunk's only if it
+    still exists with that text. Anything else changed meanwhile and is skipped. Every
+    vector also goes to the content-hash cache. Not a session command, like `SyncNotes`.
+    """
+
+    agent: str
+    name: str
+    messages: tuple[VectorRow, ...] = ()
+    notes: tuple[VectorRow, ...] = ()
+
+    def __post_init__(self) -> None:
+        sizes = {len(row.vector) for row in self.messages + self.notes}
+        if len(sizes) > 1 or any(size == 0 or size % 4 for size in sizes):
+            raise ValueError("vectors: expected float32 vectors of one dimension")
+
+
 IndexerCommand: TypeAlias = (
     CreateSession
     | AppendMessage
@@ -170,6 +199,7 @@ IndexerCommand: TypeAlias = (
     | ReindexChunk
     | SetSwitches
     | SyncNotes
+    | StoreVectors
 )
 
 
@@ -256,6 +286,15 @@ class NotesSynced(_Ack, tag="notes_synced", frozen=True, kw_only=True):
     chunks: int
 
 
+class VectorsStored(_Ack, tag="vectors_stored", frozen=True, kw_only=True):
+    """Indexer → embedder actor: `messages` and `notes` vectors stored; `skipped` rows had
+    changed since they were read (off the branch, dirty, deleted, new text)."""
+
+    messages: int
+    notes: int
+    skipped: int
+
+
 RejectReason: TypeAlias = Literal["not_found", "invalid", "storage", "closed"]
 
 
@@ -277,5 +316,6 @@ IndexerAck: TypeAlias = (
     | Reindexed
     | SwitchesSet
     | NotesSynced
+    | VectorsStored
     | Rejected
 )

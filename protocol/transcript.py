@@ -62,7 +62,12 @@ class SessionInfo(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class IndexStats(msgspec.Struct, frozen=True, kw_only=True):
-    """Counts describing one agent database and its full-text index."""
+    """Counts describing one agent database, its full-text index and its vectors.
+
+    `vectors_pending`: indexed messages and note chunks still waiting for a vector of the
+    configured `embedder` (None: no embedder, no vectors); `embedder_error`: why its last
+    attempt failed (None once one succeeds).
+    """
 
     agent: str
     sessions: int
@@ -72,6 +77,9 @@ class IndexStats(msgspec.Struct, frozen=True, kw_only=True):
     dirty_sessions: int
     db_bytes: int
     fts_integrity_ok: bool
+    vectors_pending: int = 0
+    embedder: str | None = None
+    embedder_error: str | None = None
 
 
 ImportEntryId: TypeAlias = str

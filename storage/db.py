@@ -145,11 +145,49 @@ def _v4_memory_notes(conn: apsw.Connection) -> None:
     )
 
 
+def _v5_vectors(conn: apsw.Connection) -> None:
+    # Vectors for recall by meaning (storage/vectors.py, docs/design.md §2.3): one per
+    # indexed message of a clean session and per note chunk, each of one embedder `name`;
+    # rowid tables (a 1.5 KB vector fits in the row; a WITHOUT ROWID row that size spills
+    # to an overflow page), a scope read through (session, name). `vector_cache`
+    # keeps every vector by (sha256 of its text, name): rebuilds and re-imports reuse them.
+    conn.execute(
+        """
+        CREATE TABLE message_vectors(
+            event_id INTEGER PRIMARY KEY,
+            session_id INTEGER NOT NULL,
+            name TEXT NOT NULL,
+            vector BLOB NOT NULL
+        ) STRICT;
+        CREATE INDEX message_vectors_scope ON message_vectors(session_id, name);
+        CREATE TABLE note_vectors(
+            chunk_id INTEGER PRIMARY KEY,
+            name TEXT NOT NULL,
+            vector BLOB NOT NULL
+        ) STRICT;
+        -- bumped when old messages may need vectors again (a session turns clean, one is
+        -- deleted): the embedder actor then scans from the first message, else only new ones
+        CREATE TABLE vector_epoch(
+            id INTEGER PRIMARY KEY CHECK (id = 1),
+            epoch INTEGER NOT NULL
+        ) STRICT;
+        INSERT INTO vector_epoch(id, epoch) VALUES (1, 0);
+        CREATE TABLE vector_cache(
+            digest BLOB NOT NULL,
+            name TEXT NOT NULL,
+            vector BLOB NOT NULL,
+            PRIMARY KEY (digest, name)
+        ) STRICT, WITHOUT ROWID;
+        """
+    )
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     _v1_transcripts,
     _v2_context_and_cjk,
     _v3_session_switches,
     _v4_memory_notes,
+    _v5_vectors,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

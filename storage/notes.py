@@ -22,6 +22,7 @@ import apsw
 
 from ..protocol.indexer import IndexerAck, NoteChunk, NotesSynced, Rejected, SyncNotes
 from .fts_query import MatchPlan, index_row
+from .vectors import drop_note_vectors
 
 MAX_CHUNK_CHARS = 700
 """A chunk's text is at most this long, unless one line alone is longer (then it is cut)."""
@@ -211,6 +212,7 @@ def _drop_chunks(conn: apsw.Connection, path: str) -> None:
     # Only when the file has chunks: a contentless delete writes a tombstone even for a
     # rowid that is not there.
     if conn.execute("SELECT 1 FROM note_chunks WHERE path = ? LIMIT 1", (path,)).fetchone():
+        drop_note_vectors(conn, path)
         conn.execute(_DROP_FTS, (path,))
         conn.execute("DELETE FROM note_chunks WHERE path = ?", (path,))
 

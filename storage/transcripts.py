@@ -39,6 +39,7 @@ from ..protocol.indexer import (
     RewindSession,
     Rewound,
     SetSwitches,
+    StoreVectors,
     SwitchesSet,
     SyncNotes,
 )
@@ -48,6 +49,7 @@ from ..protocol.transcript import Event, IndexStats, SessionInfo
 from .db import describe
 from .fts_query import index_row
 from .notes import apply_sync_notes
+from .vectors import apply_store_vectors, bump_vector_epoch, drop_session_vectors, pending_count
 
 _INSERT_MESSAGE = (
     "INSERT INTO events(id, session_id, parent_id, seq, depth, ts, kind, role, content, text)"
@@ -171,6 +173,9 @@ class TranscriptWriter:
                 return self._set_switches(cmd)
             case SyncNotes():
                 return apply_sync_notes(self.conn, cmd)
+            case StoreVectors():
+                self._flush_sessions()  # its checks read `sessions.dirty`
+                return apply_store_vectors(self.conn, cmd)
 
     def _flush_rows(self) -> None:
         """Write the rows appends have queued, a statement per table for the whole batch."""
@@ -368,6 +373,8 @@ class TranscriptWriter:
         state.next_seq += 1
         state.leaf_event_id, state.leaf_depth = cmd.to_event_id, target_depth
         state.last_text = _UNKNOWN
+        # Dirty from here on: its vectors go in this transaction (docs/design.md §2.3).
+        drop_session_vectors(self.conn, state.id)
         state.dirty = True
         self._touch(key, state, cmd.at)
         return Rewound(leaf_event_id=cmd.to_event_id)
@@ -385,6 +392,7 @@ class TranscriptWriter:
         self.conn.execute("DELETE FROM session_switches WHERE key = ?", (key,))
         del self._sessions[key]
         self._touched.pop(key, None)
+        bump_vector_epoch(self.conn)  # its event and session ids may be used again
         return Deleted(events=events, index_rows=index_rows)
 
     def _set_switches(self, cmd: SetSwitches) -> IndexerAck:
@@ -465,6 +473,7 @@ class TranscriptWriter:
             state.leaf_event_id, state.leaf_depth = leaf_id, leaf_depth
         # Pre-existing rows are reconciled, not indexed inline (docs/design.md §2.3).
         state.last_text = _UNKNOWN
+        drop_session_vectors(self.conn, state.id)
         state.dirty = True
         self._touch(key, state, cmd.at)
         return Imported(session_id=state.id, events=len(cmd.entries))
@@ -502,18 +511,22 @@ class TranscriptWriter:
         if last < state.leaf_depth:
             return Reindexed(rows=rows, next_depth=last)
         # Published in the chunk's own transaction: nothing can slip in between.
+        bump_vector_epoch(self.conn)  # its old messages need vectors again
         state.dirty = False
         state.indexed_seq = state.next_seq - 1
         self._touched[key] = state
         return Reindexed(rows=rows, next_depth=last, clean=True)
 
     def _drop_index_rows(self, state: _SessionState) -> int:
-        """Delete every index row the session may have; return how many went.
+        """Delete every index row and vector the session may have; return how many index
+        rows went.
 
-        Skipped when the session never had any (`indexed_seq == 0`: imported or migrated
-        and not yet rebuilt): on a contentless table each delete writes a tombstone even
-        for a row that is not there, which made rebuilding imports several times slower.
+        FTS rows are skipped when the session never had any (`indexed_seq == 0`: imported
+        or migrated and not yet rebuilt): on a contentless table each delete writes a
+        tombstone even for a row that is not there, which made rebuilding imports several
+        times slower.
         """
+        drop_session_vectors(self.conn, state.id)
         if state.indexed_seq == 0:
             return 0
         self.conn.execute(
@@ -552,6 +565,7 @@ class TranscriptWriter:
         assert state is not None
         self._drop_index_rows(state)
         rows = self._index_branch(state.id, 0, state.leaf_depth)
+        bump_vector_epoch(self.conn)
         state.dirty = False
         state.indexed_seq = state.next_seq - 1
         self._touched[key] = state
@@ -616,7 +630,9 @@ class TranscriptReader:
         )
         return [(str(key), int(revision)) for key, revision in rows]
 
-    def stats(self, *, check_integrity: bool = True) -> IndexStats:
+    def stats(self, *, check_integrity: bool = True, vector_name: str | None = None) -> IndexStats:
+        """The database's counts; with `vector_name`, how many rows wait for its vectors."""
+
         def one(sql: str) -> int:
             row = self.conn.execute(sql).fetchone()
             return int(row[0]) if row else 0
@@ -630,6 +646,7 @@ class TranscriptReader:
             )
             indexed = one("SELECT count(*) FROM message_fts")
             dirty = one("SELECT count(*) FROM sessions WHERE dirty")
+            pending = 0 if vector_name is None else pending_count(self.conn, vector_name)
         pages = one("PRAGMA page_count") * one("PRAGMA page_size")
         return IndexStats(
             agent=self.agent,
@@ -640,6 +657,8 @@ class TranscriptReader:
             dirty_sessions=dirty,
             db_bytes=pages,
             fts_integrity_ok=fts_integrity_ok(self.conn) if check_integrity else True,
+            vectors_pending=pending,
+            embedder=vector_name,
         )
 
 

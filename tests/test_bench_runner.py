@@ -29,8 +29,8 @@ def test_the_command_offers_the_registry(capsys: pytest.CaptureFixture[str]) -> 
         cli(["bench", "nonesuch"])
     err = capsys.readouterr().err
     assert (
-        "(choose from 'indexing', 'locomo', 'search', 'cjk', 'recall', 'records', 'paraphrase')"
-        in err
+        "(choose from 'indexing', 'locomo', 'search', 'cjk', 'recall', 'records', 'paraphrase',"
+        " 'vectors')" in err
     )
     with pytest.raises(SystemExit):
         cli(["bench", "--help"])

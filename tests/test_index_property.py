@@ -1,6 +1,8 @@
-"""For any mix of appends, rewinds, deletes, imports and re-appends, the index holds exactly
-the user/assistant text of the active branches (clean sessions at once; dirty ones after the
-rebuild)."""
+"""For any mix of appends, rewinds, deletes, imports, rebuilds and re-appends, the index holds
+exactly the user/assistant text of the active branches (clean sessions at once; dirty ones
+after the rebuild). With an embedder: at every acknowledged point no vector belongs to a row
+off an active branch or of a dirty session, and once the embedder actor is idle the vectors
+are exactly those rows (docs/design.md §2.3)."""
 
 from __future__ import annotations
 
@@ -8,12 +10,15 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import anyio
+import apsw
 import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import activememory as am
 
+from fake_embedder import FakeEmbedder
 from index_probe import agent_db, indexed_tokens, tokenize
 
 KEYS = ["agent:main:direct:a", "agent:main:group:g", "agent:ops:main", "legacy-key"]
@@ -26,7 +31,10 @@ ops = st.one_of(
     st.tuples(st.just("rewind"), st.sampled_from(KEYS), st.integers(0, 50)),
     st.tuples(st.just("delete"), st.sampled_from(KEYS)),
     st.tuples(st.just("import"), st.sampled_from(KEYS), st.lists(texts, min_size=1, max_size=4)),
+    st.tuples(st.just("rebuild"), st.sampled_from(KEYS)),
 )
+# With an embedder, also: let the embedder actor catch up before the next operation.
+vector_ops = st.one_of(ops, st.tuples(st.just("settle"), st.sampled_from(KEYS)))
 
 
 @dataclass
@@ -51,9 +59,45 @@ def message(role: str, text: str) -> am.Message:
     return am.Message(role=role, content=text)  # type: ignore[arg-type]
 
 
-async def run_ops(state: Path, operations: list[tuple[object, ...]]) -> None:
+def stored_vectors(state: Path, agent: str) -> set[tuple[int, str]]:
+    db = agent_db(state, agent)
+    if not db.exists():
+        return set()
+    conn = apsw.Connection(str(db), flags=apsw.SQLITE_OPEN_READONLY)
+    try:
+        return {
+            (int(e), str(n)) for e, n in conn.execute("SELECT event_id, name FROM message_vectors")
+        }
+    finally:
+        conn.close()
+
+
+def vector_rows(model: dict[str, ModelSession], agent: str, *, clean_only: bool) -> set[int]:
+    """The active-branch user/assistant messages of `agent`'s (clean) sessions."""
+    return {
+        e
+        for key, session in model.items()
+        if am.parse_session_key(key).store_agent == agent and not (clean_only and session.dirty)
+        for e in session.expected_index()
+    }
+
+
+async def settle(mem: am.Memory) -> None:
+    def working() -> bool:
+        return not all(
+            s.embedder is None or s.embedder.idle() for s in mem._supervisor.open_agents()
+        )
+
+    with anyio.fail_after(30):
+        while working():  # noqa: ASYNC110 - the state of several actors, no one event
+            await anyio.sleep(0.001)
+
+
+async def run_ops(
+    state: Path, operations: list[tuple[object, ...]], embedder: FakeEmbedder | None = None
+) -> None:
     model: dict[str, ModelSession] = {}
-    async with am.open_memory(state, executor="inline") as mem:
+    async with am.open_memory(state, executor="inline", embedder=embedder) as mem:
         for op in operations:
             kind, key = op[0], str(op[1])
             session = model.get(key)
@@ -90,6 +134,17 @@ async def run_ops(state: Path, operations: list[tuple[object, ...]]) -> None:
                     session.parents[event.id] = event.parent_id
                     session.texts[event.id] = entry.message.index_text
                 session.leaf = history[-1].id
+            elif kind == "rebuild" and session:
+                await mem.sessions.rebuild_index(key)
+                session.dirty = False
+            elif kind == "settle":
+                await settle(mem)
+            if embedder is not None:  # at every acknowledged point: nothing off-branch
+                for agent in ("main", "ops"):
+                    allowed = {
+                        (e, embedder.name) for e in vector_rows(model, agent, clean_only=True)
+                    }
+                    assert stored_vectors(state, agent) <= allowed
 
         for key, session in model.items():
             history = await mem.sessions.history(key)
@@ -123,6 +178,12 @@ async def run_ops(state: Path, operations: list[tuple[object, ...]]) -> None:
             if db.exists():
                 assert indexed_tokens(db) == expected(agent, clean_only=False)
         assert all(s.fts_integrity_ok and s.dirty_sessions == 0 for s in await mem.sessions.stats())
+        if embedder is not None:  # once idle: exactly the active branches' messages
+            await settle(mem)
+            for agent in agents:
+                wanted = {(e, embedder.name) for e in vector_rows(model, agent, clean_only=False)}
+                assert stored_vectors(state, agent) == wanted
+            assert all(s.vectors_pending == 0 for s in await mem.sessions.stats())
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -130,3 +191,10 @@ async def run_ops(state: Path, operations: list[tuple[object, ...]]) -> None:
 def test_index_equals_active_branches(operations: list[tuple[object, ...]]) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         trio.run(run_ops, Path(tmp), operations)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(vector_ops, min_size=1, max_size=40))
+def test_vectors_equal_active_branches(operations: list[tuple[object, ...]]) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        trio.run(run_ops, Path(tmp), operations, FakeEmbedder())

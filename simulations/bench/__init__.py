@@ -14,6 +14,7 @@ BENCHMARKS = {
     "recall": "recall overhead and real-clock budget overshoot",
     "records": "records search with graph expansion against a raw FTS5 query",
     "paraphrase": "recall by meaning: facts asked later in other words",
+    "vectors": "nearest-neighbour latency: numpy over the vector table against sqlite-vec",
 }
 
 
