@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
+from .errors import EmbeddingError
+
 if TYPE_CHECKING:
     import numpy
 
@@ -37,3 +39,8 @@ class Embedder(Protocol):
         server finishes there, unobserved.
         """
         ...
+
+
+class EmbeddingDeadlineError(EmbeddingError):
+    """The deadline passed before the vectors were ready: the embedder itself may be fine, so
+    no fallback takes over for this."""
