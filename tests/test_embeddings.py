@@ -463,3 +463,24 @@ async def test_the_fallback_takes_over_when_the_provider_fails(local: LocalEmbed
         assert (embedder.name, embedder.dim) == ("local/all-MiniLM-L6-v2", 384)
         assert (await embedder.embed(["a"])).shape == (1, 384)
     assert len(server.requests) == 2
+
+
+def test_the_readme_lists_every_memory_search_key() -> None:
+    import msgspec.inspect as mi
+
+    from activememory.protocol.config import MemorySearchDefaults
+
+    def keys(t: mi.Type, prefix: str) -> list[str]:
+        while isinstance(t, mi.Metadata):
+            t = t.type
+        if not isinstance(t, mi.StructType) or t.cls.__name__ == "dict":
+            return [prefix]
+        found: list[str] = []
+        for field in t.fields:
+            found += keys(field.type, f"{prefix}.{field.encode_name}".lstrip("."))
+        return found
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme.split("### Embeddings", 1)[1].split("\n### ", 1)[0]
+    for key in keys(mi.type_info(MemorySearchDefaults), ""):
+        assert f"| `{key}` |" in section, key
