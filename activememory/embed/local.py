@@ -37,7 +37,7 @@ SHIPPED_MODEL: Final = "all-MiniLM-L6-v2"
 SHIPPED_DIR: Final = Path(__file__).resolve().parent / "models" / SHIPPED_MODEL
 SHIPPED_DIM: Final = 384
 # The sha256 of the shipped model.onnx, as printed by tools/export_embedder.py.
-MODEL_SHA256: Final = "55ebf778f42079128b1864f020d999c30df8a1f41ed4a7265c634ef771c5b494"
+MODEL_SHA256: Final = "ed96ad0260ca013c0545fd70802d82380c2edc265d70410e13fe8eb020bdb181"
 MAX_TOKENS: Final = 256  # the model's max_seq_length; longer texts are truncated
 BATCH: Final = 32  # texts per session run: the deadline is checked between runs
 
