@@ -103,6 +103,13 @@ async def test_the_vectors_are_deterministic_and_do_not_depend_on_the_batch(
     assert np.allclose(many[6 + LISBON], alone[0], atol=1e-5)
 
 
+async def test_texts_are_read_up_to_256_tokens_not_the_files_128(local: LocalEmbedder) -> None:
+    filler = "I like tea. " * 40  # 160 tokens
+    vectors = await local.embed([filler, filler + MEMORIES[CAR], filler * 2 + MEMORIES[CAR]])
+    assert float(vectors[0] @ vectors[1]) < 0.999  # tokens 161-170 count
+    assert np.allclose(vectors[2], (await local.embed([filler * 2]))[0], atol=1e-5)  # cut at 256
+
+
 async def test_paraphrases_find_their_memory(local: LocalEmbedder) -> None:
     allergies = await ranking(local, "Do I have any allergies?")
     assert allergies[0] == PEANUTS
