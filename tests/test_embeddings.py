@@ -352,6 +352,20 @@ async def test_a_server_that_hangs_ends_at_the_deadline() -> None:
         assert 0.25 < anyio.current_time() - start < 2.0
 
 
+async def test_a_server_that_hangs_without_a_deadline_has_failed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("activememory.embed.openai.NO_DEADLINE_SECONDS", 0.2)
+    with (
+        anyio.fail_after(10),
+        serve([Hang()]) as server,
+        pytest.raises(am.EmbeddingError) as caught,
+    ):
+        await remote(server.base_url).embed(["a"])
+    assert not isinstance(caught.value, EmbeddingDeadlineError)  # a fallback may take over
+    assert str(caught.value).startswith("openai/m: no answer from ")
+
+
 async def test_a_past_deadline_sends_nothing() -> None:
     with (
         anyio.fail_after(10),

@@ -88,8 +88,8 @@ class OpenAIEmbedder:
         """float32 unit vectors, shape (len(texts), dim), in the order of `texts`.
 
         Texts go in requests of up to 64, one after the other; each request's timeout is the
-        time left to `deadline` (on `anyio.current_time()`; without one, 60 s). Raises
-        EmbeddingError for a late answer, a network error, a non-2xx status, an answer that
+        time left to `deadline` (on `anyio.current_time()`; without one, 60 s, after which
+        the server counts as failed). Raises EmbeddingError for a late answer, a network error, a non-2xx status, an answer that
         is not JSON or not in the embeddings shape, or vectors of the wrong size. Vectors
         are L2-normalised here, whatever the server sends.
 
@@ -99,19 +99,23 @@ class OpenAIEmbedder:
         texts = list(texts)
         if any(not isinstance(t, str) for t in texts):
             raise EmbeddingError("texts: expected a sequence of strings")
+        # Without a caller's deadline, a server that does not answer has failed.
+        late: type[EmbeddingError] = EmbeddingDeadlineError
         if deadline is None:
-            deadline = anyio.current_time() + NO_DEADLINE_SECONDS
+            deadline, late = anyio.current_time() + NO_DEADLINE_SECONDS, EmbeddingError
         rows: list[npt.NDArray[np.float32]] = []
         for start in range(0, len(texts), BATCH):
-            rows.append(await self._request(texts[start : start + BATCH], deadline))
+            rows.append(await self._request(texts[start : start + BATCH], deadline, late))
         if not rows:
             return np.zeros((0, self._dim or 0), dtype=np.float32)
         return np.concatenate(rows)
 
-    async def _request(self, texts: list[str], deadline: float) -> npt.NDArray[np.float32]:
+    async def _request(
+        self, texts: list[str], deadline: float, late: type[EmbeddingError]
+    ) -> npt.NDArray[np.float32]:
         seconds = deadline - anyio.current_time()
         if seconds <= 0:
-            raise EmbeddingDeadlineError(f"{self._name}: the embedding deadline passed")
+            raise late(f"{self._name}: the embedding deadline passed")
         body = {"model": self._model, "input": texts}
         try:
             async with self._client.stream(
@@ -119,9 +123,7 @@ class OpenAIEmbedder:
             ) as response:
                 raw = await _read_capped(response)
         except httpx.TimeoutException:
-            raise EmbeddingDeadlineError(
-                f"{self._name}: no answer from {self.url} within {seconds:.2f} s"
-            ) from None
+            raise late(f"{self._name}: no answer from {self.url} within {seconds:.2f} s") from None
         except httpx.HTTPError as exc:
             raise EmbeddingError(
                 f"{self._name}: the request to {self.url} failed ({type(exc).__name__}: {exc})"
