@@ -77,6 +77,15 @@ print(embedder.name, vectors.shape, "huggingface_hub" in sys.modules)
     assert done.stdout.split("\n")[0] == "local/all-MiniLM-L6-v2 (1, 384) False"
 
 
+def test_importing_the_library_loads_no_model_runtime() -> None:
+    code = (
+        "import sys, activememory, activememory.embed; "
+        "print(sorted(m for m in ('onnxruntime', 'tokenizers') if m in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "[]", done.stderr
+
+
 async def test_the_shipped_model_gives_unit_float32_rows_of_384(local: LocalEmbedder) -> None:
     assert isinstance(local, am.Embedder)
     assert (local.name, local.dim) == ("local/all-MiniLM-L6-v2", 384)
