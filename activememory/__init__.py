@@ -17,7 +17,9 @@ from .protocol.content import TextBlock as TextBlock
 from .protocol.content import ThinkingBlock as ThinkingBlock
 from .protocol.content import ToolResultBlock as ToolResultBlock
 from .protocol.content import ToolUseBlock as ToolUseBlock
+from .protocol.embeddings import Embedder as Embedder
 from .protocol.errors import ActiveMemoryError as ActiveMemoryError
+from .protocol.errors import EmbeddingError as EmbeddingError
 from .protocol.errors import InvalidInputError as InvalidInputError
 from .protocol.errors import MemoryClosedError as MemoryClosedError
 from .protocol.errors import SessionNotFoundError as SessionNotFoundError

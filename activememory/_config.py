@@ -207,6 +207,7 @@ def _resolve(
         ),
         providers=dict(shape.models.providers),
         search=search,
+        memory_search=shape.agents.defaults.memory_search,
         source=source,
         raw=raw,
         warnings=warnings,
@@ -422,8 +423,8 @@ class _Walker:
         if not _kind_ok(t, value):
             self._wrong(t, value, path)
             return value
-        if isinstance(t, mi.IntType):
-            self._check_int(t, value, path)
+        if isinstance(t, mi.IntType | mi.FloatType):
+            self._check_number(t, value, path)
         elif isinstance(t, mi.StrType):
             self._check_str(t, extra, value, path)
         elif isinstance(t, mi.StructType):
@@ -448,7 +449,7 @@ class _Walker:
         else:
             self._error(path, f"expected {_describe(t)}, got {_show(value)}")
 
-    def _check_int(self, t: mi.IntType, value: Any, path: str) -> None:
+    def _check_number(self, t: mi.IntType | mi.FloatType, value: Any, path: str) -> None:
         if t.ge is not None and value < t.ge:
             self._error(path, f"{value} is below the minimum {t.ge}")
         elif t.gt is not None and value <= t.gt:

@@ -361,9 +361,145 @@ class AgentEntry(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     )
 
 
-class AgentsSection(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
-    """`agents`: `defaults` and other host keys pass through."""
+# --- `agents.defaults.memorySearch`: embeddings and hybrid search (docs/design.md §4.7) ------
+# The section is the host's too (it has more keys: sources, store, sync, ...): unknown keys
+# pass through, and only the keys read here are typed.
 
+EmbeddingProvider: TypeAlias = Literal["local", "openai", "ollama", "none"]
+Weight: TypeAlias = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
+
+
+class MemorySearchLocal(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """`agents.defaults.memorySearch.local`: the offline embedder."""
+
+    model_path: Annotated[
+        NonEmptyStr | None,
+        msgspec.Meta(
+            description="An ONNX sentence encoder (a .onnx file with tokenizer.json beside it) "
+            "instead of the shipped all-MiniLM-L6-v2"
+        ),
+    ] = None
+
+
+class MemorySearchRemote(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """`agents.defaults.memorySearch.remote`: an OpenAI-compatible `/v1/embeddings` server."""
+
+    base_url: Annotated[
+        NonEmptyStr | None,
+        msgspec.Meta(
+            description="API base URL, e.g. https://host/v1; unset: the provider's default"
+        ),
+    ] = None
+    api_key: Annotated[
+        str | None,
+        msgspec.Meta(description="API key; ${ENV} names an environment variable"),
+    ] = None
+    headers: Annotated[
+        dict[NonEmptyStr, str], msgspec.Meta(description="Extra HTTP headers of each request")
+    ] = {}
+
+
+class HybridMmr(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """`agents.defaults.memorySearch.query.hybrid.mmr`: diversity re-ranking."""
+
+    enabled: Annotated[
+        bool, msgspec.Meta(description="Re-rank hits by maximal marginal relevance")
+    ] = False
+    lambda_: Annotated[
+        Weight,
+        msgspec.Meta(description="Relevance (1) against diversity (0) in the re-ranking"),
+    ] = msgspec.field(default=0.7, name="lambda")
+
+
+class HybridTemporalDecay(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """`agents.defaults.memorySearch.query.hybrid.temporalDecay`: older hits score less."""
+
+    enabled: Annotated[bool, msgspec.Meta(description="Decay scores by the hit's age")] = False
+    half_life_days: Annotated[
+        float,
+        msgspec.Meta(gt=0.0, le=36_500.0, description="Age at which a score is halved, in days"),
+    ] = 30.0
+
+
+class HybridQuery(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """`agents.defaults.memorySearch.query.hybrid`: text and vector hits fused."""
+
+    enabled: Annotated[
+        bool, msgspec.Meta(description="Fuse vector and full-text hits; off: vectors only")
+    ] = True
+    vector_weight: Annotated[
+        Weight, msgspec.Meta(description="Weight of the vector score in the fused score")
+    ] = 0.7
+    text_weight: Annotated[
+        Weight, msgspec.Meta(description="Weight of the full-text score in the fused score")
+    ] = 0.3
+    candidate_multiplier: Annotated[
+        int,
+        msgspec.Meta(
+            ge=1, le=20, description="Candidates fetched from each side per result wanted"
+        ),
+    ] = 4
+    mmr: Annotated[HybridMmr, msgspec.Meta(description="Diversity re-ranking")] = HybridMmr()
+    temporal_decay: Annotated[
+        HybridTemporalDecay, msgspec.Meta(description="Age decay of scores")
+    ] = HybridTemporalDecay()
+
+
+class MemorySearchQuery(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """`agents.defaults.memorySearch.query`."""
+
+    hybrid: Annotated[HybridQuery, msgspec.Meta(description="Hybrid search")] = HybridQuery()
+
+
+class MemorySearchDefaults(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """`agents.defaults.memorySearch`: how memory is embedded and searched (docs/design.md §4.7)."""
+
+    enabled: Annotated[
+        bool, msgspec.Meta(description="Vector search on; off: full-text search only")
+    ] = True
+    provider: Annotated[
+        EmbeddingProvider | None,
+        msgspec.Meta(
+            description='Embedder: "local" (shipped, offline), "openai" or "ollama" '
+            '(OpenAI-compatible server), "none" or null (text only)'
+        ),
+    ] = "local"
+    model: Annotated[
+        NonEmptyStr | None,
+        msgspec.Meta(
+            description="Embedding model; unset: all-MiniLM-L6-v2 (local), "
+            "text-embedding-3-small (openai), nomic-embed-text (ollama)"
+        ),
+    ] = None
+    fallback: Annotated[
+        EmbeddingProvider | None,
+        msgspec.Meta(description="Embedder used when the provider cannot be built or fails"),
+    ] = "none"
+    local: Annotated[MemorySearchLocal, msgspec.Meta(description="Offline embedder")] = (
+        MemorySearchLocal()
+    )
+    remote: Annotated[MemorySearchRemote, msgspec.Meta(description="Embeddings server")] = (
+        MemorySearchRemote()
+    )
+    query: Annotated[MemorySearchQuery, msgspec.Meta(description="Query settings")] = (
+        MemorySearchQuery()
+    )
+
+
+class AgentDefaults(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """`agents.defaults`: other host keys (sandbox, compaction, ...) pass through."""
+
+    memory_search: Annotated[
+        MemorySearchDefaults, msgspec.Meta(description="Embeddings and hybrid search")
+    ] = MemorySearchDefaults()
+
+
+class AgentsSection(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """`agents`: other host keys pass through."""
+
+    defaults: Annotated[AgentDefaults, msgspec.Meta(description="Settings of every agent")] = (
+        AgentDefaults()
+    )
     entries: Annotated[
         dict[AgentId, AgentEntry], msgspec.Meta(description="Per-agent settings by agent id")
     ] = {}
@@ -527,6 +663,10 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
     search: Annotated[
         SearchSettings, msgspec.Meta(description="`sessions_search` settings (docs/design.md §3)")
     ] = SearchSettings()
+    memory_search: Annotated[
+        MemorySearchDefaults,
+        msgspec.Meta(description="`agents.defaults.memorySearch` (docs/design.md §4.7)"),
+    ] = MemorySearchDefaults()
     source: Annotated[
         str | None, msgspec.Meta(description="The file this was loaded from; None: a mapping")
     ] = None

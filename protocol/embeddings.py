@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
+from .errors import EmbeddingError
+
 if TYPE_CHECKING:
     import numpy
 
@@ -24,16 +26,27 @@ class Embedder(Protocol):
 
     @property
     def dim(self) -> int:
-        """How many dimensions each vector has."""
+        """How many dimensions each vector has.
+
+        An embedder that learns its size from its model or server (a `local.modelPath`
+        model, an unknown remote model) raises `EmbeddingError` here until its first
+        successful `embed`.
+        """
         ...
 
     async def embed(self, texts: Sequence[str], *, deadline: float | None = None) -> numpy.ndarray:
         """float32 vectors, shape (len(texts), dim), each row of length 1.
 
         `deadline` is on the event loop's clock (`anyio.current_time()`): past it the call
-        raises `EmbeddingError` instead of waiting. Raises `EmbeddingError` for any failure.
+        raises `EmbeddingDeadlineError` (an `EmbeddingError`) instead of waiting. Raises
+        `EmbeddingError` for any failure.
 
         Cancellation: the vectors are lost; work already started on a worker thread or a
         server finishes there, unobserved.
         """
         ...
+
+
+class EmbeddingDeadlineError(EmbeddingError):
+    """The deadline passed before the vectors were ready: the embedder itself may be fine, so
+    no fallback takes over for this."""

@@ -10,6 +10,10 @@ received in order. Each `POST /v1/chat/completions` takes the next step of the s
 - `Status(code, body=..., headers=...)`: an error status (429 with Retry-After, 500, ...).
 
 A request past the end of the script gets a 500 saying so.
+
+`POST /v1/embeddings` takes the next step too: `Embeddings(dim=..., reverse=...)` answers
+in the OpenAI embeddings shape (one vector per input, made from the text), and `Hang`,
+`Malformed` and `Status` work the same there.
 """
 
 from __future__ import annotations
@@ -62,7 +66,23 @@ class Status:
     headers: dict[str, str] = field(default_factory=dict)
 
 
-Step: TypeAlias = Answer | Hang | Malformed | Status
+@dataclass(frozen=True)
+class Embeddings:
+    """An embeddings answer: one `dim`-sized vector per input (`vector_for` the text), in
+    `data[]` in reverse order when `reverse` (clients must sort by `index`)."""
+
+    dim: int = 8
+    reverse: bool = False
+    delay: float = 0.0
+
+
+def vector_for(text: str, dim: int) -> list[float]:
+    """The server's vector for `text`: deterministic, not normalised, never zero."""
+    seed = sum(text.encode()) + len(text)
+    return [float((seed * (i + 3)) % 17 + 1) for i in range(dim)]
+
+
+Step: TypeAlias = Answer | Hang | Malformed | Status | Embeddings
 
 
 @dataclass(frozen=True)
@@ -165,7 +185,7 @@ def _handler_for(server: ChatServer) -> type[BaseHTTPRequestHandler]:
                 peer=self.client_address[:2],
             )
             step = server.take(received)
-            if self.path != "/v1/chat/completions":
+            if self.path not in ("/v1/chat/completions", "/v1/embeddings"):
                 self._send(404, b'{"error": {"message": "not found"}}')
             elif step is None:
                 self._send(500, b'{"error": {"message": "the test script is exhausted"}}')
@@ -176,6 +196,22 @@ def _handler_for(server: ChatServer) -> type[BaseHTTPRequestHandler]:
                 self._send(200, step.body)
             elif isinstance(step, Status):
                 self._send(step.code, step.body.encode(), step.headers)
+            elif isinstance(step, Embeddings):
+                if step.delay and server.closing.wait(step.delay):
+                    self.close_connection = True
+                    return
+                texts = body.get("input", []) if isinstance(body, dict) else []
+                data = [
+                    {"object": "embedding", "index": i, "embedding": vector_for(t, step.dim)}
+                    for i, t in enumerate(texts)
+                ]
+                answer = {
+                    "object": "list",
+                    "data": data[::-1] if step.reverse else data,
+                    "model": body.get("model") if isinstance(body, dict) else None,
+                    "usage": {"prompt_tokens": 1, "total_tokens": 1},
+                }
+                self._send(200, json.dumps(answer).encode())
             else:
                 if step.delay and server.closing.wait(step.delay):
                     self.close_connection = True

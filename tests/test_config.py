@@ -1344,3 +1344,178 @@ def test_identity_of_a_session_key(key: str, linked: str | None, unlinked: str |
     parsed = parse_session_key(key)
     assert load_config(IDENTITIES).identity_of(parsed) == linked
     assert load_config({}).identity_of(parsed) == unlinked
+
+
+# --- agents.defaults.memorySearch: embeddings and hybrid search (docs/design.md §4.7) --------
+
+MS = "agents.defaults.memorySearch"
+
+
+def with_memory_search(**keys: Any) -> dict[str, Any]:
+    """A config mapping whose `agents.defaults.memorySearch` holds `keys` (camelCase)."""
+    return {"agents": {"defaults": {"memorySearch": keys}}}
+
+
+def hybrid(**keys: Any) -> dict[str, Any]:
+    return with_memory_search(query={"hybrid": keys})
+
+
+def test_memory_search_defaults() -> None:
+    ms = load_config({}).memory_search
+    assert (ms.enabled, ms.provider, ms.model, ms.fallback) == (True, "local", None, "none")
+    assert (ms.local.model_path, ms.remote.base_url, ms.remote.api_key) == (None, None, None)
+    assert ms.remote.headers == {}
+    h = ms.query.hybrid
+    assert (h.enabled, h.vector_weight, h.text_weight, h.candidate_multiplier) == (
+        True,
+        0.7,
+        0.3,
+        4,
+    )
+    assert (h.mmr.enabled, h.mmr.lambda_) == (False, 0.7)
+    assert (h.temporal_decay.enabled, h.temporal_decay.half_life_days) == (False, 30.0)
+
+
+def test_memory_search_in_openclaws_shape_loads() -> None:
+    source = with_memory_search(
+        enabled=True,
+        provider="openai",
+        model="text-embedding-3-small",
+        fallback="local",
+        local={"modelPath": "~/models/e5.onnx"},
+        remote={"baseUrl": "https://e.example/v1", "apiKey": "${EMB_KEY}", "headers": {"X": "1"}},
+        query={
+            "maxResults": 8,
+            "hybrid": {
+                "enabled": True,
+                "vectorWeight": 0.6,
+                "textWeight": 0.4,
+                "candidateMultiplier": 5,
+                "mmr": {"enabled": True, "lambda": 0.5},
+                "temporalDecay": {"enabled": True, "halfLifeDays": 14},
+            },
+        },
+        sync={"watch": True},
+        cache={"enabled": True, "maxEntries": 50000},
+    )
+    cfg = load_config(source, env={"EMB_KEY": "sk-9"})
+    ms = cfg.memory_search
+    assert (ms.provider, ms.model, ms.fallback) == ("openai", "text-embedding-3-small", "local")
+    assert ms.local.model_path == "~/models/e5.onnx"
+    assert (ms.remote.base_url, ms.remote.api_key) == ("https://e.example/v1", "sk-9")
+    assert ms.remote.headers == {"X": "1"}
+    h = ms.query.hybrid
+    assert (h.vector_weight, h.text_weight, h.candidate_multiplier) == (0.6, 0.4, 5)
+    assert (h.mmr.enabled, h.mmr.lambda_) == (True, 0.5)
+    assert (h.temporal_decay.enabled, h.temporal_decay.half_life_days) == (True, 14.0)
+    assert cfg.raw == source  # the secret stays a reference in what is written back
+
+
+@pytest.mark.parametrize("provider", ["local", "openai", "ollama", "none", None])
+def test_memory_search_providers(provider: str | None) -> None:
+    ms = load_config(with_memory_search(provider=provider, fallback=provider)).memory_search
+    assert (ms.provider, ms.fallback) == (provider, provider)
+
+
+@pytest.mark.parametrize("key", ["provider", "fallback"])
+def test_memory_search_provider_rejects_other_values(key: str) -> None:
+    assert errors_of(with_memory_search(**{key: "gemini"})) == (
+        f'{MS}.{key}: "gemini" is not one of "local", "openai", "ollama", "none"',
+    )
+
+
+# (path under query.hybrid, attribute getter, minimum, maximum)
+HYBRID_NUMBERS = [
+    (("vectorWeight",), lambda h: h.vector_weight, 0.0, 1.0),
+    (("textWeight",), lambda h: h.text_weight, 0.0, 1.0),
+    (("mmr", "lambda"), lambda h: h.mmr.lambda_, 0.0, 1.0),
+]
+
+
+def nested(path: tuple[str, ...], value: Any) -> dict[str, Any]:
+    for key in reversed(path):
+        value = {key: value}
+    return hybrid(**value)
+
+
+@pytest.mark.parametrize(("path", "get", "low", "high"), HYBRID_NUMBERS)
+def test_hybrid_weights_accept_their_bounds(
+    path: tuple[str, ...], get: Any, low: float, high: float
+) -> None:
+    for value in (low, high, 0.25, 1):
+        assert get(load_config(nested(path, value)).memory_search.query.hybrid) == value
+
+
+@pytest.mark.parametrize(("path", "get", "low", "high"), HYBRID_NUMBERS)
+def test_hybrid_weights_reject_values_out_of_range(
+    path: tuple[str, ...], get: Any, low: float, high: float
+) -> None:
+    key = f"{MS}.query.hybrid." + ".".join(path)
+    assert errors_of(nested(path, -0.1)) == (f"{key}: -0.1 is below the minimum 0.0",)
+    assert errors_of(nested(path, 1.5)) == (f"{key}: 1.5 is above the maximum 1.0",)
+    assert errors_of(nested(path, "0.5")) == (f'{key}: expected a number, got "0.5"',)
+    assert errors_of(nested(path, True)) == (f"{key}: expected a number, got true",)
+
+
+def test_candidate_multiplier_bounds_and_type() -> None:
+    key = f"{MS}.query.hybrid.candidateMultiplier"
+    assert (
+        load_config(hybrid(candidateMultiplier=1)).memory_search.query.hybrid.candidate_multiplier
+        == 1
+    )
+    assert (
+        load_config(hybrid(candidateMultiplier=20)).memory_search.query.hybrid.candidate_multiplier
+        == 20
+    )
+    assert errors_of(hybrid(candidateMultiplier=0)) == (f"{key}: 0 is below the minimum 1",)
+    assert errors_of(hybrid(candidateMultiplier=21)) == (f"{key}: 21 is above the maximum 20",)
+    assert errors_of(hybrid(candidateMultiplier=2.5)) == (f"{key}: expected an integer, got 2.5",)
+
+
+def test_half_life_bounds_and_type() -> None:
+    key = f"{MS}.query.hybrid.temporalDecay.halfLifeDays"
+    decay = load_config(hybrid(temporalDecay={"halfLifeDays": 0.5})).memory_search
+    assert decay.query.hybrid.temporal_decay.half_life_days == 0.5
+    assert errors_of(hybrid(temporalDecay={"halfLifeDays": 0})) == (f"{key}: 0 must be above 0.0",)
+    assert errors_of(hybrid(temporalDecay={"halfLifeDays": 36501})) == (
+        f"{key}: 36501 is above the maximum 36500.0",
+    )
+    assert errors_of(hybrid(temporalDecay={"halfLifeDays": None})) == (
+        f"{key}: expected a number, got null",
+    )
+
+
+@pytest.mark.parametrize(
+    ("source", "error"),
+    [
+        (with_memory_search(enabled="yes"), f'{MS}.enabled: expected true or false, got "yes"'),
+        (with_memory_search(model=""), f'{MS}.model: expected a non-empty string, got ""'),
+        (
+            with_memory_search(local={"modelPath": 3}),
+            f"{MS}.local.modelPath: expected a non-empty string, got 3",
+        ),
+        (
+            with_memory_search(remote={"headers": {"X": 1}}),
+            f"{MS}.remote.headers.X: expected a string, got 1",
+        ),
+        (with_memory_search(remote="http://x"), f'{MS}.remote: expected an object, got "http://x"'),
+        (
+            hybrid(mmr={"enabled": 1}),
+            f"{MS}.query.hybrid.mmr.enabled: expected true or false, got 1",
+        ),
+    ],
+)
+def test_memory_search_wrong_types_name_the_key(source: dict[str, Any], error: str) -> None:
+    assert errors_of(source) == (error,)
+
+
+def test_memory_search_unknown_keys_are_the_hosts_and_pass_through() -> None:
+    source = with_memory_search(
+        sources=["memory", "sessions"],
+        store={"vector": {"enabled": True}},
+        remote={"batch": {"enabled": False}},
+        query={"minScore": 0.3, "hybrid": {"mmr": {"other": 1}}},
+    )
+    cfg = load_config(source)
+    assert cfg.memory_search.provider == "local"
+    assert cfg.raw == source

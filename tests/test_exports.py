@@ -12,7 +12,7 @@ README = Path(__file__).resolve().parent.parent / "README.md"
 
 def exported() -> set[str]:
     return {name for name in vars(am) if not name.startswith("_")} - {
-        "actors", "protocol", "storage", "simulations", "recall",  # sub-packages, not API names
+        "actors", "protocol", "storage", "simulations", "recall", "embed",  # sub-packages, not API names
     }  # fmt: skip
 
 

@@ -75,7 +75,19 @@ def test_the_wheel_holds_every_package_and_the_sample_data(wheel: tuple[Path, st
         "activememory/storage/db.py",
         "activememory/simulations/timeouts.py",
         "activememory/simulations/bench/data/paraphrase.json",
+        "activememory/embed/local.py",
+        "activememory/embed/openai.py",
     ):
         assert module in names
     tops = {name.split("/")[0] for name in names}
     assert {"actors", "protocol", "storage", "simulations"}.isdisjoint(tops)
+
+
+def test_the_wheel_ships_the_embedding_model(wheel: tuple[Path, str]) -> None:
+    path, _ = wheel
+    folder = "activememory/embed/models/all-MiniLM-L6-v2/"
+    with zipfile.ZipFile(path) as zf:
+        for name in ("model.onnx", "tokenizer.json", "LICENSE", "NOTICE"):
+            shipped = zf.read(folder + name)
+            assert shipped == (ROOT / folder / name).read_bytes(), name
+        assert not any(n.startswith("tools/") for n in zf.namelist())

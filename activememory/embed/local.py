@@ -1,0 +1,280 @@
+"""The offline embedder: a sentence encoder run by onnxruntime on this machine (docs/design.md §4.7).
+
+The shipped model is all-MiniLM-L6-v2 (384 dimensions), int8 weight-only, in
+`models/all-MiniLM-L6-v2/` next to this file (built by tools/export_embedder.py; see its
+NOTICE). `local.modelPath` points to another ONNX encoder instead. Vectors are the mean of
+the token vectors over the attention mask, L2-normalised, as in sentence-transformers.
+
+One onnxruntime session per model file and process, created on first use and shared by
+every embedder and thread (`InferenceSession.run` is thread-safe); each run uses one
+intra-op thread, and runs happen on worker threads, never on the event loop. Nothing here
+touches the network: the tokenizer is read with `Tokenizer.from_file`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final
+
+import anyio
+import anyio.to_thread
+import numpy as np
+
+from ..protocol.embeddings import EmbeddingDeadlineError
+from ..protocol.errors import EmbeddingError
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
+
+__all__ = ["SHIPPED_MODEL", "LocalEmbedder", "shipped_embedder"]
+
+SHIPPED_MODEL: Final = "all-MiniLM-L6-v2"
+SHIPPED_DIR: Final = Path(__file__).resolve().parent / "models" / SHIPPED_MODEL
+SHIPPED_DIM: Final = 384
+# The sha256 of the shipped model.onnx, as printed by tools/export_embedder.py.
+MODEL_SHA256: Final = "ed96ad0260ca013c0545fd70802d82380c2edc265d70410e13fe8eb020bdb181"
+MAX_TOKENS: Final = 256  # the model's max_seq_length; longer texts are truncated
+BATCH: Final = 32  # texts per session run: the deadline is checked between runs
+
+
+class _Model:
+    """A loaded encoder: the onnxruntime session and its tokenizer. Thread-safe."""
+
+    def __init__(self, onnx_path: Path, tokenizer_path: Path, sha256: str | None) -> None:
+        for path in (onnx_path, tokenizer_path):
+            if not path.is_file():
+                raise EmbeddingError(f"embedding model file not found: {path}")
+        if sha256 is not None and _sha256(onnx_path) != sha256:
+            raise EmbeddingError(
+                f"embedding model {onnx_path} is damaged: its sha256 is not {sha256}"
+            )
+        try:  # imported here: `import activememory` stays fast when vectors are off
+            import onnxruntime  # type: ignore[import-untyped]
+            from tokenizers import Tokenizer
+        except ImportError as exc:
+            raise EmbeddingError(f"the local embedder needs {exc.name}: {exc}") from exc
+        try:
+            tokenizer = Tokenizer.from_file(str(tokenizer_path))
+            # The shipped tokenizer.json pads and truncates to 128: truncate at the model's
+            # limit instead, and pad here, to the batch's longest text.
+            tokenizer.enable_truncation(max_length=MAX_TOKENS)
+            tokenizer.no_padding()
+        except Exception as exc:
+            raise EmbeddingError(f"cannot read the tokenizer {tokenizer_path}: {exc}") from exc
+        options = onnxruntime.SessionOptions()
+        options.intra_op_num_threads = 1  # 2 threads are slower on a shared 2-core machine
+        options.inter_op_num_threads = 1
+        options.log_severity_level = 3
+        # Fold the int8 weights back to fp32 once, at load, instead of on every run.
+        options.add_session_config_entry("session.disable_quant_qdq", "1")
+        try:
+            session = onnxruntime.InferenceSession(
+                str(onnx_path), sess_options=options, providers=["CPUExecutionProvider"]
+            )
+        except Exception as exc:
+            raise EmbeddingError(f"cannot load the embedding model {onnx_path}: {exc}") from exc
+        self._tokenizer = tokenizer
+        self._session = session
+        self._inputs = {i.name for i in session.get_inputs()}
+        if not {"input_ids", "attention_mask"} <= self._inputs:
+            raise EmbeddingError(
+                f"embedding model {onnx_path} does not take input_ids and attention_mask"
+            )
+        self._output = session.get_outputs()[0].name
+        last = session.get_outputs()[0].shape[-1]
+        self.dim: int | None = last if isinstance(last, int) else None
+
+    def embed(self, texts: Sequence[str], stop_at: float | None, stop: threading.Event) -> Any:
+        """Unit vectors of `texts`, in batches; raises EmbeddingError once `time.monotonic()`
+        passes `stop_at` before a batch starts, and returns None once `stop` is set."""
+        # Shortest first: a batch pads to its longest text.
+        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+        out: npt.NDArray[np.float32] | None = None
+        batches = math.ceil(len(texts) / BATCH)
+        for n, start in enumerate(range(0, len(texts), BATCH)):
+            if stop.is_set():
+                return None
+            if stop_at is not None and time.monotonic() >= stop_at:
+                raise EmbeddingDeadlineError(
+                    f"embedding deadline passed before batch {n + 1} of {batches}"
+                )
+            chunk = order[start : start + BATCH]
+            vectors = self._run([texts[i] for i in chunk])
+            if out is None:
+                out = np.empty((len(texts), vectors.shape[1]), dtype=np.float32)
+            out[chunk] = vectors
+        return out
+
+    def _run(self, texts: list[str]) -> npt.NDArray[np.float32]:
+        # One text at a time: `encode_batch` would start the tokenizer's own thread pool
+        # (and its fork warning in the host), for ~0.1 ms of work per text.
+        encodings = [self._tokenizer.encode(text) for text in texts]
+        ids = np.zeros((len(texts), max(len(e.ids) for e in encodings)), dtype=np.int64)
+        mask = np.zeros_like(ids)
+        for row, encoding in enumerate(encodings):
+            ids[row, : len(encoding.ids)] = encoding.ids
+            mask[row, : len(encoding.ids)] = encoding.attention_mask
+        feed = {"input_ids": ids, "attention_mask": mask}
+        if "token_type_ids" in self._inputs:
+            feed["token_type_ids"] = np.zeros_like(ids)
+        try:
+            (hidden,) = self._session.run([self._output], feed)
+        except Exception as exc:
+            raise EmbeddingError(f"the embedding model failed: {exc}") from exc
+        hidden = np.asarray(hidden, dtype=np.float32)
+        if hidden.ndim == 3:  # token vectors: mean over the real tokens
+            weights = mask[..., None].astype(np.float32)
+            hidden = (hidden * weights).sum(axis=1) / np.clip(weights.sum(axis=1), 1e-9, None)
+        norms = np.linalg.norm(hidden, axis=1, keepdims=True)
+        unit: npt.NDArray[np.float32] = (hidden / np.clip(norms, 1e-12, None)).astype(np.float32)
+        return unit
+
+
+_models: dict[tuple[Path, str | None], _Model] = {}
+_models_lock = threading.Lock()
+
+
+def _load(onnx_path: Path, tokenizer_path: Path, sha256: str | None) -> _Model:
+    """The process's one session for this model file, loading it on first use."""
+    key = (onnx_path, sha256)
+    with _models_lock:  # one load per file, even when several threads ask at once
+        model = _models.get(key)
+        if model is None:
+            model = _models[key] = _Model(onnx_path, tokenizer_path, sha256)
+        return model
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+class LocalEmbedder:
+    """An `Embedder` run on this machine by onnxruntime (docs/design.md §4.7).
+
+    Build it with `shipped_embedder()` or `LocalEmbedder.from_path(...)`; the model loads on
+    the first `embed`, on a worker thread.
+    """
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        onnx_path: Path,
+        tokenizer_path: Path,
+        sha256: str | None,
+        dim: int | None,
+    ) -> None:
+        self._name = name
+        self._onnx_path = onnx_path
+        self._tokenizer_path = tokenizer_path
+        self._sha256 = sha256
+        self._dim = dim
+
+    @classmethod
+    def from_path(cls, model_path: str | Path, *, model: str | None = None) -> LocalEmbedder:
+        """An encoder from `model_path`: a `.onnx` file with `tokenizer.json` beside it, or a
+        folder holding `model.onnx` and `tokenizer.json`. Its name is `local/<model>`, else
+        `local/` and the file's (or folder's) name. Raises EmbeddingError when a file is
+        missing; the model itself loads on the first `embed`."""
+        path = Path(model_path).expanduser()
+        onnx_path = path / "model.onnx" if path.is_dir() else path
+        tokenizer_path = onnx_path.parent / "tokenizer.json"
+        for file in (onnx_path, tokenizer_path):
+            if not file.is_file():
+                raise EmbeddingError(f"local.modelPath: {file} is not a file")
+        label = model or (path.name if path.is_dir() else onnx_path.stem)
+        return cls(
+            name=f"local/{label}",
+            onnx_path=onnx_path,
+            tokenizer_path=tokenizer_path,
+            sha256=None,
+            dim=None,
+        )
+
+    @property
+    def name(self) -> str:
+        """The vector space: `local/<model>`."""
+        return self._name
+
+    @property
+    def dim(self) -> int:
+        """Dimensions of each vector. For a `local.modelPath` model whose output size is not
+        fixed in the file, known only after the first `embed` (EmbeddingError before)."""
+        if self._dim is None:
+            raise EmbeddingError(f"{self._name}: the vector size is known after the first embed")
+        return self._dim
+
+    async def embed(
+        self, texts: Sequence[str], *, deadline: float | None = None
+    ) -> npt.NDArray[np.float32]:
+        """float32 unit vectors, shape (len(texts), dim), in the order of `texts`.
+
+        The first call loads the model (about 0.2 s; shared by the whole process). The model
+        runs on a worker thread, in batches of 32 texts; `deadline` (on `anyio.current_time()`)
+        is checked before each batch, and past it EmbeddingError is raised. Raises
+        EmbeddingError when the model cannot be loaded or fails.
+
+        Cancellation: returns at once; the batch running on the worker thread finishes there,
+        unobserved, and no further batch starts.
+        """
+        texts = list(texts)
+        if any(not isinstance(t, str) for t in texts):
+            raise EmbeddingError("texts: expected a sequence of strings")
+        stop_at = None
+        if deadline is not None:
+            left = deadline - anyio.current_time()
+            if left <= 0:
+                raise EmbeddingDeadlineError("embedding deadline passed before the model ran")
+            stop_at = time.monotonic() + left
+        stop = threading.Event()
+        try:
+            vectors = await anyio.to_thread.run_sync(
+                self._embed_sync, texts, stop_at, stop, abandon_on_cancel=True
+            )
+        finally:
+            stop.set()
+        if vectors is None:  # only a stopped run has none, and its caller is gone
+            raise EmbeddingError("the embedding run was stopped")
+        return vectors
+
+    def _embed_sync(
+        self, texts: list[str], stop_at: float | None, stop: threading.Event
+    ) -> npt.NDArray[np.float32] | None:
+        model = _load(self._onnx_path, self._tokenizer_path, self._sha256)
+        if self._dim is None:
+            self._dim = model.dim
+        if not texts:
+            return np.zeros((0, self._dim or 0), dtype=np.float32)
+        vectors: npt.NDArray[np.float32] | None = model.embed(texts, stop_at, stop)
+        if vectors is not None:
+            if self._dim is None:
+                self._dim = int(vectors.shape[1])
+            elif vectors.shape[1] != self._dim:
+                raise EmbeddingError(
+                    f"{self._name}: the model gave {vectors.shape[1]} dimensions, not {self._dim}"
+                )
+        return vectors
+
+    def __repr__(self) -> str:
+        return f"LocalEmbedder(name={self._name!r}, model={str(self._onnx_path)!r})"
+
+
+def shipped_embedder() -> LocalEmbedder:
+    """The offline default: all-MiniLM-L6-v2 shipped with activememory (384 dimensions,
+    `local/all-MiniLM-L6-v2`). Its model.onnx is checked against a fixed sha256 on load."""
+    return LocalEmbedder(
+        name=f"local/{SHIPPED_MODEL}",
+        onnx_path=SHIPPED_DIR / "model.onnx",
+        tokenizer_path=SHIPPED_DIR / "tokenizer.json",
+        sha256=MODEL_SHA256,
+        dim=SHIPPED_DIM,
+    )

@@ -1,0 +1,516 @@
+"""Embedders (docs/design.md §4.7): the shipped offline model, the OpenAI-compatible client
+against a real loopback server, the fallback chain and the `memorySearch` config."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import anyio
+import numpy as np
+import pytest
+from chat_server import Embeddings, Hang, Malformed, Status, serve, vector_for
+from test_openai_model import closed_port
+
+import activememory as am
+from activememory.embed import (
+    FallbackEmbedder,
+    LocalEmbedder,
+    OpenAIEmbedder,
+    embedder_from_config,
+    shipped_embedder,
+)
+from activememory.embed.local import MODEL_SHA256, SHIPPED_DIR
+from activememory.protocol.embeddings import EmbeddingDeadlineError
+
+pytestmark = pytest.mark.anyio
+
+MEMORIES = [
+    "I am allergic to peanuts, so no peanut snacks please.",
+    "I moved to Lisbon last March for a job at a fintech startup.",
+    "My sister lives in Porto.",
+    "I work as a backend engineer on payment systems.",
+    "My car is an old blue Renault Clio.",
+    "I play the cello in a community orchestra on Thursdays.",
+]
+PEANUTS, LISBON, PORTO, ENGINEER, CAR, CELLO = range(6)
+
+
+@pytest.fixture(scope="module")
+def local() -> Iterator[LocalEmbedder]:
+    """The shipped embedder, loaded once for the module (the session is per process)."""
+    embedder = shipped_embedder()
+    anyio.run(embedder.embed, ["warm up"])
+    yield embedder
+
+
+async def ranking(embedder: am.Embedder, question: str) -> list[int]:
+    vectors = await embedder.embed([question, *MEMORIES])
+    scores = vectors[1:] @ vectors[0]
+    return [int(i) for i in np.argsort(-scores)]
+
+
+# --- The shipped model -----------------------------------------------------------------------
+
+
+def test_the_shipped_model_embeds_offline_without_the_model_hub() -> None:
+    # A fresh process with sockets disabled: the model, the tokenizer and the first vector
+    # need no network, and huggingface_hub is never imported.
+    code = """
+import socket, sys
+def no_network(*args, **kwargs):
+    raise OSError("network used")
+socket.socket.connect = no_network
+socket.create_connection = no_network
+import anyio
+from activememory.embed import embedder_from_config
+from activememory.protocol.config import MemorySearchDefaults
+embedder = embedder_from_config(MemorySearchDefaults())
+vectors = anyio.run(embedder.embed, ["Which city am I based in?"])
+print(embedder.name, vectors.shape, "huggingface_hub" in sys.modules)
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[0] == "local/all-MiniLM-L6-v2 (1, 384) False"
+
+
+def test_importing_the_library_loads_no_model_runtime() -> None:
+    code = (
+        "import sys, activememory, activememory.embed; "
+        "print(sorted(m for m in ('onnxruntime', 'tokenizers') if m in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "[]", done.stderr
+
+
+async def test_the_shipped_model_gives_unit_float32_rows_of_384(local: LocalEmbedder) -> None:
+    assert isinstance(local, am.Embedder)
+    assert (local.name, local.dim) == ("local/all-MiniLM-L6-v2", 384)
+    vectors = await local.embed(["Do I have any allergies?", "", "ok", "word " * 1000])
+    assert vectors.dtype == np.float32
+    assert vectors.shape == (4, 384)
+    assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+
+
+async def test_no_texts_give_no_rows(local: LocalEmbedder) -> None:
+    assert (await local.embed([])).shape == (0, 384)
+
+
+async def test_the_vectors_are_deterministic_and_do_not_depend_on_the_batch(
+    local: LocalEmbedder,
+) -> None:
+    alone = await local.embed([MEMORIES[LISBON]])
+    again = await local.embed([MEMORIES[LISBON]])
+    assert np.array_equal(alone, again)
+    # In a batch, with padding and texts sorted by length: the same vector, same order.
+    many = await local.embed([*MEMORIES, *MEMORIES] * 3)
+    assert many.shape == (36, 384)
+    assert np.allclose(many[LISBON], alone[0], atol=1e-5)
+    assert np.allclose(many[6 + LISBON], alone[0], atol=1e-5)
+
+
+async def test_texts_are_read_up_to_256_tokens_not_the_files_128(local: LocalEmbedder) -> None:
+    filler = "I like tea. " * 40  # 160 tokens
+    vectors = await local.embed([filler, filler + MEMORIES[CAR], filler * 2 + MEMORIES[CAR]])
+    assert float(vectors[0] @ vectors[1]) < 0.999  # tokens 161-170 count
+    assert np.allclose(vectors[2], (await local.embed([filler * 2]))[0], atol=1e-5)  # cut at 256
+
+
+async def test_paraphrases_find_their_memory(local: LocalEmbedder) -> None:
+    allergies = await ranking(local, "Do I have any allergies?")
+    assert allergies[0] == PEANUTS
+    assert allergies.index(PEANUTS) < allergies.index(PORTO)
+    assert (await ranking(local, "Which city am I based in?"))[:2] == [LISBON, PORTO]
+    assert (await ranking(local, "What do I do for a living?"))[0] == ENGINEER
+    assert (await ranking(local, "What vehicle do I drive?"))[0] == CAR
+    assert (await ranking(local, "What instrument do I play?"))[0] == CELLO
+
+
+async def test_concurrent_calls_share_the_session(local: LocalEmbedder) -> None:
+    expected = await local.embed(MEMORIES)
+    results: list[np.ndarray] = [np.zeros(0)] * 4
+
+    async def one(i: int) -> None:
+        results[i] = await local.embed(MEMORIES)
+
+    async with anyio.create_task_group() as tg:
+        for i in range(4):
+            tg.start_soon(one, i)
+    for got in results:
+        assert np.array_equal(got, expected)
+
+
+def copy_model(tmp_path: Path, folder: str = "my-encoder") -> Path:
+    target = tmp_path / folder
+    target.mkdir()
+    for name in ("model.onnx", "tokenizer.json"):
+        shutil.copyfile(SHIPPED_DIR / name, target / name)
+    return target
+
+
+async def test_a_damaged_model_file_is_refused_by_its_sha256(tmp_path: Path) -> None:
+    folder = copy_model(tmp_path)
+    data = bytearray((folder / "model.onnx").read_bytes())
+    data[-100] ^= 0xFF
+    (folder / "model.onnx").write_bytes(bytes(data))
+    damaged = LocalEmbedder(
+        name="local/all-MiniLM-L6-v2",
+        onnx_path=folder / "model.onnx",
+        tokenizer_path=folder / "tokenizer.json",
+        sha256=MODEL_SHA256,
+        dim=384,
+    )
+    with pytest.raises(am.EmbeddingError) as caught:
+        await damaged.embed(["hello"])
+    assert str(caught.value) == (
+        f"embedding model {folder / 'model.onnx'} is damaged: its sha256 is not {MODEL_SHA256}"
+    )
+
+
+async def test_the_shipped_model_file_matches_its_sha256() -> None:
+    import hashlib
+
+    digest = hashlib.sha256((SHIPPED_DIR / "model.onnx").read_bytes()).hexdigest()
+    assert digest == MODEL_SHA256
+    for name in ("tokenizer.json", "LICENSE", "NOTICE"):
+        assert (SHIPPED_DIR / name).is_file()
+    assert "Apache License" in (SHIPPED_DIR / "LICENSE").read_text()
+    assert "sentence-transformers/all-MiniLM-L6-v2" in (SHIPPED_DIR / "NOTICE").read_text()
+
+
+async def test_a_deadline_already_past_runs_nothing(local: LocalEmbedder) -> None:
+    with pytest.raises(EmbeddingDeadlineError) as caught:
+        await local.embed(["hello"], deadline=anyio.current_time() - 0.001)
+    assert str(caught.value) == "embedding deadline passed before the model ran"
+    assert isinstance(caught.value, am.EmbeddingError)
+
+
+async def test_a_deadline_is_checked_before_each_batch(local: LocalEmbedder) -> None:
+    texts = [f"{MEMORIES[i % 6]} ({i})" for i in range(32 * 4)]
+    with pytest.raises(
+        EmbeddingDeadlineError, match=r"^embedding deadline passed before batch [1-4] of 4$"
+    ):
+        await local.embed(texts, deadline=anyio.current_time() + 0.001)
+
+
+async def test_a_cancelled_call_returns_at_once_and_the_next_works(local: LocalEmbedder) -> None:
+    texts = [f"{MEMORIES[i % 6]} ({i})" for i in range(32 * 20)]
+    with anyio.fail_after(10):
+        with anyio.move_on_after(0.005) as scope:
+            await local.embed(texts)
+        assert scope.cancelled_caught
+        assert (await local.embed(["hello"])).shape == (1, 384)
+
+
+async def test_a_model_path_folder_is_another_vector_space(tmp_path: Path) -> None:
+    folder = copy_model(tmp_path)
+    embedder = LocalEmbedder.from_path(folder)
+    assert embedder.name == "local/my-encoder"
+    assert LocalEmbedder.from_path(folder / "model.onnx", model="mini").name == "local/mini"
+    assert (await embedder.embed(["hello"])).shape == (1, 384)
+    assert embedder.dim == 384
+
+
+def test_a_model_path_without_its_files_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(am.EmbeddingError) as caught:
+        LocalEmbedder.from_path(tmp_path / "nothing.onnx")
+    assert str(caught.value) == f"local.modelPath: {tmp_path / 'nothing.onnx'} is not a file"
+    (tmp_path / "m.onnx").write_bytes(b"x")
+    with pytest.raises(am.EmbeddingError) as caught:
+        LocalEmbedder.from_path(tmp_path / "m.onnx")
+    assert str(caught.value) == f"local.modelPath: {tmp_path / 'tokenizer.json'} is not a file"
+
+
+async def test_a_model_path_that_is_not_a_model_fails_on_embed(tmp_path: Path) -> None:
+    (tmp_path / "model.onnx").write_bytes(b"not onnx")
+    shutil.copyfile(SHIPPED_DIR / "tokenizer.json", tmp_path / "tokenizer.json")
+    embedder = LocalEmbedder.from_path(tmp_path)
+    with pytest.raises(am.EmbeddingError, match="^cannot load the embedding model "):
+        await embedder.embed(["hello"])
+    with pytest.raises(am.EmbeddingError, match="the vector size is known after the first embed"):
+        _ = embedder.dim
+
+
+# --- The OpenAI-compatible client against a loopback server ----------------------------------
+
+
+def unit(vector: list[float]) -> np.ndarray:
+    v = np.array(vector, dtype=np.float32)
+    return v / np.linalg.norm(v)
+
+
+async def test_the_client_posts_the_texts_and_sorts_the_answer_by_index() -> None:
+    with anyio.fail_after(10), serve([Embeddings(dim=8, reverse=True)]) as server:
+        embedder = OpenAIEmbedder(
+            provider="openai",
+            base_url=server.base_url + "/",
+            model="my-model",
+            api_key="sk-1",
+            headers={"X-Team": "a"},
+        )
+        vectors = await embedder.embed(["alpha", "beta", "gamma"])
+        await embedder.aclose()
+    assert isinstance(embedder, am.Embedder)
+    assert (embedder.name, embedder.dim) == ("openai/my-model", 8)
+    assert vectors.dtype == np.float32
+    for row, text in zip(vectors, ["alpha", "beta", "gamma"], strict=True):
+        assert np.allclose(row, unit(vector_for(text, 8)), atol=1e-6)
+    (request,) = server.requests
+    assert request.path == "/v1/embeddings"
+    assert request.body == {"model": "my-model", "input": ["alpha", "beta", "gamma"]}
+    assert request.headers["authorization"] == "Bearer sk-1"
+    assert request.headers["x-team"] == "a"
+
+
+async def test_the_client_sends_batches_of_64() -> None:
+    texts = [f"text {i}" for i in range(130)]
+    with anyio.fail_after(10), serve([Embeddings()] * 3) as server:
+        embedder = OpenAIEmbedder(provider="ollama", base_url=server.base_url, model="m")
+        vectors = await embedder.embed(texts)
+        await embedder.aclose()
+    assert [len(body["input"]) for body in server.bodies] == [64, 64, 2]
+    assert vectors.shape == (130, 8)
+    assert np.allclose(vectors[129], unit(vector_for("text 129", 8)), atol=1e-6)
+    assert "authorization" not in server.requests[0].headers
+
+
+def remote(base_url: str, model: str = "m") -> OpenAIEmbedder:
+    return OpenAIEmbedder(provider="openai", base_url=base_url, model=model)
+
+
+async def test_an_error_status_is_an_embedding_error() -> None:
+    with (
+        anyio.fail_after(10),
+        serve([Status(500)]) as server,
+        pytest.raises(am.EmbeddingError) as caught,
+    ):
+        await remote(server.base_url).embed(["a"])
+    assert str(caught.value) == (
+        'openai/m: the server answered 500 Internal Server Error: {"error": {"message": '
+        '"try again later"}}'
+    )
+
+
+async def test_an_answer_that_is_not_json_is_an_embedding_error() -> None:
+    with (
+        anyio.fail_after(10),
+        serve([Malformed()]) as server,
+        pytest.raises(am.EmbeddingError, match=r"^openai/m: the answer is not valid JSON \("),
+    ):
+        await remote(server.base_url).embed(["a"])
+
+
+@pytest.mark.parametrize(
+    ("body", "error"),
+    [
+        (b'{"data": []}', "openai/m: expected 1 embeddings in data[], got 0"),
+        (b'{"object": "list"}', "openai/m: expected 1 embeddings in data[], got no"),
+        (b'{"data": [{"index": 3, "embedding": [1]}]}', "openai/m: data[0].index is not valid"),
+        (
+            b'{"data": [{"index": 0, "embedding": ["x"]}]}',
+            "openai/m: data[0].embedding is not a list of numbers",
+        ),
+        (
+            b'{"data": [{"index": 0, "embedding": [0, 0]}]}',
+            "openai/m: the server sent a zero vector",
+        ),
+    ],
+)
+async def test_an_answer_in_the_wrong_shape_is_an_embedding_error(body: bytes, error: str) -> None:
+    with (
+        anyio.fail_after(10),
+        serve([Malformed(body=body)]) as server,
+        pytest.raises(am.EmbeddingError) as caught,
+    ):
+        await remote(server.base_url).embed(["a"])
+    assert str(caught.value) == error
+
+
+async def test_vectors_of_the_wrong_size_are_an_embedding_error() -> None:
+    with (
+        anyio.fail_after(10),
+        serve([Embeddings(dim=8), Embeddings(dim=8), Embeddings(dim=4)]) as server,
+    ):
+        known = remote(server.base_url, model="text-embedding-3-small")
+        assert known.dim == 1536
+        with pytest.raises(am.EmbeddingError) as caught:
+            await known.embed(["a"])
+        assert str(caught.value) == (
+            "openai/text-embedding-3-small: expected vectors of 1536 dimensions, got 8"
+        )
+        learned = remote(server.base_url)  # an unknown model: the first answer sets the size
+        with pytest.raises(am.EmbeddingError, match="known after the first embed"):
+            _ = learned.dim
+        assert (await learned.embed(["a"])).shape == (1, 8)
+        assert learned.dim == 8
+        with pytest.raises(am.EmbeddingError) as caught:
+            await learned.embed(["a"])
+        assert str(caught.value) == "openai/m: expected vectors of 8 dimensions, got 4"
+
+
+async def test_a_server_that_hangs_ends_at_the_deadline() -> None:
+    with anyio.fail_after(10), serve([Hang()]) as server:
+        start = anyio.current_time()
+        with pytest.raises(
+            EmbeddingDeadlineError, match=r"^openai/m: no answer from .* within 0\.\d\d s$"
+        ):
+            await remote(server.base_url).embed(["a"], deadline=start + 0.3)
+        assert 0.25 < anyio.current_time() - start < 2.0
+
+
+async def test_a_server_that_hangs_without_a_deadline_has_failed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("activememory.embed.openai.NO_DEADLINE_SECONDS", 0.2)
+    with (
+        anyio.fail_after(10),
+        serve([Hang()]) as server,
+        pytest.raises(am.EmbeddingError) as caught,
+    ):
+        await remote(server.base_url).embed(["a"])
+    assert not isinstance(caught.value, EmbeddingDeadlineError)  # a fallback may take over
+    assert str(caught.value).startswith("openai/m: no answer from ")
+
+
+async def test_a_past_deadline_sends_nothing() -> None:
+    with (
+        anyio.fail_after(10),
+        serve([]) as server,
+        pytest.raises(EmbeddingDeadlineError, match="^openai/m: the embedding deadline passed$"),
+    ):
+        await remote(server.base_url).embed(["a"], deadline=anyio.current_time())
+    assert server.requests == []
+
+
+async def test_a_network_error_is_an_embedding_error() -> None:
+    url = f"http://127.0.0.1:{closed_port()}/v1"
+    with anyio.fail_after(10), pytest.raises(am.EmbeddingError) as caught:
+        await remote(url).embed(["a"])
+    assert str(caught.value).startswith(
+        f"openai/m: the request to {url}/embeddings failed (Connect"
+    )
+
+
+# --- The config and the fallback chain -------------------------------------------------------
+
+
+def search_config(**memory_search: object) -> am.Config:
+    return am.load_config({"agents": {"defaults": {"memorySearch": memory_search}}})
+
+
+def test_the_default_is_the_shipped_model() -> None:
+    embedder = embedder_from_config(am.load_config({}))
+    assert isinstance(embedder, LocalEmbedder)
+    assert embedder.name == "local/all-MiniLM-L6-v2"
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [{"provider": "none"}, {"provider": None}, {"enabled": False}],
+    ids=["none", "null", "disabled"],
+)
+def test_vectors_can_be_turned_off(settings: dict[str, object]) -> None:
+    assert embedder_from_config(search_config(**settings)) is None
+
+
+def test_ollama_is_the_openai_client_with_ollamas_address() -> None:
+    embedder = embedder_from_config(search_config(provider="ollama"))
+    assert isinstance(embedder, OpenAIEmbedder)
+    assert embedder.name == "ollama/nomic-embed-text"
+    assert embedder.url == "http://127.0.0.1:11434/v1/embeddings"
+    assert embedder.dim == 768
+
+
+def test_openai_without_a_key_falls_back() -> None:
+    assert embedder_from_config(search_config(provider="openai")) is None
+    embedder = embedder_from_config(search_config(provider="openai", fallback="local"))
+    assert isinstance(embedder, LocalEmbedder)
+
+
+def test_a_local_model_that_is_not_shipped_falls_back() -> None:
+    assert embedder_from_config(search_config(model="bge-small-en")) is None
+    missing = search_config(local={"modelPath": "/nonexistent/model.onnx"}, fallback="ollama")
+    assert isinstance(embedder_from_config(missing), OpenAIEmbedder)
+
+
+def test_the_host_providers_give_the_key_and_address() -> None:
+    config = am.load_config(
+        {
+            "agents": {"defaults": {"memorySearch": {"provider": "openai"}}},
+            "models": {"providers": {"openai": {"baseUrl": "http://10.0.0.1/v1", "apiKey": "k"}}},
+        }
+    )
+    embedder = embedder_from_config(config)
+    assert isinstance(embedder, OpenAIEmbedder)
+    assert embedder.url == "http://10.0.0.1/v1/embeddings"
+    assert embedder.name == "openai/text-embedding-3-small"
+
+
+async def test_the_api_key_comes_from_the_environment() -> None:
+    with anyio.fail_after(10), serve([Embeddings()]) as server:
+        config = am.load_config(
+            {
+                "agents": {
+                    "defaults": {
+                        "memorySearch": {
+                            "provider": "openai",
+                            "model": "m",
+                            "remote": {"baseUrl": server.base_url, "apiKey": "${EMBED_KEY}"},
+                        }
+                    }
+                }
+            },
+            env={"EMBED_KEY": "sk-env"},
+        )
+        embedder = embedder_from_config(config)
+        assert embedder is not None
+        await embedder.embed(["a"])
+    assert server.requests[0].headers["authorization"] == "Bearer sk-env"
+
+
+async def test_the_fallback_takes_over_when_the_provider_fails(local: LocalEmbedder) -> None:
+    with anyio.fail_after(20), serve([Hang(), Status(503)]) as server:
+        embedder = embedder_from_config(
+            search_config(
+                provider="ollama", model="m", fallback="local", remote={"baseUrl": server.base_url}
+            )
+        )
+        assert isinstance(embedder, FallbackEmbedder)
+        assert embedder.name == "ollama/m"
+        # A missed deadline says nothing about the server: no switch.
+        with pytest.raises(EmbeddingDeadlineError):
+            await embedder.embed(["a"], deadline=anyio.current_time() + 0.2)
+        assert embedder.name == "ollama/m"
+        with pytest.raises(am.EmbeddingError) as caught:
+            await embedder.embed(["a"])
+        assert str(caught.value) == (
+            'ollama/m: the server answered 503 Service Unavailable: {"error": {"message": '
+            '"try again later"}}; local/all-MiniLM-L6-v2 takes over'
+        )
+        assert (embedder.name, embedder.dim) == ("local/all-MiniLM-L6-v2", 384)
+        assert (await embedder.embed(["a"])).shape == (1, 384)
+    assert len(server.requests) == 2
+
+
+def test_the_readme_lists_every_memory_search_key() -> None:
+    import msgspec.inspect as mi
+
+    from activememory.protocol.config import MemorySearchDefaults
+
+    def keys(t: mi.Type, prefix: str) -> list[str]:
+        while isinstance(t, mi.Metadata):
+            t = t.type
+        if not isinstance(t, mi.StructType) or t.cls.__name__ == "dict":
+            return [prefix]
+        found: list[str] = []
+        for field in t.fields:
+            found += keys(field.type, f"{prefix}.{field.encode_name}".lstrip("."))
+        return found
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme.split("### Embeddings", 1)[1].split("\n### ", 1)[0]
+    for key in keys(mi.type_info(MemorySearchDefaults), ""):
+        assert f"| `{key}` |" in section, key
