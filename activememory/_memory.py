@@ -19,6 +19,7 @@ from ._search import SessionSearch
 from ._settings import Settings
 from .actors.composer import Composer, Respond
 from .actors.supervisor import AgentStore, Supervisor, open_supervisor
+from .embed import embedder_from_config
 from .protocol.config import Config
 from .protocol.content import Message, check_choice, message_from_mapping
 from .protocol.embeddings import Embedder
@@ -449,9 +450,13 @@ async def open_memory(
     event-loop thread, for deterministic virtual-time simulations. `durability="crash"`
     (default): an acknowledged write survives the process being killed at any moment;
     `"power"`: it also survives power loss or an OS crash, at the price of an fsync per
-    commit. `clock` stamps stored events (wall-clock seconds). `embedder` (default None:
-    no vectors) turns texts into vectors for recall by meaning; they are computed in the
-    background, never on an append's path (docs/design.md §2.3).
+    commit. `clock` stamps stored events (wall-clock seconds). `embedder` turns texts into
+    vectors for recall by meaning (docs/design.md §4.7); None (default): the one the config
+    names (`agents.defaults.memorySearch`: the shipped offline model unless it says
+    otherwise), chosen once when the memory opens. Vectors are computed in the background,
+    never on an append's path (docs/design.md §2.3). With `executor="inline"` the config's
+    embedder is not used (its model runs on a worker thread, which virtual time cannot
+    follow): pass one explicitly to have vectors there.
 
     Raises `InvalidInputError` if `state_dir` is a file or `executor` is unknown, and
     `StorageError` if the directory cannot be created or is open in another process.
@@ -469,6 +474,8 @@ async def open_memory(
     if not isinstance(state_dir, str | os.PathLike):
         raise InvalidInputError(f"state_dir: expected a path, got {type(state_dir).__name__}")
     loaded = load_config(config if config is not None else {})
+    if embedder is None and executor == "thread":
+        embedder = embedder_from_config(loaded)
     transcripts = TranscriptPlace(Path(state_dir))
     memory: Memory | None = None
     try:
@@ -483,6 +490,7 @@ async def open_memory(
                 clock=clock,
                 transcripts=transcripts,
             )
+            memory.notes.embedder = embedder
             yield memory
     finally:
         # After the recall pool has stopped: no run uses a model or writes a transcript.

@@ -155,7 +155,10 @@ class AgentStore(Database[TranscriptReader, IndexerCommand, IndexerAck]):
     def poke_embedder(self, reason: Literal["start", "write"]) -> None:
         """Tell the embedder actor vectors may be missing; never blocks (one slot)."""
         if self.embed_pokes is not None:
-            with contextlib.suppress(anyio.WouldBlock, anyio.ClosedResourceError):
+            # Closed or broken: the actor has stopped (shutdown); nobody needs the poke.
+            with contextlib.suppress(
+                anyio.WouldBlock, anyio.ClosedResourceError, anyio.BrokenResourceError
+            ):
                 self.embed_pokes.send_nowait(EmbedPoke(reason=reason))
 
     async def index_stats(self, *, check_integrity: bool = True) -> IndexStats:
@@ -173,7 +176,9 @@ class AgentStore(Database[TranscriptReader, IndexerCommand, IndexerAck]):
 
         A poke already waiting means the same, so a full inbox drops this one.
         """
-        with contextlib.suppress(anyio.WouldBlock, anyio.ClosedResourceError):
+        with contextlib.suppress(
+            anyio.WouldBlock, anyio.ClosedResourceError, anyio.BrokenResourceError
+        ):
             self.pokes.send_nowait(Poke(reason=reason))
 
     async def read_dirty(self, limit: int) -> list[tuple[str, int]]:

@@ -22,6 +22,7 @@ table whatever the filter, so one identity's 2,000 rows cost 7x more at 100k mes
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import NamedTuple, cast
 
@@ -282,3 +283,33 @@ def _top_k(
     # Best first; ties newest (largest id) first. int()/float(): plain Python numbers out.
     order = sorted(part.tolist(), key=lambda i: (-float(scores[i]), -int(ids[i])))
     return [(int(ids[i]), float(scores[i])) for i in order]
+
+
+def message_vectors_of(
+    conn: apsw.Connection, event_ids: Sequence[int], *, name: str
+) -> dict[int, numpy.ndarray]:
+    """The stored vectors of `name` of these messages (those that have one)."""
+    return _vectors_of(conn, "message_vectors", "event_id", event_ids, name)
+
+
+def note_vectors_of(
+    conn: apsw.Connection, chunk_ids: Sequence[int], *, name: str
+) -> dict[int, numpy.ndarray]:
+    """The stored vectors of `name` of these note chunks (those that have one)."""
+    return _vectors_of(conn, "note_vectors", "chunk_id", chunk_ids, name)
+
+
+def _vectors_of(
+    conn: apsw.Connection, table: str, key: str, ids: Sequence[int], name: str
+) -> dict[int, numpy.ndarray]:
+    if not ids:
+        return {}
+    rows = cast(
+        list[tuple[int, bytes]],
+        conn.execute(
+            f"SELECT {key}, vector FROM {table}"
+            f" WHERE name = ? AND {key} IN (SELECT value FROM json_each(?))",
+            (name, json.dumps([int(i) for i in ids])),
+        ).fetchall(),
+    )
+    return {int(i): numpy.frombuffer(blob, dtype="<f4") for i, blob in rows}

@@ -514,3 +514,22 @@ def test_the_readme_lists_every_memory_search_key() -> None:
     section = readme.split("### Embeddings", 1)[1].split("\n### ", 1)[0]
     for key in keys(mi.type_info(MemorySearchDefaults), ""):
         assert f"| `{key}` |" in section, key
+
+
+def test_at_exit_running_embeds_are_stopped_and_waited_for(local: LocalEmbedder) -> None:
+    # onnxruntime aborts the process when the interpreter is torn down under a running
+    # session (seen as "terminate called" after a benchmark closed its memory mid-batch):
+    # the exit hook asks abandoned runs to stop after their batch and waits for them.
+    from activememory.embed import local as module
+
+    texts = [f"sentence {i} about a long and quiet afternoon" for i in range(3000)]
+    done: list[object] = []
+
+    async def abandon() -> None:
+        with anyio.move_on_after(0.05):
+            done.append(await local.embed(texts))
+
+    anyio.run(abandon)
+    assert done == [] and module._runs  # cancelled, but its thread is still embedding
+    module._stop_runs_at_exit()
+    assert not module._runs  # stopped after its batch, long before 3000 texts were done

@@ -13,6 +13,7 @@ touches the network: the tokenizer is read with `Tokenizer.from_file`.
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import math
 import threading
@@ -138,6 +139,22 @@ class _Model:
 _models: dict[tuple[Path, str | None], _Model] = {}
 _models_lock = threading.Lock()
 
+# Runs still on a worker thread (an abandoned one goes on after its caller is cancelled).
+# The process must not end under them: onnxruntime aborts the whole process ("terminate
+# called") when the interpreter is torn down while a session runs. At exit they are asked
+# to stop after their batch, and waited for.
+_runs: set[threading.Event] = set()
+_runs_done = threading.Condition()
+EXIT_WAIT_S = 5.0
+
+
+@atexit.register
+def _stop_runs_at_exit() -> None:
+    with _runs_done:
+        for stop in _runs:
+            stop.set()
+        _runs_done.wait_for(lambda: not _runs, timeout=EXIT_WAIT_S)
+
 
 def _load(onnx_path: Path, tokenizer_path: Path, sha256: str | None) -> _Model:
     """The process's one session for this model file, loading it on first use."""
@@ -247,6 +264,18 @@ class LocalEmbedder:
         return vectors
 
     def _embed_sync(
+        self, texts: list[str], stop_at: float | None, stop: threading.Event
+    ) -> npt.NDArray[np.float32] | None:
+        with _runs_done:
+            _runs.add(stop)
+        try:
+            return self._embed_tracked(texts, stop_at, stop)
+        finally:
+            with _runs_done:
+                _runs.discard(stop)
+                _runs_done.notify_all()
+
+    def _embed_tracked(
         self, texts: list[str], stop_at: float | None, stop: threading.Event
     ) -> npt.NDArray[np.float32] | None:
         model = _load(self._onnx_path, self._tokenizer_path, self._sha256)

@@ -39,10 +39,10 @@ import json
 import os
 import stat
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import anyio
 
@@ -50,7 +50,8 @@ from .._redaction import Redactor
 from .._search import SessionSearch, make_snippet
 from .._settings import Settings
 from ..actors.supervisor import AgentStore, Supervisor
-from ..protocol.config import PrivateScope
+from ..protocol.config import HybridQuery, PrivateScope
+from ..protocol.embeddings import Embedder
 from ..protocol.errors import InvalidInputError, MemoryClosedError, StorageError
 from ..protocol.indexer import NOTE_PATH, NoteFile, Rejected, SyncNotes
 from ..protocol.recall import ToolResult
@@ -69,6 +70,7 @@ from ..storage.notes import (
 )
 from ..storage.search import _PRIVATE, private_params
 from ..storage.transcripts import TranscriptReader
+from .hybrid import VectorSide, candidates, embed_query, rank, vector_side, with_similarity
 from .tools import MAX_TOOL_CONTENT_CHARS, tool_arguments, tool_failure
 
 RESCAN_S = 1.0
@@ -137,6 +139,8 @@ class MemoryCore:
         self._locks: dict[str, anyio.Lock] = {}
         self._ignored: dict[str, tuple[tuple[str, str], ...]] = {}
         self._racy: dict[str, frozenset[str]] = {}
+        # The query side of recall by meaning; the same embedder the embedder actor uses.
+        self.embedder: Embedder | None = None
 
     def workspace(self, agent: str) -> Path:
         """The workspace folder whose notes `agent`'s tools read (from the current config)."""
@@ -233,38 +237,63 @@ class MemoryCore:
             sync_error = str(exc)
         redactor = settings.redactor
         plan = plan_match(query)
+        hybrid = settings.config.memory_search.query.hybrid
+        meaning = await embed_query(self.embedder, query)
+        pool = limit * hybrid.candidate_multiplier if meaning.vector is not None else limit
         private = None
         if transcripts is not None and caller.agent == agent:
             private = self._search.private_job(
-                query, caller=caller, scope=transcripts, redactor=redactor, limit=limit
+                query, caller=caller, scope=transcripts, redactor=redactor, limit=min(pool, 25)
             )
 
-        def both(reader: TranscriptReader) -> tuple[list[NoteHit], Any]:
-            # One hop to the reader thread for the notes and the conversations.
-            notes = search_notes(reader.conn, plan, limit) if plan is not None else []
-            return notes, private.run(reader) if private is not None else None
+        def both(reader: TranscriptReader) -> tuple[list[NoteHit], Any, VectorSide | None]:
+            # One hop to the reader thread for the notes, the conversations and the vectors.
+            notes = search_notes(reader.conn, plan, pool) if plan is not None else []
+            page = private.run(reader) if private is not None else None
+            if meaning.vector is None:
+                return notes, page, None
+            side = vector_side(
+                reader.conn,
+                meaning,
+                pool=pool,
+                text_notes=[hit.chunk_id for hit in notes],
+                text_messages=[c.event_id for c in page.page.candidates] if page else [],
+                agent=agent,
+                caller=caller.raw,
+                scope=transcripts if private is not None else None,
+            )
+            return notes, page, side
 
-        notes, page = await store.read(both)
+        notes, page, side = await store.read(both)
         sessions = private.finish(page, store) if private is not None else None
         terms = query_terms(query)
-        found: list[tuple[float, dict[str, Any]]] = []
-        for hit in notes:
-            snippet, _ = make_snippet(redactor.redact(hit.text), terms, MAX_SNIPPET_CHARS)
-            found.append(
-                (hit.score, _result("memory", hit.path, hit.start_line, hit.end_line, snippet))
+        if side is None or meaning.vector is None:
+            found: list[tuple[float, dict[str, Any]]] = []
+            for hit in notes[:limit]:
+                snippet, _ = make_snippet(redactor.redact(hit.text), terms, MAX_SNIPPET_CHARS)
+                found.append(
+                    (hit.score, _result("memory", hit.path, hit.start_line, hit.end_line, snippet))
+                )
+            messages = (
+                [(h.score, _session_result(h, redactor)) for h in sessions.results]
+                if sessions
+                else []
             )
-        messages = (
-            [(h.score, _session_result(h, redactor)) for h in sessions.results] if sessions else []
-        )
-        results = _merge([found, messages], limit)
+            results = _merge([found, messages], limit)
+        else:
+            results = _fused_results(
+                notes, page, side, meaning.vector, hybrid, redactor, terms, limit
+            )
         data: dict[str, Any] = {
             "results": results,
             "backend": "builtin",
-            "effectiveMode": "search",
-            "fallback": None,
+            "effectiveMode": "hybrid" if side is not None else "search",
+            "fallback": meaning.fallback,
             "searchMs": 0.0,
             "hits": len(results),
         }
+        if meaning.name is not None:
+            data["embedder"] = meaning.name
         if sessions is not None and sessions.indexing:
             data["indexing"] = True
             data["warning"] = sessions.warning
@@ -544,9 +573,64 @@ def _result(source: str, path: str, start: int, end: int, snippet: str) -> dict[
 
 
 def _session_result(hit: SearchHit, redactor: Redactor) -> dict[str, Any]:
-    snippet = redactor.redact(hit.snippet)  # already redacted; idempotent, and cheap
-    path = f"{SESSION_PREFIX}{hit.session_key}#{hit.message_id}"
-    return _result("sessions", path, 1, snippet.count("\n") + 1, snippet)
+    return _message_result(hit.session_key, hit.message_id, hit.role, hit.snippet, redactor)
+
+
+def _message_result(
+    key: str, message_id: int, role: str, snippet: str, redactor: Redactor
+) -> dict[str, Any]:
+    snippet = redactor.redact(snippet)  # already redacted; idempotent, and cheap
+    path = f"{SESSION_PREFIX}{key}#{message_id}"
+    return {**_result("sessions", path, 1, snippet.count("\n") + 1, snippet), "role": role}
+
+
+def _fused_results(
+    notes: Sequence[NoteHit],
+    page: Any,
+    side: VectorSide,
+    query: Any,
+    hybrid: HybridQuery,
+    redactor: Redactor,
+    terms: list[str],
+    limit: int,
+) -> list[dict[str, Any]]:
+    """memory_search's results by meaning and words (recall/hybrid.py), best first."""
+    by_note = {hit.chunk_id: hit for hit in notes}
+    page_rows = list(zip(page.page.candidates, page.snippets, strict=True)) if page else []
+    by_message = {c.event_id: (c, snippet) for c, (snippet, _) in page_rows}
+    vectors: dict[Hashable, Any] = {("n", i): v for i, v in side.note_vectors.items()}
+    vectors.update({("m", i): v for i, v in side.message_vectors.items()})
+    meta: dict[Hashable, tuple[float | None, bool]] = {
+        ("m", c.event_id): (c.timestamp, False) for c, _ in page_rows
+    }
+    meta.update({("m", i): (row.timestamp, False) for i, row in side.messages.items()})
+    found = candidates(
+        [
+            [(("n", hit.chunk_id), hit.score) for hit in notes],
+            [(("m", c.event_id), c.score) for c, _ in page_rows],
+        ],
+        [("n", i) for i, _ in side.near_notes] + [("m", i) for i, _ in side.near_messages],
+        vectors,
+        meta,
+    )
+    results = []
+    for fused in rank(found, query, hybrid, limit=limit):
+        kind, ident = cast(tuple[str, int], fused.key)
+        if kind == "n":
+            hit = by_note.get(ident)
+            row = (hit.path, hit.start_line, hit.end_line, hit.text) if hit else side.notes[ident]
+            path, start, end, text = row
+            snippet, _ = make_snippet(redactor.redact(text), terms, MAX_SNIPPET_CHARS)
+            result = _result("memory", path, start, end, snippet)
+        elif ident in by_message:
+            c, snippet = by_message[ident]
+            result = _message_result(c.session_key, ident, c.role, snippet, redactor)
+        else:
+            m = side.messages[ident]
+            snippet, _ = make_snippet(redactor.redact(m.text), terms)
+            result = _message_result(m.session_key, ident, m.role, snippet, redactor)
+        results.append(with_similarity(result, fused))
+    return results
 
 
 def _merge(

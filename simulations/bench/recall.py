@@ -546,8 +546,13 @@ def _tool_hits(result: ToolResult) -> set[str]:
 def _overhead_config() -> dict[str, Any]:
     # The shortest cache TTL keeps the (never hit) cache small; the default timeoutMs. Every
     # conversation is one owner's: recall may read all of them, as the raw floor does.
+    # Text search only: the floor is a raw FTS5 query, and the checks compare against it
+    # (recall by meaning is measured against its own floor: `bench paraphrase`).
     settings = {"model": MODEL, "cacheTtlMs": 1000, "singleOwner": True}
-    return {"plugins": {"entries": {"active-memory": {"config": settings}}}}
+    return {
+        "plugins": {"entries": {"active-memory": {"config": settings}}},
+        "agents": {"defaults": {"memorySearch": {"provider": "none"}}},
+    }
 
 
 @dataclass

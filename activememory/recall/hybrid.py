@@ -1,0 +1,217 @@
+"""memory_search by meaning (docs/design.md §4.7): the query's vector, the vector side of the
+search, and its fusion with the full-text side.
+
+The vector side reads only what the text side may read: the agent's note chunks, and —
+only with a privacy scope — the messages of the sessions `storage/search.py::_PRIVATE`
+admits for the caller, in the same SQL, before any `k`. Every candidate of either side gets
+its stored vector, so a row the text side found is also scored by meaning (and the other
+way round), then `storage/hybrid.fuse` orders them. A failing, slow or missing embedder
+means the text side alone, said in the result's `fallback` field; the search never fails
+for it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Hashable, Mapping, Sequence
+from typing import Any, NamedTuple, cast
+
+import anyio
+import apsw
+import numpy as np
+
+from ..protocol.config import HybridQuery, PrivateScope
+from ..protocol.embeddings import Embedder
+from ..protocol.errors import EmbeddingError
+from ..storage.hybrid import Candidate, Fused, HybridWeights, fuse
+from ..storage.search import _PRIVATE, private_params
+from ..storage.vectors import (
+    message_vectors_of,
+    nearest_messages,
+    nearest_notes,
+    note_vectors_of,
+)
+
+QUERY_EMBED_S = 1.0
+"""The most a query's embedding may take on the recall path; past it, text alone answers."""
+MIN_SIMILARITY = 0.3
+"""How close (cosine) a row that only the vector side found must be to the query. Nearest
+neighbours always exist, even for a query that matches nothing: below this they are not
+evidence. With the shipped model unrelated sentences fall under 0.2 and rephrased facts
+land around 0.4 (tests/test_embeddings.py)."""
+
+
+class QueryVector(NamedTuple):
+    """The query's vector and its space, or why there is none."""
+
+    vector: np.ndarray | None
+    name: str | None
+    fallback: str | None  # why the search is text only, or None
+
+
+async def embed_query(embedder: Embedder | None, query: str) -> QueryVector:
+    """The vector of `query`, or the reason there is none; never raises for the embedder."""
+    if embedder is None:
+        return QueryVector(None, None, None)
+    try:
+        with anyio.fail_after(QUERY_EMBED_S):
+            deadline = anyio.current_time() + QUERY_EMBED_S
+            vectors = await embedder.embed([query], deadline=deadline)
+        # The name after the call: a fallback embedder may have switched spaces during it.
+        return QueryVector(np.asarray(vectors[0], dtype=np.float32), embedder.name, None)
+    except TimeoutError:
+        return QueryVector(None, None, f"the embedder took over {QUERY_EMBED_S:g} s")
+    except EmbeddingError as exc:
+        return QueryVector(None, None, f"the embedder failed: {exc}")
+    except Exception as exc:  # a host's embedder: memory must fail open, never stop a turn
+        return QueryVector(None, None, f"the embedder failed: {type(exc).__name__}")
+
+
+class NoteRow(NamedTuple):
+    path: str
+    start_line: int
+    end_line: int
+    text: str
+
+
+class MessageRow(NamedTuple):
+    session_key: str
+    timestamp: float
+    role: str
+    text: str
+
+
+class VectorSide(NamedTuple):
+    """What the reader found by meaning, and the vectors of every candidate."""
+
+    near_notes: list[tuple[int, float]]
+    near_messages: list[tuple[int, float]]
+    note_vectors: dict[int, np.ndarray]
+    message_vectors: dict[int, np.ndarray]
+    notes: dict[int, NoteRow]  # rows of the chunks only the vector side found
+    messages: dict[int, MessageRow]  # rows of the messages only the vector side found
+
+
+def vector_side(
+    conn: apsw.Connection,
+    query: QueryVector,
+    *,
+    pool: int,
+    text_notes: Sequence[int],
+    text_messages: Sequence[int],
+    agent: str,
+    caller: str,
+    scope: PrivateScope | None,
+) -> VectorSide:
+    """Runs on the agent's reader, after the text side: see the module docstring."""
+    assert query.vector is not None and query.name is not None
+    name = query.name
+    near_notes = _close(nearest_notes(conn, query.vector, name=name, k=pool))
+    near_messages: list[tuple[int, float]] = []
+    if scope is not None:
+        near_messages = _close(
+            nearest_messages(
+                conn,
+                query.vector,
+                name=name,
+                visible_sql=f"SELECT id FROM ({_PRIVATE})",
+                visible_params=private_params(agent, caller, scope),
+                k=pool,
+            )
+        )
+    note_ids = [*text_notes, *(i for i, _ in near_notes)]
+    message_ids = [*text_messages, *(i for i, _ in near_messages)]
+    only_notes = [i for i, _ in near_notes if i not in set(text_notes)]
+    only_messages = [i for i, _ in near_messages if i not in set(text_messages)]
+    return VectorSide(
+        near_notes,
+        near_messages,
+        note_vectors_of(conn, note_ids, name=name),
+        message_vectors_of(conn, message_ids, name=name),
+        {
+            int(r[0]): NoteRow(str(r[1]), int(r[2]), int(r[3]), str(r[4]))
+            for r in _rows(
+                conn, "SELECT id, path, start_line, end_line, text FROM note_chunks", only_notes
+            )
+        },
+        {
+            int(r[0]): MessageRow(str(r[1]), float(r[2]), str(r[3]), str(r[4]))
+            for r in _rows(
+                conn,
+                "SELECT e.id, s.key, e.ts, e.role, e.text FROM events e"
+                " JOIN sessions s ON s.id = e.session_id",
+                only_messages,
+                column="e.id",
+            )
+        },
+    )
+
+
+def _close(near: list[tuple[int, float]]) -> list[tuple[int, float]]:
+    return [(i, similarity) for i, similarity in near if similarity >= MIN_SIMILARITY]
+
+
+def _rows(
+    conn: apsw.Connection, select: str, ids: Sequence[int], *, column: str = "id"
+) -> list[tuple[Any, ...]]:
+    if not ids:
+        return []
+    sql = f"{select} WHERE {column} IN (SELECT value FROM json_each(?))"
+    return cast(list[tuple[Any, ...]], conn.execute(sql, (json.dumps(list(ids)),)).fetchall())
+
+
+def weights_of(hybrid: HybridQuery) -> HybridWeights:
+    """The fusion settings of `agents.defaults.memorySearch.query.hybrid` (off: vectors only)."""
+    return HybridWeights(
+        vector_weight=hybrid.vector_weight,
+        text_weight=hybrid.text_weight if hybrid.enabled else 0.0,
+        mmr_lambda=hybrid.mmr.lambda_ if hybrid.mmr.enabled else None,
+        half_life_days=hybrid.temporal_decay.half_life_days
+        if hybrid.temporal_decay.enabled
+        else None,
+    )
+
+
+def candidates(
+    text_hits: Sequence[Sequence[tuple[Hashable, float]]],
+    vector_hits: Sequence[Hashable],
+    vectors: Mapping[Hashable, np.ndarray],
+    meta: Mapping[Hashable, tuple[float | None, bool]],
+) -> list[Candidate]:
+    """The union of both sides as `fuse` candidates, text hits first in their order.
+
+    `text_hits`: per source, (key, score) best first; each source's scores are divided by
+    its own best (notes and conversations are ranked by different indexes; a source whose
+    best is not positive is ranked by position, 1/(1 + i)). `meta`: key -> (timestamp,
+    evergreen).
+    """
+    found: dict[Hashable, Candidate] = {}
+    for hits in text_hits:
+        if not hits:
+            continue
+        best = max(score for _, score in hits)
+        for i, (key, score) in enumerate(hits):
+            norm = score / best if best > 0 else 1.0 / (1 + i)
+            timestamp, evergreen = meta.get(key, (None, True))
+            found[key] = Candidate(key, norm, vectors.get(key), timestamp, evergreen)
+    for key in vector_hits:
+        if key not in found:
+            timestamp, evergreen = meta.get(key, (None, True))
+            found[key] = Candidate(key, None, vectors.get(key), timestamp, evergreen)
+    return list(found.values())
+
+
+def rank(
+    found: Sequence[Candidate], query: np.ndarray, hybrid: HybridQuery, *, limit: int
+) -> list[Fused]:
+    """`fuse` under the config's hybrid settings, on the wall clock (docs/design.md §4.7)."""
+    return fuse(found, query, weights_of(hybrid), limit=limit, now=time.time())
+
+
+def with_similarity(result: dict[str, Any], fused: Fused) -> dict[str, Any]:
+    """A result dict with the fused score and the cosine the local model weighs."""
+    result["score"] = round(fused.score, 4)
+    if fused.similarity is not None:
+        result["similarity"] = round(fused.similarity, 4)
+    return result
