@@ -598,6 +598,10 @@ async def test_cancelled_in_the_tool_call_leaves_no_draft() -> None:
         ("How I met my wife is a long story: at a concert in Porto.", "user", True),
         ("Hello, I am allergic to peanuts.", "user", True),
         ("Your flight to Lisbon leaves at 9:40 on Tuesday.", "assistant", True),
+        ("Make me a grocery list for tacos", "user", False),
+        ("Please help me split a 84 euro bill between 3 people", "user", False),
+        ("Lisbon is one of the oldest cities in Western Europe.", "assistant", False),
+        ("Hot water and a brush, no soap, then dry it fully.", "assistant", False),
         ("Sure is a nice name for a boat, my boat is called Sure.", "user", True),
     ],
 )
@@ -616,3 +620,39 @@ async def test_an_earlier_question_never_comes_back_as_a_note() -> None:
         tools = RecallTools({"memory_search": search})
         answer = await run_model(make_request("What is my cat's name?", style), tools)
         assert answer == "NONE", style
+
+
+def meaning_search(*results: tuple[str, str, float]) -> Any:
+    async def search(args: Mapping[str, Any]) -> ToolResult:
+        rows = [{"snippet": t, "role": r, "similarity": sim} for t, r, sim in results]
+        return host_result("memory_search", {"results": rows})
+
+    return search
+
+
+@pytest.mark.parametrize(
+    ("style", "note"),
+    [
+        ("balanced", "The user is allergic to peanuts, so no peanut snacks please."),
+        ("recall-heavy", "The user is allergic to peanuts, so no peanut snacks please."),
+        ("precision-heavy", "NONE"),  # 0.45 is not close enough for the most careful style
+    ],
+)
+async def test_a_paraphrase_is_recalled_by_meaning_when_no_word_is_shared(
+    style: str, note: str
+) -> None:
+    search = meaning_search(
+        ("Joana never eats breakfast before noon.", "user", 0.5),  # someone else's habit
+        ("I am allergic to peanuts, so no peanut snacks please.", "user", 0.45),
+        ("Good to know, I'll keep that in mind.", "assistant", 0.6),  # filler
+    )
+    tools = RecallTools({"memory_search": search})
+    answer = await run_model(make_request("Is there anything I must not eat?", style), tools)
+    assert answer == note
+
+
+async def test_one_shared_word_is_not_evidence_when_the_meaning_is_far() -> None:
+    search = meaning_search(("My sister loves the city of Porto.", "user", 0.1))
+    tools = RecallTools({"memory_search": search})
+    answer = await run_model(make_request("Which city am I based in?", "recall-heavy"), tools)
+    assert answer == "NONE"

@@ -58,11 +58,10 @@ async def seed(mem: am.Memory, *, allowed: bool) -> None:
         )
         if archive:
             await mem.sessions.archive(key)
-    if allowed:
+    if allowed:  # the assistant restating it to the user: what it says about the user counts
         for marker, key in ALLOWED.items():
-            await mem.sessions.append(
-                key, am.Message(role="assistant", content=ANSWER.format(marker=marker))
-            )
+            said = "Your w" + ANSWER.format(marker=marker)[5:]  # "Your warehouse gate code…"
+            await mem.sessions.append(key, am.Message(role="assistant", content=said))
 
 
 def turn(key: str) -> am.Turn:

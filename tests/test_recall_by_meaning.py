@@ -8,11 +8,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fake_embedder import FakeEmbedder
 from test_vectors import settle
 
 import activememory as am
 from activememory.protocol.session_key import parse_session_key
+
+from fake_embedder import FakeEmbedder
 
 pytestmark = pytest.mark.anyio
 

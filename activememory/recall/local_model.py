@@ -69,6 +69,21 @@ from .tools import RecallTools
 NONE = "NONE"
 """What the model answers when no evidence passes its style's gate."""
 
+MEANING_THRESHOLDS = {
+    "precision-heavy": 0.50,
+    "strict": 0.45,
+    "balanced": 0.40,
+    "preference-only": 0.40,
+    "contextual": 0.38,
+    "recall-heavy": 0.34,
+}
+"""How close in meaning (cosine, the shipped embedder) the user's own statement must be to
+the question when no shared word carries it (docs/design.md §4.8)."""
+WORDS_MIN_SIMILARITY = 0.2
+"""A candidate chosen by shared words must still be at least this close in meaning, when
+search measured it: a sentence that shares one word but is about something else is not."""
+MEANING_MARGIN = 0.05
+"""How much closer in meaning a candidate must be to win over the one chosen by words."""
 CONTEXT_WEIGHT = 0.5
 """How much a conversation-tail term counts against a latest-message term (`contextual`)."""
 RANK_WEIGHT = 0.1
@@ -182,6 +197,14 @@ _ASSISTANT_FILLER = re.compile(
     r"|i will (?:remember|keep|take|note)|let me know|anything else)\b",
     re.IGNORECASE,
 )
+# A request to the assistant asks for work; it states nothing about the user.
+_REQUEST = re.compile(
+    r"^\W*(?:please\s+)?(?:make|help|write|give|tell|find|book|remind|show|suggest|explain"
+    r"|translate|summari[sz]e|list|plan|draft|create|recommend|let'?s|let us)\b",
+    re.IGNORECASE,
+)
+_SECOND_PERSON = re.compile(r"\b(?:you|your|yours|yourself|you're|you've|you'll)\b", re.I)
+_FIRST_PERSON = re.compile(r"\b(?:i|i'm|i've|i'd|i'll|me|my|mine|myself|we|our|us)\b", re.I)
 _SENTENCE_END = re.compile(
     r"(?<=[.!?])(?<!\b[A-Z]\.)(?<!\b(?:Mr|Dr|Ms|St)\.)(?<!\bMrs\.)\s+(?=[\"'“‘(]?[A-Z0-9])"
 )
@@ -193,6 +216,7 @@ class Candidate(NamedTuple):
     text: str
     rank: int  # position of its result in the tool's answer, 0 = best
     role: str | None = None  # "user" or "assistant" when the result or a prefix says so
+    similarity: float | None = None  # its result's cosine to the query, when search had vectors
 
 
 class LocalExtractiveModel:
@@ -246,12 +270,12 @@ def candidates_of(result: ToolResult) -> list[Candidate]:
     entries = _entries(result.data)
     if entries is None:
         lines = [line for line in result.content.splitlines() if line.strip()]
-        entries = [(line, None) for line in lines]
+        entries = [(line, None, None) for line in lines]
     found: list[Candidate] = []
     room = MAX_EVIDENCE_CHARS
-    for rank, (text, role) in enumerate(entries):
+    for rank, (text, role, similarity) in enumerate(entries):
         for piece, piece_role in _pieces(text[:room]):
-            found.append(Candidate(piece, rank, piece_role or role))
+            found.append(Candidate(piece, rank, piece_role or role, similarity))
             if len(found) >= MAX_CANDIDATES:
                 return found
         room -= len(text)
@@ -260,7 +284,9 @@ def candidates_of(result: ToolResult) -> list[Candidate]:
     return found
 
 
-def _entries(data: Mapping[str, object] | None) -> list[tuple[str, str | None]] | None:
+def _entries(
+    data: Mapping[str, object] | None,
+) -> list[tuple[str, str | None, float | None]] | None:
     if data is None:
         return None
     for field in _RESULT_FIELDS:
@@ -270,16 +296,21 @@ def _entries(data: Mapping[str, object] | None) -> list[tuple[str, str | None]] 
     return None
 
 
-def _entry(item: object) -> tuple[str, str | None] | None:
+def _entry(item: object) -> tuple[str, str | None, float | None] | None:
     if isinstance(item, str):
-        return item, None
+        return item, None, None
     if not isinstance(item, Mapping) or item.get("status") == "invalid":
         return None
     role = item.get("role")
+    similarity = item.get("similarity")
     for field in _TEXT_FIELDS:
         text = item.get(field)
         if isinstance(text, str) and text.strip():
-            return text, role if isinstance(role, str) else None
+            return (
+                text,
+                role if isinstance(role, str) else None,
+                float(similarity) if isinstance(similarity, int | float) else None,
+            )
     record = item.get("record")  # a records-store result nests its record
     return _entry(record) if isinstance(record, Mapping) else None
 
@@ -301,11 +332,15 @@ def _pieces(text: str) -> Iterable[tuple[str, str | None]]:
 
 
 def is_memory(candidate: Candidate) -> bool:
-    """Whether a piece of evidence can be a note at all: not a question, not a greeting or
-    a thanks with nothing else in it, not the assistant's own acknowledgement (a line of
-    unknown role is held to the same rule: users rarely open a fact with "Got it")."""
+    """Whether a piece of evidence can be a note at all: not a question, not a request to
+    the assistant, not a greeting or a thanks with nothing else in it, not the assistant's
+    own acknowledgement (a line of unknown role is held to the same rule: users rarely open
+    a fact with "Got it"), and — from the assistant — only what it says about the user
+    ("your flight leaves at 9"), never its general knowledge or advice."""
     text = candidate.text
-    if _QUESTION.search(text) or not terms(_GREETING.sub("", text)):
+    if _QUESTION.search(text) or _REQUEST.match(text) or not terms(_GREETING.sub("", text)):
+        return False
+    if candidate.role == "assistant" and not _SECOND_PERSON.search(text):
         return False
     return candidate.role == "user" or not _ASSISTANT_FILLER.match(text)
 
@@ -391,17 +426,66 @@ def extract_note(request: RecallRequest, candidates: Sequence[Candidate]) -> str
     held = [terms(c.text) for c in candidates]
     weight = _Idf(held)
     ranked = _rank(asked, context, candidates, held, weight, lift=style == "contextual")
-    if not ranked:
+    chosen = _by_words(ranked, asked, weight, style, threshold)
+    if (
+        chosen is not None
+        and chosen.role == "user"
+        and _FIRST_PERSON.search(latest)
+        and not _FIRST_PERSON.search(chosen.text)
+    ):
+        chosen = None  # the user asks about themselves; this says something about someone else
+    by_meaning = _by_meaning(candidates, style)
+    if by_meaning is not None and (
+        chosen is None
+        or (  # (a choice not embedded yet has no similarity: its words decide)
+            chosen.similarity is not None
+            and by_meaning.similarity is not None
+            and by_meaning.similarity > chosen.similarity + MEANING_MARGIN
+        )
+    ):
+        chosen = by_meaning
+    if chosen is None:
         return None
-    best = ranked[0]
-    score = best.score
-    if style == "recall-heavy" and len(ranked) > 1:
-        union = best.terms | ranked[1].terms
-        score = max(score, _score(asked, frozenset(), union, best.candidate.rank, weight))
-    if score < threshold:
-        return None
-    note = third_person(best.candidate.text, best.candidate.role)
+    note = third_person(chosen.text, chosen.role)
     return summarize(note, max(1, request.max_summary_chars))
+
+
+def _by_words(
+    ranked: Sequence[_Scored],
+    asked: frozenset[str],
+    weight: _Idf,
+    style: str,
+    threshold: float,
+) -> Candidate | None:
+    """The best candidate by shared words, if it clears the style's threshold — and, when
+    search measured its meaning, is not far from the question (one shared word is not
+    evidence when the sentence is about something else)."""
+    for best in ranked[:1]:
+        score = best.score
+        if style == "recall-heavy" and len(ranked) > 1:
+            union = best.terms | ranked[1].terms
+            score = max(score, _score(asked, frozenset(), union, best.candidate.rank, weight))
+        similarity = best.candidate.similarity
+        if score >= threshold and (similarity is None or similarity >= WORDS_MIN_SIMILARITY):
+            return best.candidate
+    return None
+
+
+def _by_meaning(candidates: Sequence[Candidate], style: str) -> Candidate | None:
+    """The memory closest in meaning to the question — a note, or the user's own
+    first-person statement — if it is close enough for the style (`MEANING_THRESHOLDS`);
+    None without vectors."""
+    needed = MEANING_THRESHOLDS.get(style, MEANING_THRESHOLDS["balanced"])
+    best: Candidate | None = None
+    for candidate in candidates:
+        similarity = candidate.similarity
+        if similarity is None or similarity < needed or candidate.role == "assistant":
+            continue
+        if candidate.role == "user" and not _FIRST_PERSON.search(candidate.text):
+            continue  # about someone else: the user says a fact about themselves in the first person
+        if best is None or similarity > (best.similarity or 0.0):
+            best = candidate
+    return best
 
 
 def _rank(
