@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
 
+import anyio
 import msgspec
 import trio
 
@@ -436,6 +437,10 @@ async def _run_demo(state_dir: Path) -> int:
         (workspace / "MEMORY.md").write_text(DEMO_NOTE)
         print(f"2. A memory note in {workspace / 'MEMORY.md'}:")
         print("   " + DEMO_NOTE.strip().replace("\n", "\n   ") + "\n")
+        await mem.notes.sync_notes("main")
+        # Vectors are made in the background; a bot's users come back a moment later.
+        with anyio.move_on_after(60):
+            await mem.sessions.vectors_ready()
 
         print("3. Turns through the whole bot path (mem.reply): a new private chat of the")
         print("   same user, then the travel club group (groups are not allowed by default),")

@@ -291,6 +291,25 @@ class Sessions:
             out.append(await store.index_stats(check_integrity=check_integrity))
         return out
 
+    async def vectors_ready(self) -> bool:
+        """Wait until the embedder has caught up: every indexed message and note chunk of
+        every agent database has its vector (docs/design.md §2.3). True when it has; False
+        as soon as an embedder is failing (recall then falls back to text). At once True
+        without an embedder. Bound the wait with a cancel scope (`anyio.move_on_after`).
+
+        Vectors are made in the background after each write; a host rarely needs this —
+        an importer or a test that asks about what it just stored does.
+
+        Cancellation: nothing is written; cancelling only stops the waiting.
+        """
+        while True:
+            stats = await self.stats(check_integrity=False)
+            if any(s.embedder_error for s in stats):
+                return False
+            if all(s.vectors_pending == 0 for s in stats):
+                return True
+            await anyio.sleep(0.05)
+
 
 class Memory:
     """An open active memory: what `open_memory()` yields.

@@ -303,19 +303,6 @@ def selected(data: ParaphraseSet, limit: int | None) -> list[Question]:
     return data.fact_questions[:limit] + data.unrelated[:limit]
 
 
-async def vectors_ready(mem: am.Memory, *, timeout_s: float = 600.0) -> None:
-    """Wait until the embedder has caught up (every indexed message has its vector), so
-    questions are asked of the memory as a user would meet it a moment later. Returns at
-    once without an embedder; a failing embedder ends the wait (recall falls back to text).
-    """
-    with anyio.move_on_after(timeout_s):
-        while True:
-            stats = await mem.sessions.stats(check_integrity=False)
-            if all(s.vectors_pending == 0 or s.embedder_error for s in stats):
-                return
-            await anyio.sleep(0.05)
-
-
 async def run_benchmark(
     state_dir: Path, data: ParaphraseSet, config: Mapping[str, Any], questions: Sequence[Question]
 ) -> tuple[list[Asked], float]:
@@ -336,7 +323,8 @@ async def run_benchmark(
                     message = am.Message(role=turn.role or "user", content=turn.text or "")
                 await mem.sessions.append(chat.session_key, message)
         appended = time.perf_counter() - start
-        await vectors_ready(mem)
+        with anyio.move_on_after(600):  # asked a moment later, as a user would
+            await mem.sessions.vectors_ready()
         for question in questions:
             key = f"agent:{data.agent}:explicit:{ASK_PREFIX}{question.id}"
             message = am.Message(role="user", content=question.text)
