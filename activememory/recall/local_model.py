@@ -429,13 +429,6 @@ def extract_note(request: RecallRequest, candidates: Sequence[Candidate]) -> str
     weight = _Idf(held)
     ranked = _rank(asked, context, candidates, held, weight, lift=style == "contextual")
     chosen = _by_words(ranked, asked, weight, style, threshold)
-    if (
-        chosen is not None
-        and chosen.role == "user"
-        and _FIRST_PERSON.search(latest)
-        and not _FIRST_PERSON.search(chosen.text)
-    ):
-        chosen = None  # the user asks about themselves; this says something about someone else
     by_meaning = _by_meaning(candidates, held, asked, style)
     if by_meaning is not None and (
         chosen is None
