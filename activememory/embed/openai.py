@@ -17,6 +17,7 @@ import anyio
 import httpx
 import numpy as np
 
+from .._http import read_capped
 from ..protocol.embeddings import EmbeddingDeadlineError
 from ..protocol.errors import EmbeddingError
 
@@ -121,7 +122,7 @@ class OpenAIEmbedder:
             async with self._client.stream(
                 "POST", self.url, json=body, headers=self._headers, timeout=httpx.Timeout(seconds)
             ) as response:
-                raw = await _read_capped(response)
+                raw = await read_capped(response, MAX_ANSWER_BYTES)
         except httpx.TimeoutException:
             raise late(f"{self._name}: no answer from {self.url} within {seconds:.2f} s") from None
         except httpx.HTTPError as exc:
@@ -191,15 +192,3 @@ class OpenAIEmbedder:
 
     def __repr__(self) -> str:
         return f"OpenAIEmbedder(name={self._name!r}, url={self.url!r})"
-
-
-async def _read_capped(response: httpx.Response) -> bytes | None:
-    """The body, or None when it is larger than `MAX_ANSWER_BYTES`."""
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in response.aiter_bytes():
-        size += len(chunk)
-        if size > MAX_ANSWER_BYTES:
-            return None
-        chunks.append(chunk)
-    return b"".join(chunks)

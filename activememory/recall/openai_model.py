@@ -17,6 +17,7 @@ from typing import Any, Final, Self
 import anyio
 import httpx
 
+from .._http import read_capped
 from ..protocol.config import Provider
 from ..protocol.errors import ActiveMemoryError
 from ..protocol.recall import RecallRequest
@@ -74,7 +75,7 @@ class ChatCompletionsClient:
             async with self._client.stream(
                 "POST", self.url, json=body, headers=self._headers, timeout=httpx.Timeout(seconds)
             ) as response:
-                raw = await _read_capped(response)
+                raw = await read_capped(response, MAX_ANSWER_BYTES)
         except httpx.TimeoutException:
             raise self._error(late) from None
         except httpx.HTTPError as exc:
@@ -274,18 +275,6 @@ def model_from_config(ref: str, provider: Provider) -> OpenAICompatibleModel:
             why = "it has no baseUrl"
         raise ValueError(f"{ref}: the provider cannot serve recall: {why}")
     return OpenAICompatibleModel(ref, base_url=provider.base_url, api_key=provider.api_key)
-
-
-async def _read_capped(response: httpx.Response) -> bytes | None:
-    """The body, or None when it is larger than `MAX_ANSWER_BYTES`."""
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in response.aiter_bytes():
-        size += len(chunk)
-        if size > MAX_ANSWER_BYTES:
-            return None
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 def _first_message(answer: object) -> dict[str, Any] | None:
