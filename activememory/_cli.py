@@ -23,7 +23,7 @@ from ._memory import Memory, open_memory
 from .protocol.content import Message
 from .protocol.errors import ActiveMemoryError, InvalidInputError, SessionNotFoundError
 from .protocol.recall import RecallOutcome, Sender, Turn
-from .protocol.search import VISIBILITIES, SearchResult
+from .protocol.search import SEARCH_MODES, VISIBILITIES, SearchResult
 from .protocol.transcript import Event, IndexStats
 from .simulations.bench import BENCHMARKS
 from .storage.fts_query import MATCH_MODES
@@ -81,6 +81,12 @@ def _parser() -> argparse.ArgumentParser:
     search.add_argument("--session-key", help="search only this (visible) session")
     search.add_argument("--limit", type=int, default=10, help="1-25 (default 10)")
     search.add_argument("--match", choices=MATCH_MODES, default="phrase")
+    search.add_argument(
+        "--mode",
+        choices=SEARCH_MODES,
+        default="text",
+        help="text (default), or hybrid: also by meaning, with the configured embedder",
+    )
     search.add_argument(
         "--visibility", choices=VISIBILITIES, help="tools.sessions.visibility (default tree)"
     )
@@ -336,8 +342,12 @@ def _search(args: argparse.Namespace) -> int:
                 session_key=args.session_key,
                 limit=args.limit,
                 match=args.match,
+                mode=args.mode,
             )
 
+        if args.wait and args.mode == "hybrid":  # vectors are made in the background
+            with trio.move_on_after(WAIT_FOR_INDEX_SECONDS):
+                await mem.sessions.vectors_ready()
         result = await ask()
         if args.wait and result.indexing:
             with trio.move_on_after(WAIT_FOR_INDEX_SECONDS):
@@ -352,6 +362,8 @@ def _search(args: argparse.Namespace) -> int:
 def _print_search(result: SearchResult) -> None:
     if result.warning:
         print(f"warning: {result.warning}")
+    if result.fallback:
+        print(f"text only: {result.fallback}")
     if not result.results:
         print("no matches" + (" yet (still indexing)" if result.indexing else ""))
     for hit in result.results:

@@ -44,7 +44,7 @@ from .protocol.indexer import (
     Rewound,
 )
 from .protocol.recall import RecallOutcome, RecallPlan, Reply, Sender, Turn
-from .protocol.search import DEFAULT_LIMIT, SearchResult
+from .protocol.search import DEFAULT_LIMIT, SearchMode, SearchResult
 from .protocol.session_key import SessionKey, parse_session_key
 from .protocol.transcript import Event, ImportEntry, IndexStats, SessionInfo
 from .recall.breaker import BreakerInfo
@@ -255,6 +255,7 @@ class Sessions:
         session_key: str | None = None,
         limit: int = DEFAULT_LIMIT,
         match: MatchMode = "phrase",
+        mode: SearchMode = "text",
     ) -> SearchResult:
         """Full-text search of the user and assistant messages `caller` may see (docs/design.md §3).
 
@@ -266,7 +267,15 @@ class Sessions:
         characters, the serialized answer at most 32 KiB. While a visible session is being
         re-indexed, `indexing` is true and `warning` says the results may be incomplete.
 
-        Raises `InvalidInputError` for a blank or over-long query, a bad key, limit or match.
+        `mode="hybrid"` also searches by meaning: the messages nearest the query's vector in
+        the same visible sessions (the same SQL scope, before any limit), fused with the
+        text matches (`agents.defaults.memorySearch.query.hybrid`); `score` is then the
+        fused score and `similarity` the cosine. Without a working embedder (none
+        configured, failing, or slower than 1 s) the answer is the text mode's, with
+        `fallback` saying why.
+
+        Raises `InvalidInputError` for a blank or over-long query, a bad key, limit, match
+        or mode.
 
         Cancellation: a read that has started finishes on its worker thread; nothing is
         written, nothing is left behind.
@@ -278,6 +287,7 @@ class Sessions:
             session_key=session_key,
             limit=limit,
             match=match,
+            mode=mode,
         )
 
     async def stats(self, *, check_integrity: bool = True) -> list[IndexStats]:
@@ -336,6 +346,7 @@ class Memory:
         self.models = dict(models or {})
         self.tools = dict(tools or {})
         search = SessionSearch(supervisor, on_dirty=AgentStore.poke)
+        self._search = search
         self.sessions = Sessions(supervisor, clock, search, lambda: self._settings)
         self._commands = Commands(supervisor, self._swap_config)
         self.notes = MemoryCore(supervisor, search, lambda: self._settings)
@@ -510,6 +521,7 @@ async def open_memory(
                 transcripts=transcripts,
             )
             memory.notes.embedder = embedder
+            memory._search.embedder = embedder
             yield memory
     finally:
         # After the recall pool has stopped: no run uses a model or writes a transcript.

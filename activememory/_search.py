@@ -3,24 +3,29 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from functools import partial
+from typing import cast
 
 import apsw
 import msgspec
+import numpy as np
 
 from ._redaction import Redactor
 from ._settings import Settings
 from .actors.supervisor import AgentStore, Supervisor
-from .protocol.config import PrivateScope
+from .protocol.config import HybridQuery, PrivateScope
 from .protocol.content import check_choice, check_int
+from .protocol.embeddings import Embedder
 from .protocol.search import (
     DEFAULT_LIMIT,
     INDEXING_WARNING,
     MAX_ANSWER_BYTES,
     MAX_LIMIT,
     MAX_SNIPPET_CHARS,
+    NO_EMBEDDER,
+    SEARCH_MODES,
     SearchHit,
     SearchResult,
 )
@@ -34,7 +39,10 @@ from .storage.fts_query import (
     plan_match,
     query_terms,
 )
-from .storage.search import Candidate, DbScope, ScopePage, TermStats, search_scope
+from .recall.hybrid import MessageSide, QueryVector, embed_query, message_side, rank
+from .recall.hybrid import candidates as _fuse_candidates
+from .storage.hybrid import Candidate as FuseCandidate
+from .storage.search import Candidate, DbScope, ScopePage, TermStats, scope_sql, search_scope
 from .storage.transcripts import TranscriptReader
 
 _encode = msgspec.json.Encoder().encode
@@ -58,6 +66,8 @@ class SessionSearch:
         self._on_dirty = on_dirty
         # Per agent database; only ever used on that database's reader executor.
         self._term_stats: dict[str, TermStats] = {}
+        # The query side of `mode="hybrid"`; the same embedder the embedder actor uses.
+        self.embedder: Embedder | None = None
 
     async def search(
         self,
@@ -68,15 +78,22 @@ class SessionSearch:
         session_key: object = None,
         limit: object = DEFAULT_LIMIT,
         match: object = "phrase",
+        mode: object = "text",
     ) -> SearchResult:
         text = check_query(query)
         caller_key = parse_session_key(caller, field="caller")
         only = None if session_key is None else parse_session_key(session_key)
         limit = check_int("limit", limit, 1, MAX_LIMIT)
         plan = plan_match(text, check_choice("match", match, MATCH_MODES))
+        hybrid = check_choice("mode", mode, SEARCH_MODES) == "hybrid"
         if plan is None:
             return SearchResult(results=())
         terms = query_terms(text)
+        meaning, fallback = QueryVector(None, None, None), None
+        if hybrid:
+            meaning = await embed_query(self.embedder, text)
+            fallback = NO_EMBEDDER if self.embedder is None else meaning.fallback
+        weights = settings.config.memory_search.query.hybrid
 
         redactor, visibility = settings.redactor, settings.config.search
         own = await self._supervisor.agent(caller_key.store_agent)
@@ -89,6 +106,8 @@ class SessionSearch:
             targets = [(s, sc) for s, sc in targets if s.agent == only.store_agent]
 
         pool = limit + 1  # one more than shown tells whether the limit cut anything
+        if meaning.vector is not None:
+            pool = limit * weights.candidate_multiplier  # from each side, for the fusion
         clamp = visibility.sandbox_visibility == "spawned"
         pages: list[_AgentPage] = []
         for store, scope in targets:
@@ -105,12 +124,16 @@ class SessionSearch:
                 pool=pool,
                 terms=terms,
                 redactor=redactor,
+                meaning=meaning,
             )
             found = await store.read(run)
             if found.page.any_dirty:
                 self._on_dirty(store)
             pages.append(found)
-        return _assemble(pages, limit)
+        if meaning.vector is None:
+            result = _assemble(pages, limit)
+            return result if fallback is None else _with_fallback(result, fallback)
+        return _assemble_fused(pages, meaning.vector, weights, limit)
 
     def private_job(
         self,
@@ -169,8 +192,13 @@ def _search_one(
     pool: int,
     terms: list[str],
     redactor: Redactor,
+    meaning: QueryVector | None = None,
 ) -> _AgentPage:
-    """Runs on the reader's executor: the SQL, then redaction and snippets of the pool."""
+    """Runs on the reader's executor: the SQL, then redaction and snippets of the pool.
+
+    With a query vector (`mode="hybrid"`) also the vector side, over the sessions of the
+    very scope the text side used (`scope_sql`: the clamp and `session_key` included).
+    """
     conn = reader.conn
     if clamp_sandboxed and scope == "all":
         row = conn.execute("SELECT sandboxed FROM sessions WHERE key = ?", (caller,)).fetchone()
@@ -180,7 +208,19 @@ def _search_one(
         conn, plan, scope=scope, caller=caller, session_key=session_key, keep=pool, stats=stats
     )
     snippets = [make_snippet(redactor.redact(c.text), terms) for c in page.candidates]
-    return _AgentPage(page, snippets)
+    if meaning is None or meaning.vector is None:
+        return _AgentPage(page, snippets)
+    sql, params = scope_sql(scope, caller, session_key)
+    side = message_side(
+        conn,
+        meaning,
+        pool=pool,
+        text_messages=[c.event_id for c in page.candidates],
+        visible_sql=f"SELECT id FROM ({sql})",
+        visible_params=params,
+    )
+    only = {i: make_snippet(redactor.redact(row.text), terms) for i, row in side.rows.items()}
+    return _AgentPage(page, snippets, side, only)
 
 
 @dataclass(frozen=True)
@@ -204,6 +244,8 @@ class _AgentPage:
 
     page: ScopePage
     snippets: list[tuple[str, bool]]
+    side: MessageSide | None = None  # hybrid mode: the vector side of the same scope
+    side_snippets: dict[int, tuple[str, bool]] | None = None  # of rows only it found
 
 
 def _assemble(pages: list[_AgentPage], limit: int) -> SearchResult:
@@ -237,6 +279,88 @@ def _assemble(pages: list[_AgentPage], limit: int) -> SearchResult:
     while len(_encode(result)) > MAX_ANSWER_BYTES:
         result = msgspec.structs.replace(result, results=result.results[:-1], truncated=True)
     return result
+
+
+def _with_fallback(result: SearchResult, fallback: str) -> SearchResult:
+    result = msgspec.structs.replace(result, fallback=fallback)
+    while len(_encode(result)) > MAX_ANSWER_BYTES:
+        result = msgspec.structs.replace(result, results=result.results[:-1], truncated=True)
+    return result
+
+
+def _assemble_fused(
+    pages: list[_AgentPage], query: np.ndarray, weights: HybridQuery, limit: int
+) -> SearchResult:
+    """`mode="hybrid"`: both sides of every database fused (docs/design.md §3, §4.7).
+
+    The text scores of all databases form one source (as in text mode), divided by their
+    best; every candidate is also scored by its stored vector. Keys are (page, event id):
+    event ids are per database.
+    """
+    text_ranked: list[tuple[float, int, int]] = []
+    near: list[tuple[float, int, int]] = []
+    vectors: dict[Hashable, np.ndarray] = {}
+    rows: dict[tuple[int, int], tuple[SearchHit, bool]] = {}
+    visible_dirty = 0
+    for order, found in enumerate(pages):
+        visible_dirty += found.page.visible_dirty
+        for c, (snippet, cut) in zip(found.page.candidates, found.snippets, strict=True):
+            text_ranked.append((-c.score, order, -c.event_id))
+            rows[order, c.event_id] = (_hit(c, snippet), cut)
+        if found.side is None:
+            continue
+        vectors.update({(order, i): v for i, v in found.side.vectors.items()})
+        near += [(-similarity, order, i) for i, similarity in found.side.near]
+        for i, row in found.side.rows.items():
+            snippet, cut = (found.side_snippets or {})[i]
+            hit = SearchHit(
+                session_key=row.session_key,
+                session_id=row.session_id,
+                message_id=i,
+                timestamp=row.timestamp,
+                role=row.role,  # type: ignore[arg-type]
+                snippet=snippet,
+                score=0.0,
+            )
+            rows[order, i] = (hit, cut)
+    text_ranked.sort()
+    near.sort(key=lambda n: (n[0], n[1], -n[2]))
+    meta: dict[Hashable, tuple[float | None, bool]] = {
+        key: (hit.timestamp, False) for key, (hit, _) in rows.items()
+    }
+    text_hits: list[tuple[Hashable, float]] = [
+        ((order, -neg_id), -neg) for neg, order, neg_id in text_ranked
+    ]
+    found_all: list[FuseCandidate] = _fuse_candidates(
+        [text_hits], [(order, i) for _, order, i in near], vectors, meta
+    )
+    fused = rank(found_all, query, weights, limit=len(found_all))
+    truncated = len(fused) > limit
+    hits: list[SearchHit] = []
+    for f in fused[:limit]:
+        hit, cut = rows[cast(tuple[int, int], f.key)]
+        truncated = truncated or cut
+        hits.append(msgspec.structs.replace(hit, score=f.score, similarity=f.similarity))
+    indexing = visible_dirty > 0
+    warning = INDEXING_WARNING.format(n=visible_dirty) if indexing else None
+    result = SearchResult(
+        results=tuple(hits), indexing=indexing, warning=warning, truncated=truncated
+    )
+    while len(_encode(result)) > MAX_ANSWER_BYTES:
+        result = msgspec.structs.replace(result, results=result.results[:-1], truncated=True)
+    return result
+
+
+def _hit(c: Candidate, snippet: str) -> SearchHit:
+    return SearchHit(
+        session_key=c.session_key,
+        session_id=c.session_id,
+        message_id=c.event_id,
+        timestamp=c.timestamp,
+        role=c.role,  # type: ignore[arg-type]
+        snippet=snippet,
+        score=c.score,
+    )
 
 
 def _first_hit(text: str, terms: list[str]) -> int:

@@ -13,6 +13,9 @@ from .errors import InvalidInputError
 Visibility: TypeAlias = Literal["self", "tree", "agent", "all"]
 VISIBILITIES: tuple[Visibility, ...] = ("self", "tree", "agent", "all")
 SandboxVisibility: TypeAlias = Literal["spawned", "all"]
+SearchMode: TypeAlias = Literal["text", "hybrid"]
+SEARCH_MODES: tuple[SearchMode, ...] = ("text", "hybrid")
+NO_EMBEDDER = "no embedder is configured (agents.defaults.memorySearch)"
 
 DEFAULT_LIMIT = 10
 MAX_LIMIT = 25
@@ -36,7 +39,8 @@ class SearchHit(msgspec.Struct, frozen=True, kw_only=True):
     timestamp: float
     role: Literal["user", "assistant"]
     snippet: str
-    score: float  # higher is better
+    score: float  # higher is better; in hybrid mode the fused score (docs/design.md §3)
+    similarity: float | None = None  # hybrid mode: cosine to the query, if the row has a vector
 
 
 class SearchResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -45,13 +49,15 @@ class SearchResult(msgspec.Struct, frozen=True, kw_only=True):
     `indexing` is true while a session the caller may see is being re-indexed; `warning`
     then says so in words a model reads correctly. `truncated` is true when more visible
     matches existed than `limit`, a snippet was shortened, or results were dropped to keep
-    the serialized answer within 32 KiB.
+    the serialized answer within 32 KiB. `fallback` is set when `mode="hybrid"` was asked
+    but the answer is by words alone, and says why (no embedder, or it failed or was slow).
     """
 
     results: tuple[SearchHit, ...]
     indexing: bool = False
     warning: str | None = None
     truncated: bool = False
+    fallback: str | None = None
 
 
 class SearchSettings(msgspec.Struct, frozen=True, kw_only=True):

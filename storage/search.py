@@ -191,15 +191,7 @@ def search_scope(
                     "{where}", "e.session_id NOT IN (SELECT id FROM sessions WHERE dirty)"
                 )
         else:
-            if session_key is not None and scope == "all":
-                visible = _visible_sessions(conn, "self", session_key)  # the one asked for
-            else:
-                visible = _visible_sessions(conn, scope, caller)
-            if session_key is not None:
-                wanted = conn.execute(
-                    "SELECT id FROM sessions WHERE key = ?", (session_key,)
-                ).fetchone()
-                visible = [v for v in visible if wanted is not None and v[0] == wanted[0]]
+            visible = _visible_sessions(conn, scope, caller, session_key)
             clean = [sid for sid, dirty in visible if not dirty]
             visible_dirty = len(visible) - len(clean)
             if not clean:
@@ -303,16 +295,50 @@ def private_params(agent: str, caller: str, scope: PrivateScope) -> dict[str, ob
     return {"agent": agent, "caller": caller, "peers": peers, "owner": scope.owner}
 
 
-def _visible_sessions(conn: apsw.Connection, scope: DbScope, caller: str) -> list[tuple[int, int]]:
+ScopeParams: TypeAlias = list[object] | dict[str, object]
+
+
+def scope_sql(scope: DbScope, caller: str, session_key: str | None) -> tuple[str, ScopeParams]:
+    """The sessions of this database `caller` may see under `scope`, as SQL: a SELECT of
+    `id, dirty` and its bindings (positional, or named for a `PrivateScope`).
+
+    `session_key` narrows it to that one session, if visible (with `all`: that session).
+    The one definition of a scope: the text side (`search_scope`) and the vector side
+    (`storage/vectors.nearest_messages`, docs/design.md §3) both read it, so a vector can
+    never reach a session the full-text search would not.
+    """
+    sql: str
+    params: ScopeParams
     if isinstance(scope, PrivateScope):
         key = parse_session_key(caller, field="caller")
         if not key.is_private or key.agent is None:
-            return []  # a group, channel or unknown conversation is never a recall target
-        rows = conn.execute(_PRIVATE, private_params(key.agent, key.raw, scope))
-    elif scope == "self":
-        rows = conn.execute("SELECT id, dirty FROM sessions WHERE key = ?", (caller,))
-    elif scope == "tree":
-        rows = conn.execute(_TREE, (caller,))
+            # A group, channel or unknown conversation is never a recall target.
+            sql, params = "SELECT id, dirty FROM sessions WHERE 0", {}
+        else:
+            sql, params = _PRIVATE, private_params(key.agent, key.raw, scope)
+        if session_key is not None:
+            sql = f"SELECT id, dirty FROM ({sql}) WHERE id IN ({_ONE_NAMED})"
+            params = {**params, "only": session_key}
+        return sql, params
+    if scope == "all":
+        if session_key is None:
+            return "SELECT id, dirty FROM sessions", []
+        return "SELECT id, dirty FROM sessions WHERE key = ?", [session_key]
+    if scope == "self":
+        sql = "SELECT id, dirty FROM sessions WHERE key = ?"
     else:
-        rows = conn.execute("SELECT id, dirty FROM sessions")
-    return [(int(sid), int(dirty)) for sid, dirty in rows]
+        sql = _TREE
+    if session_key is None:
+        return sql, [caller]
+    return f"SELECT id, dirty FROM ({sql}) WHERE id IN ({_ONE})", [caller, session_key]
+
+
+_ONE = "SELECT id FROM sessions WHERE key = ?"
+_ONE_NAMED = "SELECT id FROM sessions WHERE key = :only"
+
+
+def _visible_sessions(
+    conn: apsw.Connection, scope: DbScope, caller: str, session_key: str | None = None
+) -> list[tuple[int, int]]:
+    sql, params = scope_sql(scope, caller, session_key)
+    return [(int(sid), int(dirty)) for sid, dirty in conn.execute(sql, params)]

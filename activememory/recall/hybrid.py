@@ -27,6 +27,7 @@ from ..protocol.errors import EmbeddingError
 from ..storage.hybrid import Candidate, Fused, HybridWeights, fuse
 from ..storage.search import _PRIVATE, private_params
 from ..storage.vectors import (
+    VectorParams,
     message_vectors_of,
     nearest_messages,
     nearest_notes,
@@ -80,6 +81,16 @@ class MessageRow(NamedTuple):
     timestamp: float
     role: str
     text: str
+    session_id: int = 0
+
+
+class MessageSide(NamedTuple):
+    """The vector side over messages: the nearest visible ones (at least MIN_SIMILARITY),
+    the stored vectors of every candidate, and the rows of those only it found."""
+
+    near: list[tuple[int, float]]
+    vectors: dict[int, np.ndarray]
+    rows: dict[int, MessageRow]
 
 
 class VectorSide(NamedTuple):
@@ -91,6 +102,48 @@ class VectorSide(NamedTuple):
     message_vectors: dict[int, np.ndarray]
     notes: dict[int, NoteRow]  # rows of the chunks only the vector side found
     messages: dict[int, MessageRow]  # rows of the messages only the vector side found
+
+
+def message_side(
+    conn: apsw.Connection,
+    query: QueryVector,
+    *,
+    pool: int,
+    text_messages: Sequence[int],
+    visible_sql: str,
+    visible_params: VectorParams,
+) -> MessageSide:
+    """The `pool` messages nearest `query` among the sessions `visible_sql` (a SELECT of
+    session ids, the caller's scope: `storage.search.scope_sql`) admits, in SQL before `k`;
+    plus the vectors of those and of `text_messages` (what the text side found). Shared by
+    memory_search and `sessions_search` in hybrid mode (docs/design.md §3, §4.7)."""
+    assert query.vector is not None and query.name is not None
+    near = _close(
+        nearest_messages(
+            conn,
+            query.vector,
+            name=query.name,
+            visible_sql=visible_sql,
+            visible_params=visible_params,
+            k=pool,
+        )
+    )
+    text = set(text_messages)
+    only = [i for i, _ in near if i not in text]
+    return MessageSide(
+        near,
+        message_vectors_of(conn, [*text_messages, *(i for i, _ in near)], name=query.name),
+        {
+            int(r[0]): MessageRow(str(r[1]), float(r[2]), str(r[3]), str(r[4]), int(r[5]))
+            for r in _rows(
+                conn,
+                "SELECT e.id, s.key, e.ts, e.role, e.text, e.session_id FROM events e"
+                " JOIN sessions s ON s.id = e.session_id",
+                only,
+                column="e.id",
+            )
+        },
+    )
 
 
 def vector_side(
@@ -108,43 +161,30 @@ def vector_side(
     assert query.vector is not None and query.name is not None
     name = query.name
     near_notes = _close(nearest_notes(conn, query.vector, name=name, k=pool))
-    near_messages: list[tuple[int, float]] = []
+    messages = MessageSide([], {}, {})
     if scope is not None:
-        near_messages = _close(
-            nearest_messages(
-                conn,
-                query.vector,
-                name=name,
-                visible_sql=f"SELECT id FROM ({_PRIVATE})",
-                visible_params=private_params(agent, caller, scope),
-                k=pool,
-            )
+        messages = message_side(
+            conn,
+            query,
+            pool=pool,
+            text_messages=text_messages,
+            visible_sql=f"SELECT id FROM ({_PRIVATE})",
+            visible_params=private_params(agent, caller, scope),
         )
     note_ids = [*text_notes, *(i for i, _ in near_notes)]
-    message_ids = [*text_messages, *(i for i, _ in near_messages)]
     only_notes = [i for i, _ in near_notes if i not in set(text_notes)]
-    only_messages = [i for i, _ in near_messages if i not in set(text_messages)]
     return VectorSide(
         near_notes,
-        near_messages,
+        messages.near,
         note_vectors_of(conn, note_ids, name=name),
-        message_vectors_of(conn, message_ids, name=name),
+        messages.vectors,
         {
             int(r[0]): NoteRow(str(r[1]), int(r[2]), int(r[3]), str(r[4]))
             for r in _rows(
                 conn, "SELECT id, path, start_line, end_line, text FROM note_chunks", only_notes
             )
         },
-        {
-            int(r[0]): MessageRow(str(r[1]), float(r[2]), str(r[3]), str(r[4]))
-            for r in _rows(
-                conn,
-                "SELECT e.id, s.key, e.ts, e.role, e.text FROM events e"
-                " JOIN sessions s ON s.id = e.session_id",
-                only_messages,
-                column="e.id",
-            )
-        },
+        messages.rows,
     )
 
 
