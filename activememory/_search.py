@@ -30,6 +30,8 @@ from .protocol.search import (
     SearchResult,
 )
 from .protocol.session_key import SessionKey, parse_session_key
+from .recall.hybrid import MessageSide, QueryVector, embed_query, message_side, rank
+from .recall.hybrid import candidates as _fuse_candidates
 from .storage.fts_query import (
     MATCH_MODES,
     MatchPlan,
@@ -39,8 +41,6 @@ from .storage.fts_query import (
     plan_match,
     query_terms,
 )
-from .recall.hybrid import MessageSide, QueryVector, embed_query, message_side, rank
-from .recall.hybrid import candidates as _fuse_candidates
 from .storage.hybrid import Candidate as FuseCandidate
 from .storage.search import Candidate, DbScope, ScopePage, TermStats, scope_sql, search_scope
 from .storage.transcripts import TranscriptReader

@@ -324,10 +324,7 @@ def scope_sql(scope: DbScope, caller: str, session_key: str | None) -> tuple[str
         if session_key is None:
             return "SELECT id, dirty FROM sessions", []
         return "SELECT id, dirty FROM sessions WHERE key = ?", [session_key]
-    if scope == "self":
-        sql = "SELECT id, dirty FROM sessions WHERE key = ?"
-    else:
-        sql = _TREE
+    sql = "SELECT id, dirty FROM sessions WHERE key = ?" if scope == "self" else _TREE
     if session_key is None:
         return sql, [caller]
     return f"SELECT id, dirty FROM ({sql}) WHERE id IN ({_ONE})", [caller, session_key]
