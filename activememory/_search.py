@@ -107,7 +107,7 @@ class SessionSearch:
 
         pool = limit + 1  # one more than shown tells whether the limit cut anything
         if meaning.vector is not None:
-            pool = limit * weights.candidate_multiplier  # from each side, for the fusion
+            pool = max(pool, limit * weights.candidate_multiplier)  # from each side, to fuse
         clamp = visibility.sandbox_visibility == "spawned"
         pages: list[_AgentPage] = []
         for store, scope in targets:
@@ -131,8 +131,7 @@ class SessionSearch:
                 self._on_dirty(store)
             pages.append(found)
         if meaning.vector is None:
-            result = _assemble(pages, limit)
-            return result if fallback is None else _with_fallback(result, fallback)
+            return _assemble(pages, limit, fallback)
         return _assemble_fused(pages, meaning.vector, weights, limit)
 
     def private_job(
@@ -248,7 +247,7 @@ class _AgentPage:
     side_snippets: dict[int, tuple[str, bool]] | None = None  # of rows only it found
 
 
-def _assemble(pages: list[_AgentPage], limit: int) -> SearchResult:
+def _assemble(pages: list[_AgentPage], limit: int, fallback: str | None = None) -> SearchResult:
     ranked: list[tuple[float, int, int, Candidate, tuple[str, bool]]] = []
     visible_dirty = 0
     for order, found in enumerate(pages):
@@ -258,31 +257,25 @@ def _assemble(pages: list[_AgentPage], limit: int) -> SearchResult:
     ranked.sort(key=lambda r: r[:3])
     truncated = len(ranked) > limit
     hits: list[SearchHit] = []
-    for neg_score, _, _, c, (text, cut) in ranked[:limit]:
+    for _, _, _, c, (text, cut) in ranked[:limit]:
         truncated = truncated or cut
-        hits.append(
-            SearchHit(
-                session_key=c.session_key,
-                session_id=c.session_id,
-                message_id=c.event_id,
-                timestamp=c.timestamp,
-                role=c.role,  # type: ignore[arg-type]
-                snippet=text,
-                score=-neg_score,
-            )
-        )
+        hits.append(_hit(c, text))
+    return _answer(hits, visible_dirty, truncated, fallback)
+
+
+def _answer(
+    hits: list[SearchHit], visible_dirty: int, truncated: bool, fallback: str | None = None
+) -> SearchResult:
+    """The answer, its results dropped from the end until it fits MAX_ANSWER_BYTES."""
     indexing = visible_dirty > 0
     warning = INDEXING_WARNING.format(n=visible_dirty) if indexing else None
     result = SearchResult(
-        results=tuple(hits), indexing=indexing, warning=warning, truncated=truncated
+        results=tuple(hits),
+        indexing=indexing,
+        warning=warning,
+        truncated=truncated,
+        fallback=fallback,
     )
-    while len(_encode(result)) > MAX_ANSWER_BYTES:
-        result = msgspec.structs.replace(result, results=result.results[:-1], truncated=True)
-    return result
-
-
-def _with_fallback(result: SearchResult, fallback: str) -> SearchResult:
-    result = msgspec.structs.replace(result, fallback=fallback)
     while len(_encode(result)) > MAX_ANSWER_BYTES:
         result = msgspec.structs.replace(result, results=result.results[:-1], truncated=True)
     return result
@@ -334,21 +327,14 @@ def _assemble_fused(
     found_all: list[FuseCandidate] = _fuse_candidates(
         [text_hits], [(order, i) for _, order, i in near], vectors, meta
     )
-    fused = rank(found_all, query, weights, limit=len(found_all))
-    truncated = len(fused) > limit
+    fused = rank(found_all, query, weights, limit=limit)
+    truncated = len(found_all) > limit
     hits: list[SearchHit] = []
     for f in fused[:limit]:
         hit, cut = rows[cast(tuple[int, int], f.key)]
         truncated = truncated or cut
         hits.append(msgspec.structs.replace(hit, score=f.score, similarity=f.similarity))
-    indexing = visible_dirty > 0
-    warning = INDEXING_WARNING.format(n=visible_dirty) if indexing else None
-    result = SearchResult(
-        results=tuple(hits), indexing=indexing, warning=warning, truncated=truncated
-    )
-    while len(_encode(result)) > MAX_ANSWER_BYTES:
-        result = msgspec.structs.replace(result, results=result.results[:-1], truncated=True)
-    return result
+    return _answer(hits, visible_dirty, truncated)
 
 
 def _hit(c: Candidate, snippet: str) -> SearchHit:
