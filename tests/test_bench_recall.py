@@ -25,6 +25,7 @@ TINY = [
     "--concurrency", "1,4",
     "--runs", "3",
     "--runs-ignoring", "1",
+    "--meaning-recalls", "4",
 ]  # fmt: skip
 PERCENTILES = {"p50", "p90", "p99", "max", "mean"}
 
@@ -86,6 +87,23 @@ def test_both_benchmarks_report_their_structure_through_the_cli(
     assert overhead["profile"][0] == "6 recalls at concurrency 1, thread executor"
     assert "cumtime" in overhead["profile"][1]
 
+    meaning = overhead["meaning"]
+    assert meaning["recalls"] == 4 and meaning["statuses"] == {"ok": 8}
+    assert meaning["embedder"] == "local/all-MiniLM-L6-v2"
+    assert meaning["vectors"] >= 600  # every message and note chunk has its vector
+    for key in (
+        "recall_text_ms",
+        "recall_meaning_ms",
+        "embed_ms",
+        "tool_text_ms",
+        "tool_meaning_ms",
+        "vector_reads_ms",
+    ):
+        assert set(meaning[key]) == PERCENTILES
+    bound = meaning["recall_text_ms"]["p50"] + 1.2 * meaning["embed_ms"]["p50"]
+    assert meaning["bound_p50_ms"] == pytest.approx(bound, abs=1e-3)
+    assert meaning["pass"] == (meaning["recall_meaning_ms"]["p50"] <= meaning["bound_p50_ms"])
+
     runs = result["overshoot"]["runs"]
     assert [(r["name"], r["runs"], r["bound_ms"]) for r in runs] == [
         ("hang", 3, 250.0),
@@ -100,6 +118,7 @@ def test_both_benchmarks_report_their_structure_through_the_cli(
     assert [v["name"] for v in verdicts] == [
         "recall overhead, concurrency 1",
         "recall overhead, concurrency 4",
+        "recall by meaning, concurrency 1",
         "budget overshoot, hang",
         "budget overshoot, ignores_cancellation",
     ]
@@ -119,7 +138,9 @@ def test_the_state_dir_is_reused_and_the_report_ends_with_verdicts(
 
     assert "reused" not in first.splitlines()[2]
     assert "(reused: times from the run that loaded it)" in second.splitlines()[2]
-    tail = second.splitlines()[-2:]
+    tail = second.splitlines()[-3:]
     assert tail[0] == "Verdicts"
     assert tail[1].startswith(("  PASS recall overhead, concurrency 1", "  MISS recall overhead"))
+    assert tail[2].startswith(("  PASS recall by meaning", "  MISS recall by meaning"))
+    assert "by meaning (default config: embedder local/all-MiniLM-L6-v2, hybrid;" in second
     assert "Recall budget overshoot" not in second
