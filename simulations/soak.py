@@ -1605,7 +1605,7 @@ def embedder_report(live: Live, work_s: float) -> dict[str, Any]:
         "wait_ms": latency(waits),
         "pending_rows": {
             "samples": len(ordered),
-            "p50": percentile(ordered, 50) if ordered else 0,
+            "p50": int(percentile(ordered, 50)) if ordered else 0,
             "max": ordered[-1] if ordered else 0,
             "last": pending[-1] if pending else 0,
         },

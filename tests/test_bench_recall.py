@@ -14,6 +14,7 @@ from types import FrameType
 
 import pytest
 
+import activememory as am
 from activememory._cli import main
 from activememory.simulations.bench import recall as bench_recall
 
@@ -144,3 +145,34 @@ def test_the_state_dir_is_reused_and_the_report_ends_with_verdicts(
     assert tail[2].startswith(("  PASS recall by meaning", "  MISS recall by meaning"))
     assert "by meaning (default config: embedder local/all-MiniLM-L6-v2, hybrid;" in second
     assert "Recall budget overshoot" not in second
+
+
+@pytest.mark.parametrize(
+    ("data", "by_meaning", "problem"),
+    [
+        ({"effectiveMode": "hybrid", "fallback": None}, True, None),
+        ({"effectiveMode": "search", "fallback": None}, False, None),
+        ({"effectiveMode": "search", "fallback": None}, True, "ran 'search'"),
+        ({"effectiveMode": "search", "fallback": "the embedder took over 1 s"}, True, "fallback"),
+        ({"effectiveMode": "hybrid", "fallback": None, "vectorsPending": True}, True, "pending"),
+    ],
+)
+def test_a_recall_by_meaning_that_did_not_search_by_meaning_fails_the_run(
+    data: dict[str, object], by_meaning: bool, problem: str | None
+) -> None:
+    """A broken (text-only, or lagging) by-meaning path must not look fast: the run fails."""
+    model = bench_recall.ZeroThinkModel()
+    probe = bench_recall.Probe(
+        turn=am.Turn(
+            session_key="agent:main:direct:a", messages=[am.Message(role="user", content="q")]
+        ),
+        query="q",
+        caller="agent:main:direct:a",
+    )
+    model.seen["q"] = am.ToolResult(name="memory_search", content="{}", data=data)
+    outcome = am.RecallOutcome(status="ok")
+    if problem is None:
+        bench_recall._check_meaning(model, probe, outcome, by_meaning=by_meaning)
+    else:
+        with pytest.raises(bench_recall.BenchmarkError, match=problem):
+            bench_recall._check_meaning(model, probe, outcome, by_meaning=by_meaning)
