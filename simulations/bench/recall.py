@@ -614,7 +614,7 @@ async def run_meaning(
         if embedder is None:
             raise BenchmarkError("the default config opened no embedder")
         timings.embedder = embedder.name
-        start = time.perf_counter()
+        start, ready = time.perf_counter(), False
         with trio.move_on_after(VECTORS_READY_S):
             ready = await mem.sessions.vectors_ready()
         timings.ready_s = time.perf_counter() - start
@@ -623,11 +623,12 @@ async def run_meaning(
         await mem.notes.sync_notes(AGENT)
         conn = open_connection(agent_db_path(library, AGENT), writer=False)
         try:
-            (timings.vectors,) = conn.execute(
+            row = conn.execute(
                 "SELECT (SELECT count(*) FROM message_vectors WHERE name = ?1)"
                 " + (SELECT count(*) FROM note_vectors WHERE name = ?1)",
                 (embedder.name,),
             ).fetchone()
+            timings.vectors = int(row[0]) if row else 0
             probes = Probes(zipf, args.seed, "meaning")
             callers = random.Random(f"{args.seed}:callers:meaning")
             for i in range(WARMUP_RECALLS // 5 + count):
@@ -680,8 +681,8 @@ async def run_meaning(
                 if i < WARMUP_RECALLS // 5:
                     timings.statuses.clear()
                     continue
-                for side, value in seconds.items():
-                    timings.seconds.setdefault(side, []).append(value)
+                for name, value in seconds.items():
+                    timings.seconds.setdefault(name, []).append(value)
         finally:
             conn.close()
     return timings
