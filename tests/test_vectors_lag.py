@@ -115,5 +115,7 @@ async def test_stats_counts_above_the_watermark_and_is_exact_when_idle(tmp_path:
         # Rows under the watermark are not read again: a vector removed behind the actor's
         # back (never done by the library) shows the count reads only above it.
         conn = store.actor.writer.conn
-        conn.execute("DELETE FROM message_vectors WHERE event_id = (SELECT min(event_id) FROM message_vectors)")
+        conn.execute(
+            "DELETE FROM message_vectors WHERE event_id = (SELECT min(event_id) FROM message_vectors)"
+        )
         assert await store.read(counts) == (4, 3, 4)  # another epoch: everything again
