@@ -104,6 +104,10 @@ def test_both_benchmarks_report_their_structure_through_the_cli(
     bound = meaning["recall_text_ms"]["p50"] + 1.2 * meaning["embed_ms"]["p50"]
     assert meaning["bound_p50_ms"] == pytest.approx(bound, abs=1e-3)
     assert meaning["pass"] == (meaning["recall_meaning_ms"]["p50"] <= meaning["bound_p50_ms"])
+    extra = meaning["extra_p50_ms"]
+    assert set(extra) == {"recall", "tool", "embed", "vector_reads", "rest"}
+    parts = extra["embed"] + extra["vector_reads"] + extra["rest"]
+    assert extra["tool"] == pytest.approx(parts, abs=1e-3)
 
     runs = result["overshoot"]["runs"]
     assert [(r["name"], r["runs"], r["bound_ms"]) for r in runs] == [

@@ -731,6 +731,18 @@ def meaning_report(t: MeaningTimings) -> dict[str, Any]:
         "vector_reads_ms": p["vector_reads"],
         "bound_p50_ms": round(bound, 4),
         "pass": meaning <= bound,
+        # Where the extra time goes, from the p50s (not paired): the query's embedding, the
+        # vector side's reads, and the rest (thread hops, fusion, the result's build).
+        "extra_p50_ms": {
+            "recall": round(meaning - text, 4),
+            "tool": round(p["tool_meaning"]["p50"] - p["tool_text"]["p50"], 4),
+            "embed": embed,
+            "vector_reads": p["vector_reads"]["p50"],
+            "rest": round(
+                p["tool_meaning"]["p50"] - p["tool_text"]["p50"] - embed - p["vector_reads"]["p50"],
+                4,
+            ),
+        },
     }
 
 
@@ -1141,6 +1153,9 @@ def _meaning_lines(meaning: dict[str, Any] | None) -> list[str]:
         _row("vector side's reads (vector_side, own conn)", meaning["vector_reads_ms"]),
         f"    target: recall p50 by meaning <= text only p50 + {EMBED_FACTOR:g} x embedder p50"
         f" = {meaning['bound_p50_ms']:.3f} ms",
+        "    extra by meaning, from the p50s: recall {recall:+.3f} ms, memory_search tool "
+        "{tool:+.3f} ms = embedder {embed:.3f} + vector side's reads {vector_reads:.3f} "
+        "+ the rest (hops, fusion) {rest:+.3f}".format(**meaning["extra_p50_ms"]),
     ]
 
 
