@@ -658,9 +658,7 @@ class TranscriptReader:
             pending = (
                 0
                 if vector_name is None
-                else pending_count(
-                    self.conn, vector_name, after=vector_after, epoch=vector_epoch
-                )
+                else pending_count(self.conn, vector_name, after=vector_after, epoch=vector_epoch)
             )
         pages = one("PRAGMA page_count") * one("PRAGMA page_size")
         return IndexStats(
