@@ -52,6 +52,17 @@ the second is up (the tool side or the recall side), so recalls meet about half 
 a concurrency-1 recall loop (after the timed runs) and prints the top 25 functions by
 cumulative time.
 
+**1b. By meaning** (`--meaning-recalls N`, default 200; 0 skips it): the same corpus opened
+with the default config (the shipped embedder, hybrid memory_search), after
+`vectors_ready()`. At concurrency 1, per query and in rotating order: a recall text only
+(the same memory with memory_search's query embedder set aside for the call), a recall by
+meaning, the embedder alone (`embed([q])`), the memory_search tool each way, and the vector
+side's reads (`vector_side` on the bench's own connection). Each side recalls its own probe
+(a repeated turn would be a cache hit). The raw-floor checks apply to the text-only
+benchmark above; here a by-meaning search that fell back to text, or had vectors pending,
+fails the run. Target (the issue's): recall p50 by meaning <= text-only p50 + 1.2 x the
+embedder's p50.
+
 **2. Budget overshoot, real clock.** `HangForever` (searches, then never answers) with
 `timeoutMs: 250`, the thread executor, a small corpus, 200 sequential recalls; overshoot =
 wall time of `mem.recall` - 0.250 s; target p99 <= 50 ms. The circuit breaker (3 timeouts)
@@ -62,7 +73,8 @@ over enough model names (the turn's session model, one breaker each) that none r
 against the same 50 ms for comparison (the issue sets it no target).
 
     activememory bench recall [--messages 100000] [--notes 1000]
-        [--recalls N] [--concurrency 1,16,128] [--runs 200] [--only overhead|overshoot]
+        [--recalls N] [--concurrency 1,16,128] [--meaning-recalls 200] [--runs 200]
+        [--only overhead|overshoot]
         [--profile] [--json] [--state-dir DIR]
 """
 
@@ -548,7 +560,7 @@ def _overhead_config() -> dict[str, Any]:
     # The shortest cache TTL keeps the (never hit) cache small; the default timeoutMs. Every
     # conversation is one owner's: recall may read all of them, as the raw floor does.
     # Text search only: the floor is a raw FTS5 query, and the checks compare against it
-    # (recall by meaning is measured against its own floor: `bench paraphrase`).
+    # (recall by meaning is timed by `run_meaning`, its quality by `bench paraphrase`).
     settings = {"model": MODEL, "cacheTtlMs": 1000, "singleOwner": True}
     return {
         "plugins": {"entries": {"active-memory": {"config": settings}}},
