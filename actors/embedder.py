@@ -112,6 +112,18 @@ class EmbedderActor:
         inbox = self.inbox.statistics()
         return not self.busy and inbox.tasks_waiting_receive == 1 and inbox.current_buffer_used == 0
 
+    def working(self) -> bool:
+        """Busy or with a poke queued: vectors may be missing for what was acknowledged
+        (memory_search says so as `vectorsPending`, docs/design.md §2.3). A field read, never
+        a query: cheap enough for the recall path."""
+        return not self.idle()
+
+    def watermark(self) -> tuple[int, int | None]:
+        """(event id, `vector_epoch`): every message up to that id has been given its vector
+        (or needs none) under that epoch; None: nothing read yet. `stats` counts only the
+        messages above it (`storage.vectors.pending_count`)."""
+        return self._after, self._epoch
+
     async def run(self) -> None:
         """Serve pokes until the inbox closes.
 

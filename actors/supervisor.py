@@ -164,12 +164,24 @@ class AgentStore(Database[TranscriptReader, IndexerCommand, IndexerAck]):
     async def index_stats(self, *, check_integrity: bool = True) -> IndexStats:
         """The database's `IndexStats`, with the embedder's lag and last error."""
         name = None if self.embedder is None else self.embedder.name
+        # The watermark before the read: what it covers was committed before the snapshot.
+        after, epoch = (0, None) if self.embedder is None else self.embedder.watermark()
         stats = await self.read(
-            lambda reader: reader.stats(check_integrity=check_integrity, vector_name=name)
+            lambda reader: reader.stats(
+                check_integrity=check_integrity,
+                vector_name=name,
+                vector_after=after,
+                vector_epoch=epoch,
+            )
         )
         if self.embedder is None:
             return stats
         return msgspec.structs.replace(stats, embedder_error=self.embedder.last_error)
+
+    def vectors_pending(self) -> bool:
+        """Whether the embedder actor is at work or has work queued (docs/design.md §2.3):
+        a field read, for memory_search's `vectorsPending`. False without an embedder."""
+        return self.embedder is not None and self.embedder.working()
 
     def poke(self, reason: Literal["search", "dirty"] = "search") -> None:
         """Tell the reconciler there may be dirty sessions; never blocks.

@@ -38,8 +38,16 @@ Three kinds of process:
       seconds (default half the run): the last run lives long enough to show a leak;
   (e) no group message ever reached a recall (the privacy boundary, docs/design.md §4.2).
 
+The workload opens the memory with the default `memorySearch` (the shipped embedder on), so
+the soak also measures the **embedder's background rate and lag** (docs/design.md §2.3): the
+vectors it stored per second, the rows waiting for a vector (sampled each second from
+`stats`), and how long each acknowledged append waited for its vector (from its ack until
+the embedder actor's watermark passed its event id, polled every 50 ms), with what still
+waited when the run ended. Reported, not checked: vectors are an optimisation with no
+bound of their own.
+
 It prints throughput, latency percentiles, statuses, timeouts, breaker trips, rejected
-appends, kills, RSS over time and a PASS/FAIL line per check (`--json`: one JSON object).
+appends, kills, RSS over time, the embedder's rate and lag and a PASS/FAIL line per check (`--json`: one JSON object).
 Exit status 1 if any check fails.
 
     python -m activememory.simulations.soak [--sessions 200] [--append-rate 50]
@@ -51,6 +59,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import heapq
 import itertools
 import json
 import os
@@ -95,6 +104,8 @@ LATE_S = 0.25  # an operation started this much after its slot counts as late
 RSS_EVERY_S = 1.0
 TICK_EVERY_S = 0.5
 BREAKER_POLL_S = 0.05
+EMBED_POLL_S = 0.05  # how often the workload reads the embedder actor's watermark
+EMBED_EVERY_S = 1.0  # how often it reports the embedder's counters to the parent
 READY_TIMEOUT_S = 60.0
 MAX_FAILED_STARTS = 20
 KILL_MARGIN_S = 3.0  # no kill this close to the end: the last workload run stops cleanly
@@ -249,6 +260,9 @@ class Workload:
         self.slots = trio.Semaphore(MAX_IN_FLIGHT)
         self.counts: Counter[str] = Counter()
         self.breakers: dict[tuple[str, str], str] = {}
+        # Acknowledged appends of indexed text waiting for their vector: (event id, ack time).
+        self.awaiting: list[tuple[int, float]] = []
+        self.waits: list[float] = []  # seconds each waited, since the last report
 
     def marker(self) -> str:
         """A unique marker for the next message (run and counter)."""
@@ -299,6 +313,8 @@ class Workload:
                 self.reject(key, marker, exc)
                 return
             self.acks.write({"k": "a", "s": key, "m": marker, "id": event.id, "p": event.parent_id})
+            if text is not None:
+                heapq.heappush(self.awaiting, (event.id, time.monotonic()))
             branch.append(event.id)
             del branch[:-BRANCH_KEPT]  # bounded: the soak's own state must not look like a leak
             self.counts["acked"] += 1
@@ -468,6 +484,49 @@ class Workload:
             emit({"t": "rss", "kib": rss_kib(), "sqlite": apsw.memory_used() // 1024, "age": age})
             await trio.sleep(RSS_EVERY_S)
 
+    async def watch_embedder(self) -> None:
+        """Time each acknowledged append until the embedder's watermark passes it, and
+        report the embedder's counters and the rows waiting for a vector every second."""
+        store = await self.mem._supervisor.agent(AGENT)
+        embedder = store.embedder
+        if embedder is None:
+            emit({"t": "emb", "on": False})
+            return
+        last = time.monotonic()
+        while True:
+            await trio.sleep(EMBED_POLL_S)
+            after, _epoch = embedder.watermark()
+            now = time.monotonic()
+            while self.awaiting and self.awaiting[0][0] <= after:
+                _, acked = heapq.heappop(self.awaiting)
+                self.waits.append(now - acked)
+            if now - last >= EMBED_EVERY_S:
+                last = now
+                await self.report_embedder(store)
+
+    async def report_embedder(self, store: Any) -> None:
+        """One report: vectors stored by this run, rows waiting, waits since the last."""
+        embedder = store.embedder
+        (stats,) = [
+            s for s in await self.mem.sessions.stats(check_integrity=False) if s.agent == AGENT
+        ]
+        now = time.monotonic()
+        oldest = now - min(t for _, t in self.awaiting) if self.awaiting else 0.0
+        emit(
+            {
+                "t": "emb",
+                "on": True,
+                "name": embedder.name,
+                "stored": embedder.stored,
+                "pending": stats.vectors_pending,
+                "waits": [round(w, 4) for w in self.waits],
+                "waiting": len(self.awaiting),
+                "oldest": round(oldest, 3),
+                "error": embedder.last_error,
+            }
+        )
+        self.waits = []
+
     async def watch_breakers(self) -> None:
         """Poll the breakers, so a trip between two recalls is seen too."""
         while True:
@@ -516,11 +575,14 @@ async def run_child(args: argparse.Namespace) -> int:
                 background.start_soon(workload.ticker)
                 background.start_soon(workload.sample_rss)
                 background.start_soon(workload.watch_breakers)
+                background.start_soon(workload.watch_embedder)
                 async with trio.open_nursery() as ops:
                     ops.start_soon(workload.schedule, ops, args.append_rate, deadline, "append")
                     ops.start_soon(workload.schedule, ops, args.recall_rate, deadline, "recall")
                 background.cancel_scope.cancel()
             workload.tick()
+            if (store := await mem._supervisor.agent(AGENT)).embedder is not None:
+                await workload.report_embedder(store)
     finally:
         acks.close()
     emit({"t": "done", "inc": args.incarnation})
@@ -587,6 +649,9 @@ class Live:
     busy_misses: int = 0
     errors: Counter[str] = field(default_factory=Counter)
     started: float = field(default_factory=time.monotonic)
+    embedder: dict[int, dict[str, Any]] = field(default_factory=dict)  # last report per run
+    vector_waits: list[float] = field(default_factory=list)  # seconds, every run
+    vectors_pending: list[int] = field(default_factory=list)  # sampled each second
 
     def handle(self, inc: int, msg: dict[str, Any]) -> None:
         """Take one JSON line from workload run `inc` (or the busy writer, -1)."""
@@ -612,6 +677,11 @@ class Live:
                 self.busy_misses += 1
             elif kind == "error":
                 self.errors[_error_reason(str(msg["e"]))] += 1
+            elif kind == "emb":
+                self.embedder[inc] = msg
+                self.vector_waits += [float(w) for w in msg.get("waits", ())]
+                if "pending" in msg:
+                    self.vectors_pending.append(int(msg["pending"]))
 
     def total(self, name: str) -> int:
         """A counter summed over every workload run's last tick."""
@@ -1501,6 +1571,7 @@ def build_report(
             "busy_writer_missed": live.busy_misses,
         },
         "rss": rss,
+        "embedder": embedder_report(live, work_s),
         "verify": verified.counts,
         "checks": checks,
         "ok": all(c["result"] != "FAIL" for c in checks),
@@ -1511,6 +1582,36 @@ def build_report(
             "state_dir": str(state_dir),
             "state_dir_kept": kept,
         },
+    }
+
+
+def embedder_report(live: Live, work_s: float) -> dict[str, Any]:
+    """The embedder's background rate and lag under the soak's load (not a check)."""
+    with live.lock:
+        reports = list(live.embedder.values())
+        waits = [w * 1000 for w in live.vector_waits]
+        pending = list(live.vectors_pending)
+    on = [r for r in reports if r.get("on")]
+    if not on:
+        return {"on": False}
+    stored = sum(int(r["stored"]) for r in on)
+    ordered = sorted(pending)
+    last = on[-1]
+    return {
+        "on": True,
+        "name": last["name"],
+        "vectors_stored": stored,
+        "vectors_per_s": round(stored / work_s, 1),
+        "wait_ms": latency(waits),
+        "pending_rows": {
+            "samples": len(ordered),
+            "p50": int(percentile(ordered, 50)) if ordered else 0,
+            "max": ordered[-1] if ordered else 0,
+            "last": pending[-1] if pending else 0,
+        },
+        "waiting_at_end": int(last["waiting"]),
+        "oldest_waiting_at_end_s": float(last["oldest"]),
+        "error": last["error"],
     }
 
 
@@ -1558,6 +1659,7 @@ def format_report(report: dict[str, Any]) -> str:
         + ", ".join(
             f"{p['t_s']:.0f}/{p['run']}/{p['mib']} ({p['sqlite_mib']})" for p in rss["over_time"]
         ),
+        *_embedder_lines(report["embedder"]),
         "  store: " + ", ".join(f"{k} {v}" for k, v in report["verify"].items()),
         "",
     ]
@@ -1572,6 +1674,21 @@ def format_report(report: dict[str, Any]) -> str:
         "  result: " + ("PASS" if report["ok"] else "FAIL"),
     ]
     return "\n".join(lines)
+
+
+def _embedder_lines(e: dict[str, Any]) -> list[str]:
+    if not e.get("on"):
+        return ["  embedder: off (no vectors)"]
+    w, p = e["wait_ms"], e["pending_rows"]
+    return [
+        f"  embedder {e['name']}: {e['vectors_stored']} vectors stored "
+        f"({e['vectors_per_s']:.1f}/s); rows waiting for a vector (each second) p50 {p['p50']}, "
+        f"max {p['max']}, last {p['last']}; "
+        f"error {e['error'] or 'none'}",
+        f"    ack -> vector (ms): p50 {w['p50']:.1f}, p99 {w['p99']:.1f}, max {w['max']:.1f} "
+        f"({w['count']} appends); {e['waiting_at_end']} still waiting at the end "
+        f"(oldest {e['oldest_waiting_at_end_s']:.1f} s)",
+    ]
 
 
 # -- the command --------------------------------------------------------------------------

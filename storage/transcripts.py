@@ -630,8 +630,17 @@ class TranscriptReader:
         )
         return [(str(key), int(revision)) for key, revision in rows]
 
-    def stats(self, *, check_integrity: bool = True, vector_name: str | None = None) -> IndexStats:
-        """The database's counts; with `vector_name`, how many rows wait for its vectors."""
+    def stats(
+        self,
+        *,
+        check_integrity: bool = True,
+        vector_name: str | None = None,
+        vector_after: int = 0,
+        vector_epoch: int | None = None,
+    ) -> IndexStats:
+        """The database's counts; with `vector_name`, how many rows wait for its vectors
+        (counted above the embedder actor's watermark `vector_after`/`vector_epoch`:
+        `storage.vectors.pending_count`)."""
 
         def one(sql: str) -> int:
             row = self.conn.execute(sql).fetchone()
@@ -646,7 +655,11 @@ class TranscriptReader:
             )
             indexed = one("SELECT count(*) FROM message_fts")
             dirty = one("SELECT count(*) FROM sessions WHERE dirty")
-            pending = 0 if vector_name is None else pending_count(self.conn, vector_name)
+            pending = (
+                0
+                if vector_name is None
+                else pending_count(self.conn, vector_name, after=vector_after, epoch=vector_epoch)
+            )
         pages = one("PRAGMA page_count") * one("PRAGMA page_size")
         return IndexStats(
             agent=self.agent,

@@ -50,16 +50,17 @@ _PENDING_MESSAGES = (
     "  SELECT 1 FROM message_vectors v"
     "  WHERE v.session_id = s.id AND v.name = ?1 AND v.event_id = e.id)"
 )
-# The same, after a watermark, in id order: what the embedder actor reads.
-_PENDING_AFTER = (
+# The same, above a watermark of event ids (?2).
+_PENDING_ABOVE = (
     "SELECT e.id, e.text FROM events e"
     " JOIN active_branch a ON a.session_id = e.session_id AND a.depth = e.depth"
     " AND a.event_id = e.id"
     " JOIN sessions s ON s.id = e.session_id"
     " WHERE e.id > ?2 AND NOT s.dirty AND e.text IS NOT NULL AND NOT EXISTS ("
     "  SELECT 1 FROM message_vectors v WHERE v.event_id = e.id AND v.name = ?1)"
-    " ORDER BY e.id LIMIT ?3"
 )
+# In id order, a batch at a time: what the embedder actor reads.
+_PENDING_AFTER = _PENDING_ABOVE + " ORDER BY e.id LIMIT ?3"
 _PENDING_NOTES = (
     "SELECT c.id, c.text FROM note_chunks c WHERE NOT EXISTS ("
     " SELECT 1 FROM note_vectors v WHERE v.name = ?1 AND v.chunk_id = c.id)"
@@ -126,13 +127,28 @@ def pending_notes(conn: apsw.Connection, name: str, limit: int) -> list[tuple[in
     return [(int(i), str(t)) for i, t in cast(list[tuple[int, str]], rows)]
 
 
-def pending_count(conn: apsw.Connection, name: str) -> int:
-    """How many messages and note chunks wait for a vector of `name`."""
-    count = 0
-    for sql in (_PENDING_MESSAGES, _PENDING_NOTES):
-        row = conn.execute(f"SELECT count(*) FROM ({sql})", (name,)).fetchone()
-        count += int(row[0]) if row else 0
-    return count
+def pending_count(
+    conn: apsw.Connection, name: str, *, after: int = 0, epoch: int | None = None
+) -> int:
+    """How many messages and note chunks wait for a vector of `name`.
+
+    With the embedder actor's watermark (`after`, `epoch`: every message up to `after` was
+    given its vector under `vector_epoch` `epoch`), only the messages above it are counted:
+    cheap when the actor keeps up, and exact once it is idle. An `epoch` other than the
+    stored one (a rewind, an import, a rebuild) counts every message. Call it inside a read
+    transaction, with the watermark read before it, so the two are of one snapshot or the
+    watermark is older (docs/design.md §2.3).
+    """
+    row = conn.execute("SELECT epoch FROM vector_epoch").fetchone()
+    current = int(row[0]) if row else 0
+    start = after if epoch == current else 0
+    if start == 0:
+        row = conn.execute(f"SELECT count(*) FROM ({_PENDING_MESSAGES})", (name,)).fetchone()
+    else:
+        row = conn.execute(f"SELECT count(*) FROM ({_PENDING_ABOVE})", (name, start)).fetchone()
+    count = int(row[0]) if row else 0
+    row = conn.execute(f"SELECT count(*) FROM ({_PENDING_NOTES})", (name,)).fetchone()
+    return count + (int(row[0]) if row else 0)
 
 
 def cached_vectors(

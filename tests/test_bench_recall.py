@@ -14,6 +14,7 @@ from types import FrameType
 
 import pytest
 
+import activememory as am
 from activememory._cli import main
 from activememory.simulations.bench import recall as bench_recall
 
@@ -25,6 +26,7 @@ TINY = [
     "--concurrency", "1,4",
     "--runs", "3",
     "--runs-ignoring", "1",
+    "--meaning-recalls", "4",
 ]  # fmt: skip
 PERCENTILES = {"p50", "p90", "p99", "max", "mean"}
 
@@ -86,6 +88,27 @@ def test_both_benchmarks_report_their_structure_through_the_cli(
     assert overhead["profile"][0] == "6 recalls at concurrency 1, thread executor"
     assert "cumtime" in overhead["profile"][1]
 
+    meaning = overhead["meaning"]
+    assert meaning["recalls"] == 4 and meaning["statuses"] == {"ok": 8}
+    assert meaning["embedder"] == "local/all-MiniLM-L6-v2"
+    assert meaning["vectors"] >= 600  # every message and note chunk has its vector
+    for key in (
+        "recall_text_ms",
+        "recall_meaning_ms",
+        "embed_ms",
+        "tool_text_ms",
+        "tool_meaning_ms",
+        "vector_reads_ms",
+    ):
+        assert set(meaning[key]) == PERCENTILES
+    bound = meaning["recall_text_ms"]["p50"] + 1.2 * meaning["embed_ms"]["p50"]
+    assert meaning["bound_p50_ms"] == pytest.approx(bound, abs=1e-3)
+    assert meaning["pass"] == (meaning["recall_meaning_ms"]["p50"] <= meaning["bound_p50_ms"])
+    extra = meaning["extra_p50_ms"]
+    assert set(extra) == {"recall", "tool", "embed", "vector_reads", "rest"}
+    parts = extra["embed"] + extra["vector_reads"] + extra["rest"]
+    assert extra["tool"] == pytest.approx(parts, abs=1e-3)
+
     runs = result["overshoot"]["runs"]
     assert [(r["name"], r["runs"], r["bound_ms"]) for r in runs] == [
         ("hang", 3, 250.0),
@@ -100,6 +123,7 @@ def test_both_benchmarks_report_their_structure_through_the_cli(
     assert [v["name"] for v in verdicts] == [
         "recall overhead, concurrency 1",
         "recall overhead, concurrency 4",
+        "recall by meaning, concurrency 1",
         "budget overshoot, hang",
         "budget overshoot, ignores_cancellation",
     ]
@@ -119,7 +143,40 @@ def test_the_state_dir_is_reused_and_the_report_ends_with_verdicts(
 
     assert "reused" not in first.splitlines()[2]
     assert "(reused: times from the run that loaded it)" in second.splitlines()[2]
-    tail = second.splitlines()[-2:]
+    tail = second.splitlines()[-3:]
     assert tail[0] == "Verdicts"
     assert tail[1].startswith(("  PASS recall overhead, concurrency 1", "  MISS recall overhead"))
+    assert tail[2].startswith(("  PASS recall by meaning", "  MISS recall by meaning"))
+    assert "by meaning (default config: embedder local/all-MiniLM-L6-v2, hybrid;" in second
     assert "Recall budget overshoot" not in second
+
+
+@pytest.mark.parametrize(
+    ("data", "by_meaning", "problem"),
+    [
+        ({"effectiveMode": "hybrid", "fallback": None}, True, None),
+        ({"effectiveMode": "search", "fallback": None}, False, None),
+        ({"effectiveMode": "search", "fallback": None}, True, "ran 'search'"),
+        ({"effectiveMode": "search", "fallback": "the embedder took over 1 s"}, True, "fallback"),
+        ({"effectiveMode": "hybrid", "fallback": None, "vectorsPending": True}, True, "pending"),
+    ],
+)
+def test_a_recall_by_meaning_that_did_not_search_by_meaning_fails_the_run(
+    data: dict[str, object], by_meaning: bool, problem: str | None
+) -> None:
+    """A broken (text-only, or lagging) by-meaning path must not look fast: the run fails."""
+    model = bench_recall.ZeroThinkModel()
+    probe = bench_recall.Probe(
+        turn=am.Turn(
+            session_key="agent:main:direct:a", messages=[am.Message(role="user", content="q")]
+        ),
+        query="q",
+        caller="agent:main:direct:a",
+    )
+    model.seen["q"] = am.ToolResult(name="memory_search", content="{}", data=data)
+    outcome = am.RecallOutcome(status="ok")
+    if problem is None:
+        bench_recall._check_meaning(model, probe, outcome, by_meaning=by_meaning)
+    else:
+        with pytest.raises(bench_recall.BenchmarkError, match=problem):
+            bench_recall._check_meaning(model, probe, outcome, by_meaning=by_meaning)

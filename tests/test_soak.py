@@ -78,6 +78,13 @@ def test_short_soak_under_faults_passes(soaked: tuple[Path, dict[str, Any]]) -> 
     assert report["throughput"]["rewinds_acked"] >= 1
     assert report["verify"]["rows_compared_after_rebuild"] > 100
     assert report["elapsed_s"] < 60
+    # The workload runs the default config: the shipped embedder keeps vectors in step, and
+    # its rate and lag are reported (acknowledged appends timed until their vector).
+    embedder = report["embedder"]
+    assert embedder["on"] is True and embedder["name"] == "local/all-MiniLM-L6-v2"
+    assert embedder["vectors_stored"] > 0 and embedder["vectors_per_s"] > 0
+    assert embedder["wait_ms"]["count"] > 0 and embedder["wait_ms"]["max"] > 0
+    assert embedder["pending_rows"]["samples"] > 0
     # Opening the store while the busy writer holds the lock once failed at once (the busy
     # timeout was set after `PRAGMA optimize`); a restart must now always start.
     assert checks.get("run") != "FAIL", details.get("run")

@@ -25,7 +25,9 @@ person wrote them to be remembered). A conversation result's path is
 
 Debug fields of `memory_search` beyond docs/design.md §4.7's (`backend`, `effectiveMode`, `fallback`,
 `searchMs`, `hits`), each present only when it applies: `indexing` and `warning` (the
-transcript index is being rebuilt: results may be incomplete), `ignored` (notes not
+transcript index is being rebuilt: results may be incomplete), `vectorsPending` (the
+embedder is still computing vectors of this agent's database: what was written last may be
+found by its words only), `ignored` (notes not
 indexed, and why), `syncError` (the rescan could not be written: the notes indexed before
 still answer) and `truncated` (results dropped to keep the answer within 16 000 characters).
 """
@@ -297,6 +299,8 @@ class MemoryCore:
         if sessions is not None and sessions.indexing:
             data["indexing"] = True
             data["warning"] = sessions.warning
+        if store.vectors_pending():  # the embedder is behind: by meaning may miss new rows
+            data["vectorsPending"] = True
         if sync_error is not None:
             data["syncError"] = sync_error
         if ignored := self._ignored.get(agent):

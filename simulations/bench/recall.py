@@ -52,6 +52,17 @@ the second is up (the tool side or the recall side), so recalls meet about half 
 a concurrency-1 recall loop (after the timed runs) and prints the top 25 functions by
 cumulative time.
 
+**1b. By meaning** (`--meaning-recalls N`, default 200; 0 skips it): the same corpus opened
+with the default config (the shipped embedder, hybrid memory_search), after
+`vectors_ready()`. At concurrency 1, per query and in rotating order: a recall text only
+(the same memory with memory_search's query embedder set aside for the call), a recall by
+meaning, the embedder alone (`embed([q])`), the memory_search tool each way, and the vector
+side's reads (`vector_side` on the bench's own connection). Each side recalls its own probe
+(a repeated turn would be a cache hit). The raw-floor checks apply to the text-only
+benchmark above; here a by-meaning search that fell back to text, or had vectors pending,
+fails the run. Target (the issue's): recall p50 by meaning <= text-only p50 + 1.2 x the
+embedder's p50.
+
 **2. Budget overshoot, real clock.** `HangForever` (searches, then never answers) with
 `timeoutMs: 250`, the thread executor, a small corpus, 200 sequential recalls; overshoot =
 wall time of `mem.recall` - 0.250 s; target p99 <= 50 ms. The circuit breaker (3 timeouts)
@@ -62,7 +73,8 @@ over enough model names (the turn's session model, one breaker each) that none r
 against the same 50 ms for comparison (the issue sets it no target).
 
     activememory bench recall [--messages 100000] [--notes 1000]
-        [--recalls N] [--concurrency 1,16,128] [--runs 200] [--only overhead|overshoot]
+        [--recalls N] [--concurrency 1,16,128] [--meaning-recalls 200] [--runs 200]
+        [--only overhead|overshoot]
         [--profile] [--json] [--state-dir DIR]
 """
 
@@ -91,6 +103,7 @@ import activememory as am
 from ...protocol.config import SINGLE_OWNER
 from ...protocol.recall import RecallRequest, ToolResult
 from ...recall.budget import FINALIZE_S
+from ...recall.hybrid import embed_query, vector_side
 from ...recall.memory_core import DEFAULT_RESULTS, RESCAN_S
 from ...recall.subagent_input import build_search_query
 from ...recall.tools import RecallTools
@@ -547,11 +560,201 @@ def _overhead_config() -> dict[str, Any]:
     # The shortest cache TTL keeps the (never hit) cache small; the default timeoutMs. Every
     # conversation is one owner's: recall may read all of them, as the raw floor does.
     # Text search only: the floor is a raw FTS5 query, and the checks compare against it
-    # (recall by meaning is measured against its own floor: `bench paraphrase`).
+    # (recall by meaning is timed by `run_meaning`, its quality by `bench paraphrase`).
     settings = {"model": MODEL, "cacheTtlMs": 1000, "singleOwner": True}
     return {
         "plugins": {"entries": {"active-memory": {"config": settings}}},
         "agents": {"defaults": {"memorySearch": {"provider": "none"}}},
+    }
+
+
+def _meaning_config() -> dict[str, Any]:
+    # The overhead config with the shipped embedder and the default hybrid settings.
+    config = _overhead_config()
+    del config["agents"]
+    return config
+
+
+# -- benchmark 1b: recall by meaning ----------------------------------------------------
+
+
+Meaning = Literal["text", "meaning", "embed", "tool_text", "tool_meaning", "vector_reads"]
+MEANING_SIDES: tuple[Meaning, ...] = (
+    "text",
+    "meaning",
+    "embed",
+    "tool_text",
+    "tool_meaning",
+    "vector_reads",
+)
+EMBED_FACTOR = 1.2  # the issue's target: by meaning <= text only + 1.2 x the embedder alone
+VECTORS_READY_S = 3600.0  # the longest wait for the embedder to catch up with the corpus
+
+
+@dataclass
+class MeaningTimings:
+    """Seconds per timed query of each side, sides rotated per query (concurrency 1)."""
+
+    seconds: dict[str, list[float]] = field(default_factory=dict)
+    statuses: dict[str, int] = field(default_factory=dict)
+    vectors: int = 0  # message and note vectors of the embedder's name in the database
+    ready_s: float = 0.0  # how long `vectors_ready()` waited after the open
+    embedder: str = ""
+    fallbacks: int = 0  # by-meaning searches that fell back to text (none expected)
+
+
+async def run_meaning(
+    library: Path, zipf: Zipf, args: argparse.Namespace, *, count: int
+) -> MeaningTimings:
+    """Recall text only and by meaning, and the embedder alone, interleaved (concurrency 1).
+
+    One memory opened with the default config (the shipped embedder, hybrid search); the
+    text-only side is the same memory with memory_search's query embedder set aside for
+    that call, so both sides share the process, the caches and the reader. Each side
+    recalls a probe of its own (a probe recalled twice would be a cache hit). Also timed:
+    the memory_search tool each way, and the vector side's reads (`vector_side`) on the
+    bench's own reader connection: where the time by meaning goes.
+
+    Cancellation: recalls write nothing; a cancelled run leaves the corpus as it was.
+    """
+    model = ZeroThinkModel()
+    timings = MeaningTimings()
+    async with am.open_memory(
+        library, config=_meaning_config(), models={MODEL: model}, executor="thread"
+    ) as mem:
+        embedder = mem.notes.embedder
+        if embedder is None:
+            raise BenchmarkError("the default config opened no embedder")
+        timings.embedder = embedder.name
+        start, ready = time.perf_counter(), False
+        with trio.move_on_after(VECTORS_READY_S):
+            ready = await mem.sessions.vectors_ready()
+        timings.ready_s = time.perf_counter() - start
+        if not ready:
+            raise BenchmarkError("the embedder did not catch up with the corpus")
+        await mem.notes.sync_notes(AGENT)
+        conn = open_connection(agent_db_path(library, AGENT), writer=False)
+        try:
+            row = conn.execute(
+                "SELECT (SELECT count(*) FROM message_vectors WHERE name = ?1)"
+                " + (SELECT count(*) FROM note_vectors WHERE name = ?1)",
+                (embedder.name,),
+            ).fetchone()
+            timings.vectors = int(row[0]) if row else 0
+            probes = Probes(zipf, args.seed, "meaning")
+            callers = random.Random(f"{args.seed}:callers:meaning")
+            for i in range(WARMUP_RECALLS // 5 + count):
+                caller = session_key(callers.randrange(args.sessions))
+                text_probe, meaning_probe = probes.take([caller, caller])
+                parsed = am.parse_session_key(caller)
+                scope = mem.config.private_scope(parsed)
+                seconds: dict[str, float] = {}
+                turn = i % len(MEANING_SIDES)
+                for side in MEANING_SIDES[turn:] + MEANING_SIDES[:turn]:
+                    probe = text_probe if side in ("text", "tool_text") else meaning_probe
+                    args_ = {"query": probe.query}
+                    begin = time.perf_counter()
+                    if side in ("text", "tool_text"):
+                        mem.notes.embedder = None
+                        try:
+                            if side == "text":
+                                outcome = await mem.recall(probe.turn)
+                            else:
+                                await mem.notes.search(
+                                    AGENT, args_, caller=parsed, transcripts=scope
+                                )
+                        finally:
+                            mem.notes.embedder = embedder
+                    elif side == "meaning":
+                        outcome = await mem.recall(probe.turn)
+                    elif side == "tool_meaning":
+                        await mem.notes.search(AGENT, args_, caller=parsed, transcripts=scope)
+                    elif side == "embed":
+                        await embedder.embed([probe.query])
+                    else:
+                        query = await embed_query(embedder, probe.query)
+                        begin = time.perf_counter()  # the reads alone
+                        vector_side(
+                            conn,
+                            query,
+                            pool=LIMIT * 4,
+                            text_notes=[],
+                            text_messages=[],
+                            agent=AGENT,
+                            caller=caller,
+                            scope=scope,
+                        )
+                    seconds[side] = time.perf_counter() - begin
+                    if side in ("text", "meaning"):
+                        _check_meaning(model, probe, outcome, by_meaning=side == "meaning")
+                        timings.statuses[outcome.status] = (
+                            timings.statuses.get(outcome.status, 0) + 1
+                        )
+                if i < WARMUP_RECALLS // 5:
+                    timings.statuses.clear()
+                    continue
+                for name, value in seconds.items():
+                    timings.seconds.setdefault(name, []).append(value)
+        finally:
+            conn.close()
+    return timings
+
+
+def _check_meaning(
+    model: ZeroThinkModel, probe: Probe, outcome: am.RecallOutcome, *, by_meaning: bool
+) -> None:
+    """Raise `BenchmarkError` unless recall ran, uncached, and searched as asked."""
+    result = model.seen.pop(probe.query, None)
+    problem = None
+    if outcome.cached:
+        problem = "served from the cache"
+    elif result is None:
+        problem = f"the model never searched ({outcome.status})"
+    else:
+        data = result.data or {}
+        mode = "hybrid" if by_meaning else "search"
+        if data.get("effectiveMode") != mode or data.get("fallback") is not None:
+            problem = (
+                f"memory_search ran {data.get('effectiveMode')!r} "
+                f"(fallback {data.get('fallback')!r}), expected {mode!r}"
+            )
+        elif data.get("vectorsPending"):
+            problem = "vectors were still pending after vectors_ready()"
+    if problem is not None:
+        raise BenchmarkError(f"recall {probe.caller} {probe.query!r}: {problem}")
+
+
+def meaning_report(t: MeaningTimings) -> dict[str, Any]:
+    """The by-meaning figures and the issue's verdict."""
+    p = {side: percentiles(t.seconds.get(side, [])) for side in MEANING_SIDES}
+    text, meaning, embed = p["text"]["p50"], p["meaning"]["p50"], p["embed"]["p50"]
+    bound = text + EMBED_FACTOR * embed
+    return {
+        "embedder": t.embedder,
+        "vectors": t.vectors,
+        "vectors_ready_s": round(t.ready_s, 3),
+        "recalls": len(t.seconds.get("meaning", [])),
+        "statuses": dict(sorted(t.statuses.items())),
+        "recall_text_ms": p["text"],
+        "recall_meaning_ms": p["meaning"],
+        "embed_ms": p["embed"],
+        "tool_text_ms": p["tool_text"],
+        "tool_meaning_ms": p["tool_meaning"],
+        "vector_reads_ms": p["vector_reads"],
+        "bound_p50_ms": round(bound, 4),
+        "pass": meaning <= bound,
+        # Where the extra time goes, from the p50s (not paired): the query's embedding, the
+        # vector side's reads, and the rest (thread hops, fusion, the result's build).
+        "extra_p50_ms": {
+            "recall": round(meaning - text, 4),
+            "tool": round(p["tool_meaning"]["p50"] - p["tool_text"]["p50"], 4),
+            "embed": embed,
+            "vector_reads": p["vector_reads"]["p50"],
+            "rest": round(
+                p["tool_meaning"]["p50"] - p["tool_text"]["p50"] - embed - p["vector_reads"]["p50"],
+                4,
+            ),
+        },
     }
 
 
@@ -804,6 +1007,23 @@ def verdicts(result: dict[str, Any]) -> list[dict[str, Any]]:
                 ),
             }
         )
+    meaning = overhead.get("meaning") if overhead else None
+    if meaning is not None:
+        text, embed = meaning["recall_text_ms"]["p50"], meaning["embed_ms"]["p50"]
+        by = meaning["recall_meaning_ms"]["p50"]
+        out.append(
+            {
+                "name": "recall by meaning, concurrency 1",
+                "measure": f"recall p50 <= text only + {EMBED_FACTOR:g} x embedder p50",
+                "p50_ms": by,
+                "p99_ms": meaning["recall_meaning_ms"]["p99"],
+                "pass": meaning["pass"],
+                "text": runner.against(
+                    f"p50 {by:.3f} ms", "<=", meaning["bound_p50_ms"], meaning["pass"]
+                )
+                + f" (text only {text:.3f} + {EMBED_FACTOR:g} x embedder {embed:.3f} ms)",
+            }
+        )
     overshoot = result.get("overshoot")
     for run in overshoot["runs"] if overshoot else []:
         p = run["overshoot_ms"]
@@ -897,6 +1117,7 @@ def format_table(result: dict[str, Any]) -> str:
             v = next(x for x in result["verdicts"] if x.get("concurrency") == c)
             lines.append(f"    overhead ({v['measure']}): {v['text']}")
         lines += _breakdown_lines(overhead)
+        lines += _meaning_lines(overhead.get("meaning"))
         if overhead.get("profile"):
             lines += ["", "  profile (cProfile, top by cumulative time): " + overhead["profile"][0]]
             lines += [f"    {line}" for line in overhead["profile"][1:]]
@@ -924,6 +1145,30 @@ def format_table(result: dict[str, Any]) -> str:
         for v in result["verdicts"]
     ]
     return "\n".join(lines)
+
+
+def _meaning_lines(meaning: dict[str, Any] | None) -> list[str]:
+    if meaning is None:
+        return []
+    return [
+        "",
+        f"  by meaning (default config: embedder {meaning['embedder']}, hybrid; "
+        f"{meaning['vectors']:,} vectors, vectors_ready() waited {meaning['vectors_ready_s']:.1f} s)"
+        f": {meaning['recalls']:,} recalls each way at concurrency 1, sides interleaved per "
+        f"query; statuses {meaning['statuses']}",
+        runner.percentile_header("", 46, indent=4),
+        _row("recall, text only", meaning["recall_text_ms"]),
+        _row("recall, by meaning", meaning["recall_meaning_ms"]),
+        _row("embedder alone, one query (embed([q]))", meaning["embed_ms"]),
+        _row("memory_search tool, text only", meaning["tool_text_ms"]),
+        _row("memory_search tool, by meaning", meaning["tool_meaning_ms"]),
+        _row("vector side's reads (vector_side, own conn)", meaning["vector_reads_ms"]),
+        f"    target: recall p50 by meaning <= text only p50 + {EMBED_FACTOR:g} x embedder p50"
+        f" = {meaning['bound_p50_ms']:.3f} ms",
+        "    extra by meaning, from the p50s: recall {recall:+.3f} ms, memory_search tool "
+        "{tool:+.3f} ms = embedder {embed:.3f} + vector side's reads {vector_reads:.3f} "
+        "+ the rest (hops, fusion) {rest:+.3f}".format(**meaning["extra_p50_ms"]),
+    ]
 
 
 def _breakdown_lines(overhead: dict[str, Any]) -> list[str]:
@@ -997,6 +1242,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="timed recalls per concurrency level (at least 32 batches per level)",
     )
     parser.add_argument("--concurrency", type=_levels, default=(1, 16, 128))
+    parser.add_argument(
+        "--meaning-recalls",
+        type=int,
+        default=200,
+        help="timed recalls by meaning (and text only, interleaved) with the shipped "
+        "embedder; 0 skips them",
+    )
     parser.add_argument("--runs", type=runner.positive_int, default=200, help="HangForever runs")
     parser.add_argument(
         "--runs-ignoring", type=int, default=50, help="IgnoresCancellation runs (1.75 s each)"
@@ -1016,6 +1268,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error("--messages must be at least --sessions")
     if args.sessions < max(args.concurrency) + 1:
         parser.error("--sessions must exceed the largest --concurrency (one caller each)")
+    if args.meaning_recalls < 0:
+        parser.error("--meaning-recalls must not be negative")
     if args.runs_ignoring < 0:
         parser.error("--runs-ignoring must not be negative")
     return args
@@ -1049,6 +1303,9 @@ def overhead_section(args: argparse.Namespace, run_dir: Path, zipf: Zipf) -> dic
             profile=profile == "inline",
         )
     )
+    meaning = None
+    if args.meaning_recalls:
+        meaning = trio.run(lambda: run_meaning(library, zipf, args, count=args.meaning_recalls))
     return {
         "corpus": {
             "messages": args.messages,
@@ -1068,6 +1325,7 @@ def overhead_section(args: argparse.Namespace, run_dir: Path, zipf: Zipf) -> dic
         "inline": level_report(inline.levels[0]),
         "note_rescan_ms": percentiles(thread.sync_seconds),
         "profile": thread.profile or inline.profile,
+        "meaning": meaning_report(meaning) if meaning is not None else None,
     }
 
 
@@ -1103,6 +1361,7 @@ def run_all(args: argparse.Namespace, run_dir: Path, kept: bool) -> dict[str, An
             "overhead_p50_ms_max": TARGET_OVERHEAD_P50_MS,
             "overhead_p99_ms_max": TARGET_OVERHEAD_P99_MS,
             "overshoot_p99_ms_max": TARGET_OVERSHOOT_P99_MS,
+            "meaning_embed_factor": EMBED_FACTOR,
         },
         "overhead": None,
         "overshoot": None,
