@@ -45,6 +45,7 @@ from ..storage.vectors import (
     text_digest,
     to_blob,
 )
+from .poked import PokedActor
 
 BATCH = 64  # texts per embed call and per StoreVectors: a short transaction next to appends
 EMBED_TIMEOUT = 60.0  # seconds an embed call may take before it counts as a failure
@@ -70,8 +71,13 @@ class EmbedderFailed(Exception):
     """The embedder failed, returned malformed vectors, or the store refused them."""
 
 
-class EmbedderActor:
-    """Owns the background embedding of one agent database."""
+class EmbedderActor(PokedActor):
+    """Owns the background embedding of one agent database.
+
+    Cancellation of `run`: stops at once (the supervisor cancels it at shutdown, so a
+    hanging embedder cannot hold the memory open); a `StoreVectors` already queued may still
+    commit, and anything not stored is simply missing until the next start.
+    """
 
     def __init__(
         self,
@@ -123,23 +129,6 @@ class EmbedderActor:
         (or needs none) under that epoch; None: nothing read yet. `stats` counts only the
         messages above it (`storage.vectors.pending_count`)."""
         return self._after, self._epoch
-
-    async def run(self) -> None:
-        """Serve pokes until the inbox closes.
-
-        Cancellation: stops at once (the supervisor cancels it at shutdown, so a hanging
-        embedder cannot hold the memory open); a `StoreVectors` already queued may still
-        commit, and anything not stored is simply missing until the next start.
-        """
-        async with self.inbox:
-            async for _poke in self.inbox:
-                self.busy = True
-                try:
-                    await self._work()
-                except MemoryClosedError:
-                    return
-                finally:
-                    self.busy = False
 
     async def _work(self) -> None:
         backoff = FIRST_BACKOFF

@@ -15,10 +15,10 @@ from collections.abc import Awaitable, Callable
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from ..protocol.errors import MemoryClosedError
 from ..protocol.indexer import IndexerAck, IndexerCommand, ReindexChunk, Reindexed
 from ..protocol.reconciler import Poke
 from ..protocol.session_key import parse_session_key
+from .poked import PokedActor
 
 CHUNK_ROWS = 256  # active-branch rows per chunk: a short transaction next to appends
 SESSIONS_PER_READ = 32
@@ -33,8 +33,12 @@ def open_inbox() -> tuple[MemoryObjectSendStream[Poke], MemoryObjectReceiveStrea
     return anyio.create_memory_object_stream[Poke](1)
 
 
-class Reconciler:
-    """Owns the rebuild job of one agent database."""
+class Reconciler(PokedActor):
+    """Owns the rebuild job of one agent database.
+
+    Cancellation of `run`: stops between chunks or while a chunk is queued; a chunk already
+    committed stays (the session stays dirty until a later rebuild completes it).
+    """
 
     def __init__(
         self,
@@ -49,23 +53,6 @@ class Reconciler:
         self._read_dirty = read_dirty
         self.chunk_rows = chunk_rows
         self.busy = False
-        self.stopping = False  # set by the supervisor at shutdown: stop after this chunk
-
-    async def run(self) -> None:
-        """Serve pokes until the inbox closes.
-
-        Cancellation: stops between chunks or while a chunk is queued; a chunk already
-        committed stays (the session stays dirty until a later rebuild completes it).
-        """
-        async with self.inbox:
-            async for _poke in self.inbox:
-                self.busy = True
-                try:
-                    await self._work()
-                except MemoryClosedError:
-                    return
-                finally:
-                    self.busy = False
         self.stopping = False  # set by the supervisor at shutdown: stop after this chunk
 
     async def _work(self) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 # Modules in actors/ that hold no actor of their own (shared machinery).
-NOT_ACTORS: set[str] = {"__init__", "group_commit"}  # the writers' one loop
+NOT_ACTORS: set[str] = {"__init__", "group_commit", "poked"}  # the writers' one loop
 
 
 def _drawing() -> object:

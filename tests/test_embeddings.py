@@ -525,9 +525,16 @@ def test_at_exit_running_embeds_are_stopped_and_waited_for(local: LocalEmbedder)
     texts = [f"sentence {i} about a long and quiet afternoon" for i in range(3000)]
     done: list[object] = []
 
+    async def embed() -> None:
+        done.append(await local.embed(texts))
+
     async def abandon() -> None:
-        with anyio.move_on_after(0.05):
-            done.append(await local.embed(texts))
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(embed)
+            with anyio.fail_after(30):  # until its worker thread has started the run
+                while not module._runs:  # noqa: ASYNC110 - the state of a worker thread
+                    await anyio.sleep(0.001)
+            tg.cancel_scope.cancel()
 
     anyio.run(abandon)
     assert done == [] and module._runs  # cancelled, but its thread is still embedding
