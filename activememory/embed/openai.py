@@ -8,7 +8,6 @@ EmbeddingError at once, and search goes on with text alone.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final
@@ -17,7 +16,7 @@ import anyio
 import httpx
 import numpy as np
 
-from .._http import read_capped
+from .._http import HttpFailure, post_json
 from ..protocol.embeddings import EmbeddingDeadlineError
 from ..protocol.errors import EmbeddingError
 
@@ -29,7 +28,6 @@ __all__ = ["OpenAIEmbedder"]
 BATCH: Final = 64  # texts per request
 NO_DEADLINE_SECONDS: Final = 60.0  # a call without a deadline still ends
 MAX_ANSWER_BYTES: Final = 64 * 1024 * 1024  # a runaway or hostile server cannot fill memory
-_ERROR_BODY_CHARS: Final = 200
 
 # Vector sizes of well-known models, so `dim` is known before the first request.
 KNOWN_DIMS: Final[Mapping[str, int]] = {
@@ -119,30 +117,27 @@ class OpenAIEmbedder:
             raise late(f"{self._name}: the embedding deadline passed")
         body = {"model": self._model, "input": texts}
         try:
-            async with self._client.stream(
-                "POST", self.url, json=body, headers=self._headers, timeout=httpx.Timeout(seconds)
-            ) as response:
-                raw = await read_capped(response, MAX_ANSWER_BYTES)
-        except httpx.TimeoutException:
-            raise late(f"{self._name}: no answer from {self.url} within {seconds:.2f} s") from None
-        except httpx.HTTPError as exc:
-            raise EmbeddingError(
-                f"{self._name}: the request to {self.url} failed ({type(exc).__name__}: {exc})"
-            ) from exc
-        if raw is None:
-            raise EmbeddingError(
-                f"{self._name}: the answer is larger than {MAX_ANSWER_BYTES} bytes"
+            answer = await post_json(
+                self._client,
+                self.url,
+                body,
+                headers=self._headers,
+                seconds=seconds,
+                max_bytes=MAX_ANSWER_BYTES,
             )
-        if not response.is_success:
-            said = " ".join(raw.decode("utf-8", "replace")[:_ERROR_BODY_CHARS].split())
-            status = f"{response.status_code} {response.reason_phrase}".strip()
-            raise EmbeddingError(
-                f"{self._name}: the server answered {status}" + (f": {said}" if said else "")
-            )
-        try:
-            answer = json.loads(raw)
-        except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
-            raise EmbeddingError(f"{self._name}: the answer is not valid JSON ({exc})") from None
+        except HttpFailure as failure:
+            error = late if failure.kind == "timeout" else EmbeddingError
+            raise error(
+                self._name
+                + ": "
+                + {
+                    "timeout": f"no answer from {self.url} within {seconds:.2f} s",
+                    "network": f"the request to {self.url} failed ({failure.detail})",
+                    "too_large": f"the answer is larger than {MAX_ANSWER_BYTES} bytes",
+                    "status": f"the server answered {failure.detail}",
+                    "json": f"the answer is not valid JSON ({failure.detail})",
+                }[failure.kind]
+            ) from failure.__cause__
         return self._vectors(answer, len(texts))
 
     def _vectors(self, answer: Any, count: int) -> npt.NDArray[np.float32]:

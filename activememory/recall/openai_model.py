@@ -17,7 +17,7 @@ from typing import Any, Final, Self
 import anyio
 import httpx
 
-from .._http import read_capped
+from .._http import ERROR_BODY_CHARS, HttpFailure, post_json
 from ..protocol.config import Provider
 from ..protocol.errors import ActiveMemoryError
 from ..protocol.recall import RecallRequest
@@ -25,7 +25,6 @@ from .tools import RecallTools
 
 DEFAULT_REQUEST_TIMEOUT_S: Final = 30.0  # per request, when the run has no deadline
 MAX_ANSWER_BYTES: Final = 8 * 1024 * 1024  # a runaway or hostile provider cannot fill memory
-_ERROR_BODY_CHARS: Final = 200
 
 # docs/design.md §4.1 `thinking` levels as OpenAI `reasoning_effort` values ("off" sends nothing).
 _REASONING_EFFORT: Final[Mapping[str, str]] = {
@@ -72,29 +71,29 @@ class ChatCompletionsClient:
         Cancellation: the request is abandoned; its connection is dropped, not reused.
         """
         try:
-            async with self._client.stream(
-                "POST", self.url, json=body, headers=self._headers, timeout=httpx.Timeout(seconds)
-            ) as response:
-                raw = await read_capped(response, MAX_ANSWER_BYTES)
-        except httpx.TimeoutException:
-            raise self._error(late) from None
-        except httpx.HTTPError as exc:
-            raise self._error(f"the request failed ({type(exc).__name__}: {exc})") from exc
-        if raw is None:
-            raise self._error(f"the answer is larger than {MAX_ANSWER_BYTES} bytes")
-        if not response.is_success:
-            said = " ".join(raw.decode("utf-8", "replace")[:_ERROR_BODY_CHARS].split())
-            status = f"{response.status_code} {response.reason_phrase}".strip()
-            raise self._error(f"the provider answered {status}" + (f": {said}" if said else ""))
-        try:
-            answer = json.loads(raw)
-        except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
-            raise self._error(f"the answer is not valid JSON ({exc})") from None
+            answer = await post_json(
+                self._client,
+                self.url,
+                body,
+                headers=self._headers,
+                seconds=seconds,
+                max_bytes=MAX_ANSWER_BYTES,
+            )
+        except HttpFailure as failure:
+            raise self._error(
+                {
+                    "timeout": late,
+                    "network": f"the request failed ({failure.detail})",
+                    "too_large": f"the answer is larger than {MAX_ANSWER_BYTES} bytes",
+                    "status": f"the provider answered {failure.detail}",
+                    "json": f"the answer is not valid JSON ({failure.detail})",
+                }[failure.kind]
+            ) from failure.__cause__
         message = _first_message(answer)
         if message is None:
             error = answer.get("error") if isinstance(answer, dict) else None
             if error:
-                said = " ".join(str(error)[:_ERROR_BODY_CHARS].split())
+                said = " ".join(str(error)[:ERROR_BODY_CHARS].split())
                 raise self._error(f"the provider answered an error: {said}")
             raise self._error("the answer has no choices[0].message")
         return message
