@@ -231,6 +231,14 @@ def vector_rows(
 # -- search (reader connection) -----------------------------------------------------------
 
 
+class Near(NamedTuple):
+    """One of the `k` nearest rows: its id, its cosine to the query, its stored vector."""
+
+    id: int
+    similarity: float
+    vector: numpy.ndarray
+
+
 def nearest_messages(
     conn: apsw.Connection,
     query_vec: numpy.ndarray,
@@ -240,13 +248,30 @@ def nearest_messages(
     visible_params: VectorParams,
     k: int,
 ) -> list[tuple[int, float]]:
+    """`nearest_message_rows` as (event id, cosine similarity)."""
+    rows = nearest_message_rows(
+        conn, query_vec, name=name, visible_sql=visible_sql, visible_params=visible_params, k=k
+    )
+    return [(row.id, row.similarity) for row in rows]
+
+
+def nearest_message_rows(
+    conn: apsw.Connection,
+    query_vec: numpy.ndarray,
+    *,
+    name: str,
+    visible_sql: str,
+    visible_params: VectorParams,
+    k: int,
+) -> list[Near]:
     """The `k` messages most similar to `query_vec` among the visible ones, best first.
 
     `visible_sql` is a SELECT of one column of session ids (the caller's scope, the same
     rule as the text side: storage/search.py, e.g. `f"SELECT id FROM ({_PRIVATE})"` with
     `private_params(...)`); `visible_params` its bindings, positional or named (then
     `:vector_name` is taken). Only vectors of `name` are ranked, and dirty
-    sessions never. Returns (event id, cosine similarity); ties: newest event first.
+    sessions never. Ties: newest event first. Each row keeps its vector, so a caller that
+    needs it (hybrid fusion, MMR) does not read it again.
     """
     if isinstance(visible_params, Mapping):
         params: VectorParams = {**visible_params, "vector_name": name}
@@ -270,7 +295,14 @@ def nearest_messages(
 def nearest_notes(
     conn: apsw.Connection, query_vec: numpy.ndarray, *, name: str, k: int
 ) -> list[tuple[int, float]]:
-    """The `k` note chunks most similar to `query_vec`, best first, as (chunk id, cosine).
+    """`nearest_note_rows` as (chunk id, cosine similarity)."""
+    return [(row.id, row.similarity) for row in nearest_note_rows(conn, query_vec, name=name, k=k)]
+
+
+def nearest_note_rows(
+    conn: apsw.Connection, query_vec: numpy.ndarray, *, name: str, k: int
+) -> list[Near]:
+    """The `k` note chunks most similar to `query_vec`, best first, with their vectors.
 
     Notes belong to the agent's workspace: every chunk is visible to the agent's recall.
     """
@@ -283,9 +315,7 @@ def nearest_notes(
     return _top_k(rows, query_vec, k)
 
 
-def _top_k(
-    rows: list[tuple[int, bytes]], query_vec: numpy.ndarray, k: int
-) -> list[tuple[int, float]]:
+def _top_k(rows: list[tuple[int, bytes]], query_vec: numpy.ndarray, k: int) -> list[Near]:
     if not rows or k <= 0:
         return []
     query = numpy.asarray(query_vec, dtype=numpy.float32).reshape(-1)
@@ -298,7 +328,7 @@ def _top_k(
     part = numpy.argpartition(-scores, keep - 1)[:keep]
     # Best first; ties newest (largest id) first. int()/float(): plain Python numbers out.
     order = sorted(part.tolist(), key=lambda i: (-float(scores[i]), -int(ids[i])))
-    return [(int(ids[i]), float(scores[i])) for i in order]
+    return [Near(int(ids[i]), float(scores[i]), matrix[i]) for i in order]
 
 
 def message_vectors_of(

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any, NamedTuple, cast
 
 import anyio
@@ -27,10 +27,11 @@ from ..protocol.errors import EmbeddingError
 from ..storage.hybrid import Candidate, Fused, HybridWeights, fuse
 from ..storage.search import _PRIVATE, private_params
 from ..storage.vectors import (
+    Near,
     VectorParams,
     message_vectors_of,
-    nearest_messages,
-    nearest_notes,
+    nearest_message_rows,
+    nearest_note_rows,
     note_vectors_of,
 )
 
@@ -119,7 +120,7 @@ def message_side(
     memory_search and `sessions_search` in hybrid mode (docs/design.md §3, §4.7)."""
     assert query.vector is not None and query.name is not None
     near = _close(
-        nearest_messages(
+        nearest_message_rows(
             conn,
             query.vector,
             name=query.name,
@@ -129,10 +130,10 @@ def message_side(
         )
     )
     text = set(text_messages)
-    only = [i for i, _ in near if i not in text]
+    only = [row.id for row in near if row.id not in text]
     return MessageSide(
-        near,
-        message_vectors_of(conn, [*text_messages, *(i for i, _ in near)], name=query.name),
+        [(row.id, row.similarity) for row in near],
+        _with_read(near, message_vectors_of, conn, text_messages, query.name),
         {
             int(r[0]): MessageRow(str(r[1]), float(r[2]), str(r[3]), str(r[4]), int(r[5]))
             for r in _rows(
@@ -160,7 +161,7 @@ def vector_side(
     """Runs on the agent's reader, after the text side: see the module docstring."""
     assert query.vector is not None and query.name is not None
     name = query.name
-    near_notes = _close(nearest_notes(conn, query.vector, name=name, k=pool))
+    near_notes = _close(nearest_note_rows(conn, query.vector, name=name, k=pool))
     messages = MessageSide([], {}, {})
     if scope is not None:
         messages = message_side(
@@ -171,12 +172,12 @@ def vector_side(
             visible_sql=f"SELECT id FROM ({_PRIVATE})",
             visible_params=private_params(agent, caller, scope),
         )
-    note_ids = [*text_notes, *(i for i, _ in near_notes)]
-    only_notes = [i for i, _ in near_notes if i not in set(text_notes)]
+    text = set(text_notes)
+    only_notes = [row.id for row in near_notes if row.id not in text]
     return VectorSide(
-        near_notes,
+        [(row.id, row.similarity) for row in near_notes],
         messages.near,
-        note_vectors_of(conn, note_ids, name=name),
+        _with_read(near_notes, note_vectors_of, conn, text_notes, name),
         messages.vectors,
         {
             int(r[0]): NoteRow(str(r[1]), int(r[2]), int(r[3]), str(r[4]))
@@ -188,8 +189,22 @@ def vector_side(
     )
 
 
-def _close(near: list[tuple[int, float]]) -> list[tuple[int, float]]:
-    return [(i, similarity) for i, similarity in near if similarity >= MIN_SIMILARITY]
+def _close(near: list[Near]) -> list[Near]:
+    return [row for row in near if row.similarity >= MIN_SIMILARITY]
+
+
+def _with_read(
+    near: Sequence[Near],
+    read: Callable[..., dict[int, np.ndarray]],
+    conn: apsw.Connection,
+    text_ids: Sequence[int],
+    name: str,
+) -> dict[int, np.ndarray]:
+    """The vectors of every candidate: the near rows' came with them, only the text side's
+    others are read."""
+    vectors = {row.id: row.vector for row in near}
+    missing = [i for i in text_ids if i not in vectors]
+    return {**read(conn, missing, name=name), **vectors}
 
 
 def _rows(
