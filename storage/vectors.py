@@ -29,7 +29,7 @@ from typing import NamedTuple, cast
 import apsw
 import numpy
 
-from ..protocol.indexer import IndexerAck, StoreVectors, VectorRow, VectorsStored
+from ..protocol.indexer import IndexerAck, StoreVectors, VectorsStored
 
 VectorParams = Sequence[object] | Mapping[str, object]
 
@@ -215,16 +215,6 @@ def drop_note_vectors(conn: apsw.Connection, path: str) -> None:
     conn.execute(
         "DELETE FROM note_vectors WHERE chunk_id IN (SELECT id FROM note_chunks WHERE path = ?)",
         (path,),
-    )
-
-
-def vector_rows(
-    ids: Sequence[int], texts: Sequence[str], vectors: Sequence[bytes]
-) -> tuple[VectorRow, ...]:
-    """`VectorRow`s for a `StoreVectors` command."""
-    return tuple(
-        VectorRow(id=i, digest=text_digest(t), vector=v)
-        for i, t, v in zip(ids, texts, vectors, strict=True)
     )
 
 

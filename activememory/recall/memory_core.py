@@ -57,7 +57,7 @@ from ..protocol.embeddings import Embedder
 from ..protocol.errors import InvalidInputError, MemoryClosedError, StorageError
 from ..protocol.indexer import NOTE_PATH, NoteFile, Rejected, SyncNotes
 from ..protocol.recall import ToolResult
-from ..protocol.search import SearchHit
+from ..protocol.search import MAX_LIMIT, SearchHit
 from ..protocol.session_key import AGENT_ID, SessionKey, parse_session_key
 from ..protocol.tools import DEFAULT_RESULTS as DEFAULT_RESULTS  # the benchmarks' default
 from ..protocol.tools import MemoryGetArgs, MemorySearchArgs
@@ -245,7 +245,11 @@ class MemoryCore:
         private = None
         if transcripts is not None and caller.agent == agent:
             private = self._search.private_job(
-                query, caller=caller, scope=transcripts, redactor=redactor, limit=min(pool, 25)
+                query,
+                caller=caller,
+                scope=transcripts,
+                redactor=redactor,
+                limit=min(pool, MAX_LIMIT),
             )
 
         def both(reader: TranscriptReader) -> tuple[list[NoteHit], Any, VectorSide | None]:
