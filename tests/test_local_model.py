@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from activememory.protocol.recall import RecallRequest, ToolResult
 from activememory.recall.local_model import (
     NONE,
+    SEARCH_RESULTS,
     Candidate,
     LocalExtractiveModel,
     asks_for_memory,
@@ -417,7 +418,7 @@ async def test_the_search_query_is_what_the_tool_gets() -> None:
     tools = RecallTools({"memory_get": handler, "memory_search": handler})
     request = make_request("What is my favourite tea?", "balanced", search_query="favourite tea")
     await run_model(request, tools)
-    assert calls == [{"query": "favourite tea"}]
+    assert calls == [{"query": "favourite tea", "maxResults": SEARCH_RESULTS}]
 
 
 async def test_a_tool_error_gives_none() -> None:
@@ -658,3 +659,73 @@ async def test_one_shared_word_is_not_evidence_when_the_meaning_is_far() -> None
     tools = RecallTools({"memory_search": search})
     answer = await run_model(make_request("Which city am I based in?", "recall-heavy"), tools)
     assert answer == "NONE"
+
+
+# -- choosing by meaning: a clear lone memory, near ties, and words against meaning ---------
+
+
+@pytest.mark.parametrize(
+    ("style", "recalled"),
+    [("balanced", True), ("recall-heavy", True), ("strict", False), ("precision-heavy", False)],
+)
+async def test_a_lone_memory_below_the_threshold_answers_when_it_stands_clear(
+    style: str, recalled: bool
+) -> None:
+    # 0.33 is under balanced's 0.36, but no other memory comes near it.
+    search = meaning_search(
+        ("I collect frequent flyer points with TAP Miles&Go.", "user", 0.33),
+        ("My bike got stolen last month.", "user", 0.2),
+        ("Which airline is cheapest to Madrid?", "user", 0.55),  # a question: no memory
+    )
+    tools = RecallTools({"memory_search": search})
+    asked = make_request("Which airline loyalty programme do I belong to?", style)
+    answer = await run_model(asked, tools)
+    expected = "The user collects frequent flyer points with TAP Miles&Go."
+    assert answer == (expected if recalled else NONE)
+
+
+async def test_a_memory_below_the_threshold_among_others_alike_gives_none() -> None:
+    search = meaning_search(
+        ("I collect frequent flyer points with TAP Miles&Go.", "user", 0.33),
+        ("I fly to Porto every other month.", "user", 0.31),
+    )
+    tools = RecallTools({"memory_search": search})
+    asked = make_request("Which airline loyalty programme do I belong to?", "balanced")
+    assert await run_model(asked, tools) == NONE
+
+
+async def test_two_memories_equally_close_are_both_in_the_note() -> None:
+    search = meaning_search(
+        ("I am allergic to peanuts.", "user", 0.46),
+        ("Lactose makes me ill, so I buy oat milk.", "user", 0.42),
+        ("I like my tea green.", "user", 0.30),  # too far behind the best
+    )
+    tools = RecallTools({"memory_search": search})
+    answer = await run_model(make_request("What should I pour on my cereal?", "balanced"), tools)
+    assert answer == (
+        "The user is allergic to peanuts. Lactose makes the user ill, so the user buys oat milk."
+    )
+
+
+async def test_the_runner_up_joins_only_whole() -> None:
+    search = meaning_search(
+        ("I am allergic to peanuts.", "user", 0.46),
+        ("Lactose makes me ill, so I buy oat milk.", "user", 0.42),
+    )
+    tools = RecallTools({"memory_search": search})
+    asked = make_request("What should I pour on my cereal?", "balanced", max_summary_chars=60)
+    assert await run_model(asked, tools) == "The user is allergic to peanuts."
+
+
+async def test_a_near_tie_of_words_and_meaning_gives_both() -> None:
+    search = meaning_search(
+        # Shares "class" with the question; the other shares no word but is as close.
+        ("For my birthday I'd love a pottery class.", "user", 0.40),
+        ("I have Portuguese lessons every Thursday at 6pm.", "user", 0.43),
+    )
+    tools = RecallTools({"memory_search": search})
+    answer = await run_model(make_request("Which evening class do I go to?", "balanced"), tools)
+    assert answer == (
+        "The user has Portuguese lessons every Thursday at 6pm."
+        " For the user's birthday the user would love a pottery class."
+    )
