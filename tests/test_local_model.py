@@ -22,6 +22,7 @@ from activememory.recall.local_model import (
     SEARCH_RESULTS,
     Candidate,
     LocalExtractiveModel,
+    about_others,
     asks_for_memory,
     candidates_of,
     conversation_tail,
@@ -729,3 +730,34 @@ async def test_a_near_tie_of_words_and_meaning_gives_both() -> None:
         "The user has Portuguese lessons every Thursday at 6pm."
         " For the user's birthday the user would love a pottery class."
     )
+
+
+@pytest.mark.parametrize(
+    ("text", "asked", "others"),
+    [
+        ("My friend Marta just adopted a kitten.", "What is my kitty's name?", True),
+        ("My friend Marta just adopted a kitten.", "What did Marta adopt?", False),
+        ("My friend Marta just adopted a kitten.", "What did my friend adopt?", False),
+        ("My friend's boss makes everyone stay late.", "Who's my boss?", True),
+        ("my best friend lives in Rome", "Where do I live?", True),
+        ("Our neighbours had a party until 3am", "Did I sleep well?", True),
+        ("My colleague's sister lives in Porto.", "Where does my sister live?", True),
+        ("My husband Tiago is a nurse.", "What's my spouse's job?", False),
+        ("I keep a spare key with my neighbour Clara.", "Who has my key?", False),
+        ("We have a grumpy old cat called Pastel.", "What is my kitty's name?", False),
+    ],
+)
+def test_a_sentence_about_someone_outside_the_household(
+    text: str, asked: str, others: bool
+) -> None:
+    assert about_others(text, asked) is others
+
+
+async def test_a_friends_news_is_not_the_users_fact_even_when_closer_in_meaning() -> None:
+    search = meaning_search(
+        ("My friend Marta just adopted a kitten from the shelter", "user", 0.57),
+        ("We have a grumpy old cat called Pastel who hates the vet.", "user", 0.50),
+    )
+    tools = RecallTools({"memory_search": search})
+    answer = await run_model(make_request("What is my kitty's name?", "balanced"), tools)
+    assert answer == 'The user said: "We have a grumpy old cat called Pastel who hates the vet."'

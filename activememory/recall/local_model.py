@@ -228,6 +228,14 @@ _REQUEST = re.compile(
 )
 _SECOND_PERSON = re.compile(r"\b(?:you|your|yours|yourself|you're|you've|you'll)\b", re.I)
 _FIRST_PERSON = re.compile(r"\b(?:i|i'm|i've|i'd|i'll|me|my|mine|myself|we|our|us)\b", re.I)
+# A sentence whose subject is a friend, colleague or relative outside the household.
+_ABOUT_OTHERS = re.compile(
+    r"(?:my|our)\s+(?:(?:best|old|close|new)\s+)?"
+    r"(friend|colleague|coworker|co-worker|cousin|neighbou?r|classmate|roommate|flatmate)"
+    r"(?:'s|s)?\b(?:\s+((?-i:[A-Z])[\w-]*))?",
+    re.I,
+)
+_WORD = re.compile(r"[\w-]+")
 _SENTENCE_END = re.compile(
     r"(?<=[.!?])(?<!\b[A-Z]\.)(?<!\b(?:Mr|Dr|Ms|St)\.)(?<!\bMrs\.)\s+(?=[\"'“‘(]?[A-Z0-9])"
 )
@@ -371,6 +379,18 @@ def is_memory(candidate: Candidate) -> bool:
     return candidate.role == "user" or not _ASSISTANT_FILLER.match(text)
 
 
+def about_others(text: str, asked: str) -> bool:
+    """Whether `text` tells of someone outside the user's household — "My friend Marta just
+    adopted a kitten", "My colleague's sister lives in Porto" — and `asked` does not name
+    them (by relation or name). Such a sentence is not a fact about the user: "my kitty"
+    is not the friend's kitten, "my boss" not the friend's boss."""
+    found = _ABOUT_OTHERS.match(text.strip())
+    if found is None:
+        return False
+    named = {found.group(1).casefold()} | ({found.group(2).casefold()} if found.group(2) else set())
+    return named.isdisjoint(w.casefold() for w in _WORD.findall(asked))
+
+
 def terms(text: str) -> frozenset[str]:
     """The content terms of `text` as the index stems them (CJK runs as bigrams), without
     function words, chat filler and contraction fragments."""
@@ -441,7 +461,7 @@ def extract_note(request: RecallRequest, candidates: Sequence[Candidate]) -> str
     latest = request.latest.strip() or request.search_query.strip()
     if style == "strict" and not asks_for_memory(latest):
         return None
-    candidates = [c for c in candidates if is_memory(c)]
+    candidates = [c for c in candidates if is_memory(c) and not about_others(c.text, latest)]
     if style == "preference-only":
         candidates = [c for c in candidates if is_preference(c.text)]
     asked = terms(_GREETING.sub("", latest))
