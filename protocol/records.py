@@ -474,12 +474,7 @@ class RecordRejected(_RecordAck, tag="rejected", frozen=True, kw_only=True):
 
 
 RecordAck: TypeAlias = (
-    RecordAdded
-    | RecordsLinked
-    | RecordInvalidated
-    | RecordDeleted
-    | RecordsErased
-    | RecordRejected
+    RecordAdded | RecordsLinked | RecordInvalidated | RecordDeleted | RecordsErased | RecordRejected
 )
 
 

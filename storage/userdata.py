@@ -17,14 +17,17 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Any, NamedTuple, cast
 
 import apsw
 
 from ..protocol.config import PrivateScope
+from ..protocol.content import Message, Role
 from ..protocol.errors import InvalidInputError
+from ..protocol.recall import SessionSwitches
+from ..protocol.records import Record, RecordRelation
 from ..protocol.session_key import ChatType, parse_session_key
-from ..protocol.transcript import SessionInfo
+from ..protocol.transcript import Event, SessionInfo
 from ..protocol.userdata import AgentErasure, RecordErasure
 from .db import describe
 from .vectors import text_digest
@@ -121,7 +124,9 @@ def plan_erasure(conn: apsw.Connection, agent: str, scope: PrivateScope) -> Eras
     vectors = count(f"SELECT count(*) FROM message_vectors WHERE session_id {in_ids}")
     switch_keys = _switch_keys(conn, set(keys), scope)
     digests = _unshared_digests(conn, ids)
-    cached = sum(_count(conn, "SELECT count(*) FROM vector_cache WHERE digest = ?", d) for d in digests)
+    cached = sum(
+        _count(conn, "SELECT count(*) FROM vector_cache WHERE digest = ?", d) for d in digests
+    )
     erasure = AgentErasure(
         agent=agent,
         session_keys=tuple(keys),
@@ -244,3 +249,119 @@ def purge(conn: apsw.Connection) -> str | None:
     if busy:
         return "the WAL could not be emptied: a reader held an old snapshot; run the erase again"
     return None
+
+
+# -- export (reader connections) ----------------------------------------------------------
+
+
+class SessionTree(NamedTuple):
+    """One session as an export needs it: its metadata, every message of its tree in write
+    order (rewind events, which only moved the leaf, are left out) and its switches."""
+
+    info: SessionInfo
+    events: list[Event]
+    switches: SessionSwitches | None
+
+
+def session_trees(conn: apsw.Connection, scope: PrivateScope) -> list[SessionTree]:
+    """The sessions of the identity `scope` selects (and those they spawned), with their
+    whole trees; one read transaction."""
+    # Here, not at the top: storage/transcripts.py (the writer) imports this module.
+    from .transcripts import _decode_content
+
+    with conn:
+        trees = []
+        for info in list_sessions(conn, owner=scope):
+            rows = cast(
+                list[tuple[int, int | None, int, float, Role, bytes]],
+                conn.execute(
+                    "SELECT id, parent_id, seq, ts, role, content FROM events"
+                    " WHERE session_id = ? AND kind = 'message' ORDER BY id",
+                    (info.session_id,),
+                ).fetchall(),
+            )
+            events = [
+                Event(
+                    id=event_id,
+                    session_key=info.key,
+                    parent_id=parent_id,
+                    seq=seq,
+                    timestamp=ts,
+                    message=Message(role=role, content=_decode_content(content)),
+                )
+                for event_id, parent_id, seq, ts, role, content in rows
+            ]
+            switch = conn.execute(
+                "SELECT active_memory, verbose, trace FROM session_switches WHERE key = ?",
+                (info.key,),
+            ).fetchone()
+            switches = None
+            if switch is not None:
+                switches = SessionSwitches(
+                    active_memory=bool(switch[0]), verbose=bool(switch[1]), trace=switch[2]
+                )
+            trees.append(SessionTree(info, events, switches))
+    return trees
+
+
+class RecordRow(NamedTuple):
+    """A record as an export needs it: the record and its stored times."""
+
+    record: Record
+    created_at: float
+    invalidated_at: float | None
+
+
+class RelationRow(NamedTuple):
+    """A relation between two exported records, and when it was stored."""
+
+    relation: RecordRelation
+    created_at: float
+
+
+def records_of(
+    conn: apsw.Connection, user_ids: tuple[str, ...], agent: str | None
+) -> tuple[list[RecordRow], list[RelationRow], int]:
+    """The records of these users (with `agent`: those scoped to it or to no agent), the
+    relations among them, and how many relations lead from them to other records (not
+    exported: their other end is not the user's); one read transaction. Expired records
+    are included: they are still stored."""
+    # Here, not at the top: storage/records.py (the writer) imports this module.
+    from .records import _COLUMNS, _record
+
+    users = json.dumps(list(user_ids))
+    where = "r.user_id IN (SELECT value FROM json_each(:users))"
+    if agent is not None:
+        where += " AND (r.agent_id IS NULL OR r.agent_id = :agent)"
+    params = {"users": users, "agent": agent}
+    with conn:
+        rows = cast(
+            list[tuple[Any, ...]],
+            conn.execute(
+                f"SELECT {_COLUMNS.format(a='r')}, r.created_at, r.invalidated_at FROM records r"
+                f" WHERE {where} ORDER BY r.seq",
+                params,
+            ).fetchall(),
+        )
+        records: list[RecordRow] = []
+        seqs: dict[int, str] = {}
+        for row in rows:
+            seq, record = _record(row[:-2])
+            seqs[seq] = record.id
+            records.append(RecordRow(record, float(row[-2]), row[-1]))
+        chosen = json.dumps(sorted(seqs))
+        edges = cast(
+            list[tuple[int, int, str, float]],
+            conn.execute(
+                "SELECT source, target, relation, created_at FROM relations"
+                " WHERE source IN (SELECT value FROM json_each(?1))"
+                " OR target IN (SELECT value FROM json_each(?1)) ORDER BY id",
+                (chosen,),
+            ).fetchall(),
+        )
+    relations = [
+        RelationRow(RecordRelation(relation=name, source_id=seqs[s], target_id=seqs[t]), at)
+        for s, t, name, at in edges
+        if s in seqs and t in seqs
+    ]
+    return records, relations, len(edges) - len(relations)
