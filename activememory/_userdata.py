@@ -19,7 +19,7 @@ import msgspec
 from ._importers import IdentityExport, RecordEntry, RelationEntry, Transcript
 from .actors.supervisor import AgentStore, Supervisor
 from .protocol.config import Config
-from .protocol.content import check_nonblank
+from .protocol.content import check_bool, check_choice, check_nonblank
 from .protocol.errors import InvalidInputError, SessionNotFoundError, raise_rejected
 from .protocol.indexer import (
     Archived,
@@ -110,8 +110,8 @@ async def list_identity_sessions(
     owner = None if identity is None else config.sessions_of(check_identity(identity))
     if peer is not None:
         check_identity(peer, "peer")
-    if archived is not None and not isinstance(archived, bool):
-        raise InvalidInputError(f"archived: expected true, false or None, got {archived!r}")
+    if archived is not None:
+        check_bool("archived", archived)
     found: list[SessionInfo] = []
     for name in _agents(supervisor, agent):
         store = await supervisor.agent(name)
@@ -271,8 +271,7 @@ async def erase_identity(
 ) -> ErasureSummary:
     """`mem.erase_identity`: every agent database, then the records store."""
     identity = check_identity(identity)
-    if not isinstance(dry_run, bool):
-        raise InvalidInputError(f"dry_run: expected true or false, got {dry_run!r}")
+    check_bool("dry_run", dry_run)
     scope = config.sessions_of(identity)
     agents: list[AgentErasure] = []
     for name in supervisor.known_agents():
