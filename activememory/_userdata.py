@@ -19,7 +19,7 @@ import msgspec
 from ._importers import IdentityExport, RecordEntry, RelationEntry, Transcript
 from .actors.supervisor import AgentStore, Supervisor
 from .protocol.config import Config
-from .protocol.content import check_bool, check_choice, check_nonblank
+from .protocol.content import check_bool, check_nonblank
 from .protocol.errors import InvalidInputError, SessionNotFoundError, raise_rejected
 from .protocol.indexer import (
     Archived,

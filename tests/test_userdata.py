@@ -9,7 +9,6 @@ from typing import Any
 
 import apsw
 import pytest
-from fake_embedder import FakeEmbedder
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -17,10 +16,13 @@ import activememory as am
 from activememory._cli import main
 from activememory._records import recall_tool
 from activememory.protocol.config import Config
-from activememory.protocol.indexer import CreateSession
+from activememory.protocol.indexer import CreateSession, StoreVectors, VectorRow, VectorsStored
 from activememory.storage.db import open_connection
 from activememory.storage.transcripts import TranscriptWriter
 from activememory.storage.userdata import list_sessions
+from activememory.storage.vectors import text_digest
+
+from fake_embedder import FakeEmbedder
 
 pytestmark = pytest.mark.anyio
 
@@ -55,7 +57,9 @@ async def store_people(mem: am.Memory) -> dict[str, str]:
     await mem.sessions.append(DANA_TG, bot("Got it, I will remember."))
     await mem.sessions.append(
         DANA_TG,
-        am.Message(role="tool", content=[{"type": "tool_result", "tool_use_id": "t1", "content": "x"}]),
+        am.Message(
+            role="tool", content=[{"type": "tool_result", "tool_use_id": "t1", "content": "x"}]
+        ),
     )
     await mem.sessions.append(DANA_SL, user("I live in Bergen"))
     await mem.command(DANA_SL, "/verbose on", sender=am.Sender(owner=True))
@@ -157,7 +161,9 @@ async def _snapshot(mem: am.Memory, ids: list[str]) -> dict[str, object]:
     sessions = await mem.sessions.list(identity="dana", archived=None)
     found: dict[str, object] = {"sessions": [_stored(s) for s in sessions]}
     for s in sessions:
-        found[s.key] = [(e.id, e.parent_id, e.timestamp, e.message) for e in await mem.sessions.history(s.key)]
+        found[s.key] = [
+            (e.id, e.parent_id, e.timestamp, e.message) for e in await mem.sessions.history(s.key)
+        ]
     found["records"] = [await mem.records.get(i) for i in ids]
     hits = await mem.records.store.search(TOKEN, num_hops=1)
     # Bob's record is not dana's: the relation to it is not hers to export.
@@ -214,7 +220,14 @@ def test_export_and_import_through_the_cli(
     (tmp_path / "dana.jsonl").write_text(out)
     assert main(["import", str(tmp_path / "dana.jsonl"), "--state-dir", str(tmp_path / "b")]) == 0
     assert "imported 4 sessions (7 events), 2 records and 1 relations" in capsys.readouterr().out
-    export_b = ["export", "--state-dir", str(tmp_path / "b"), *common, "-o", str(tmp_path / "b.jsonl")]
+    export_b = [
+        "export",
+        "--state-dir",
+        str(tmp_path / "b"),
+        *common,
+        "-o",
+        str(tmp_path / "b.jsonl"),
+    ]
     assert main(export_b) == 0
     assert (tmp_path / "b.jsonl").read_text() == out
     capsys.readouterr()
@@ -270,7 +283,9 @@ async def test_after_an_erase_nothing_surfaces_and_no_file_holds_the_text(
         first = (await mem.sessions.history(DANA_TG))[0]
         await mem.sessions.rebuild_index()
         assert await mem.sessions.vectors_ready()
-        turn = am.Turn(session_key="agent:main:direct:dana", messages=[user("what is my secret word?")])
+        turn = am.Turn(
+            session_key="agent:main:direct:dana", messages=[user("what is my secret word?")]
+        )
         await mem.sessions.append(turn.session_key, user("hi"))
         out = await mem.recall(turn)
         assert out.status == "ok" and TOKEN in (out.summary or "")
@@ -298,7 +313,11 @@ async def test_after_an_erase_nothing_surfaces_and_no_file_holds_the_text(
         # Bob and the group are untouched.
         assert (await mem.sessions.search(BOB_TOKEN, caller=BOB)).results
         assert await mem.records.get(ids["bob"]) is not None
-        assert [s.key for s in await mem.sessions.list(agent="main")] == [BOB, GROUP, turn.session_key]
+        assert [s.key for s in await mem.sessions.list(agent="main")] == [
+            BOB,
+            GROUP,
+            turn.session_key,
+        ]
     assert _files_holding(state, TOKEN) == []
 
 
@@ -324,7 +343,9 @@ async def test_a_vector_shared_with_a_remaining_message_stays_cached(tmp_path: P
 
 
 def agent_db(state: Path) -> apsw.Connection:
-    return apsw.Connection(str(state / "agents" / "main" / "memory.db"), flags=apsw.SQLITE_OPEN_READONLY)
+    return apsw.Connection(
+        str(state / "agents" / "main" / "memory.db"), flags=apsw.SQLITE_OPEN_READONLY
+    )
 
 
 def test_erase_through_the_cli_lists_then_erases(
@@ -339,7 +360,15 @@ def test_erase_through_the_cli_lists_then_erases(
             await store_people(mem)
 
     trio.run(fill)
-    args = ["erase", "--state-dir", str(tmp_path / "s"), "--config", str(config), "--identity", "dana"]
+    args = [
+        "erase",
+        "--state-dir",
+        str(tmp_path / "s"),
+        "--config",
+        str(config),
+        "--identity",
+        "dana",
+    ]
     assert main([*args, "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "agent main: would erase 3 sessions, 7 events" in out
@@ -349,5 +378,28 @@ def test_erase_through_the_cli_lists_then_erases(
     assert main([*args, "--json"]) == 0
     done = json.loads(capsys.readouterr().out)
     assert done["purged"] is True and done["dry_run"] is False
-    assert [a["session_keys"] for a in done["agents"]] == [[DANA_TG, DANA_SL, SPAWNED], [DANA_OTHER]]
+    assert [a["session_keys"] for a in done["agents"]] == [
+        [DANA_TG, DANA_SL, SPAWNED],
+        [DANA_OTHER],
+    ]
     assert _files_holding(tmp_path / "s", TOKEN) == []
+
+
+async def test_a_vector_embedded_before_an_erase_and_stored_after_is_not_cached(
+    tmp_path: Path,
+) -> None:
+    # The embedder actor reads a batch, embeds it off the loop, and stores it through the
+    # indexer: an erase can fall in between. Its vectors must not come back as cache rows.
+    async with am.open_memory(tmp_path / "s", config=CONFIG) as mem:
+        event = await mem.sessions.append(DANA_TG, user(f"only dana says {TOKEN}"))
+        text = f"only dana says {TOKEN}"
+        await mem.erase_identity("dana")
+        store = await mem._supervisor.agent("main")
+        late = StoreVectors(
+            agent="main",
+            name="fake/bag-of-words",
+            messages=(VectorRow(id=event.id, digest=text_digest(text), vector=b"\0" * 128),),
+        )
+        ack = await store.submit(late)
+        assert ack == VectorsStored(messages=0, notes=0, skipped=1)
+    assert agent_db(tmp_path / "s").execute("SELECT count(*) FROM vector_cache").fetchone() == (0,)
