@@ -267,7 +267,7 @@ async def _import_jsonl(mem: Memory, path: Path, found: IdentityExport) -> dict[
     if len(found.transcripts) == 1 and not found.records and not found.relations:
         key = found.transcripts[0].session_key
         return {"path": str(path), "session_key": key, "events": done.events}
-    # An export (docs/design.md §2.5): several sessions, records and relations.
+    # An export (docs/design.md §2.6): several sessions, records and relations.
     out: dict[str, object] = {"path": str(path)}
     out.update(msgspec.to_builtins(done))
     return out
@@ -527,7 +527,7 @@ def _print_stats(stats: Sequence[IndexStats]) -> None:
         print("  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)))
 
 
-# -- a user's data: sessions, export, erase (docs/design.md §2.5) ---------------------------
+# -- a user's data: sessions, export, erase (docs/design.md §2.6) ---------------------------
 
 
 def _add_userdata_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

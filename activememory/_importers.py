@@ -10,7 +10,7 @@ Format, one JSON object per line:
 `parentId` omitted means "the previous message line"; `timestamp` is epoch seconds or an
 ISO 8601 string. Unknown fields are errors, reported with the file and line.
 
-An export of a user's data (docs/design.md §2.5) is the same format with more in it: one
+An export of a user's data (docs/design.md §2.6) is the same format with more in it: one
 file may hold several sessions (each header line starts the next one), a header may carry
 the session's metadata (`archived`, `sandboxed`, `spawnedBy`, `createdAt`, `updatedAt`,
 `switches`, and `keepIds`: the message ids are event ids to keep), and two more line types
@@ -115,7 +115,7 @@ _encode_line = msgspec.json.Encoder().encode
 class Transcript:
     """A parsed JSONL transcript, ready for `mem.sessions.import_transcript`.
 
-    The fields after `interactive` are an export's session metadata (docs/design.md §2.5);
+    The fields after `interactive` are an export's session metadata (docs/design.md §2.6);
     a plain transcript leaves them at their defaults (None: "when imported").
     """
 
@@ -152,7 +152,7 @@ class RelationEntry:
 
 @dataclass(frozen=True)
 class IdentityExport:
-    """Sessions and records in the import format (docs/design.md §2.5): what
+    """Sessions and records in the import format (docs/design.md §2.6): what
     `mem.export_identity` returns and `mem.import_export` stores; `lines()` is the JSONL
     text and `IdentityExport.read(path)` parses a file of it (any JSONL transcript file).
 

@@ -310,7 +310,7 @@ class Sessions:
         archived: bool | None = False,
     ) -> builtins.list[SessionInfo]:
         """The stored sessions that pass every filter given, by agent, oldest first
-        (docs/design.md §2.5).
+        (docs/design.md §2.6).
 
         `agent`: only that agent's database (`InvalidInputError` if it has none);
         `chat_type`: direct, group, channel, explicit or unknown; `identity`: the sessions
@@ -475,7 +475,7 @@ class Memory:
         return await self._recaller.plan(turn, self._settings)
 
     async def export_identity(self, identity: str, *, agent: str | None = None) -> IdentityExport:
-        """Everything stored about `identity`, in the import format (docs/design.md §2.5).
+        """Everything stored about `identity`, in the import format (docs/design.md §2.6).
 
         Its sessions (as `mem.sessions.list(identity=..., archived=None)` finds them) with
         their metadata, switches and whole trees — rewound branches, event ids and
@@ -504,7 +504,7 @@ class Memory:
         return await import_export(self._supervisor, self.sessions._clock, export)
 
     async def erase_identity(self, identity: str, *, dry_run: bool = False) -> ErasureSummary:
-        """Erase everything stored about `identity` (docs/design.md §2.5): its sessions
+        """Erase everything stored about `identity` (docs/design.md §2.6): its sessions
         (events, index rows, vectors, switches) in every agent database, the cached
         vectors of their texts that nothing else uses, and its records with their
         relations. Each database is erased in one transaction by its writer, then purged

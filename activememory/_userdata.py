@@ -1,4 +1,4 @@
-"""A user's data (docs/design.md §2.5): list sessions, export an identity in the import
+"""A user's data (docs/design.md §2.6): list sessions, export an identity in the import
 format, import such an export, erase an identity.
 
 Whose data is whose is `Config.identity_of`, turned into a selector by

@@ -745,7 +745,7 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
     def sessions_of(self, identity: str) -> PrivateScope:
         """The sessions whose identity (`identity_of`) is `identity`, as a selector: the
         direct chats of the peers that resolve to it, and the main and explicit sessions
-        if it is the owner's (docs/design.md §2.5: a user's data)."""
+        if it is the owner's (docs/design.md §2.6: a user's data)."""
         links = dict.fromkeys((identity, *self.identity_links.get(identity, ())))
         peers = tuple(p for p in links if self._linked(p) == identity)
         return PrivateScope(peers=peers, owner=self.identity_of(_MAIN) == identity)

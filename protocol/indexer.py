@@ -66,7 +66,7 @@ class ImportTranscript(_Command, tag="import", frozen=True, kw_only=True):
     leaf_id: str | None = None
     persistent: bool = True
     interactive: bool = True
-    # The entry ids are event ids to keep (an export, docs/design.md §2.5): kept when
+    # The entry ids are event ids to keep (an export, docs/design.md §2.6): kept when
     # every one is a free positive integer, else the session gets fresh ids as usual.
     keep_ids: bool = False
     at: float
@@ -194,7 +194,7 @@ class StoreVectors(msgspec.Struct, frozen=True, kw_only=True, tag_field="op", ta
 
 
 class EraseIdentity(msgspec.Struct, frozen=True, kw_only=True, tag_field="op", tag="erase"):
-    """Facade (`mem.erase_identity`) → indexer: erase an identity's data (docs/design.md §2.5).
+    """Facade (`mem.erase_identity`) → indexer: erase an identity's data (docs/design.md §2.6).
 
     In one transaction: every session `sessions` selects and every session they spawned
     (events, active branch, index rows, vectors, switches), the switch rows of its keys

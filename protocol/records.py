@@ -405,7 +405,7 @@ class DeleteRecord(_RecordCommand, tag="delete", frozen=True, kw_only=True):
 
 
 class RestoreRecord(_RecordCommand, tag="restore", frozen=True, kw_only=True):
-    """Importer → records keeper: store an exported record as it was (docs/design.md §2.5):
+    """Importer → records keeper: store an exported record as it was (docs/design.md §2.6):
     its id, status and times; rejected if the id exists."""
 
     record: Record

@@ -1,4 +1,4 @@
-"""A user's data (docs/design.md §2.5): what an erase of one identity removed, or would remove.
+"""A user's data (docs/design.md §2.6): what an erase of one identity removed, or would remove.
 
 `AgentErasure` is counted by the indexer of one agent database (in the erasing transaction,
 or on the reader for a dry run), `RecordErasure` by the records keeper; `ErasureSummary` is
@@ -23,7 +23,7 @@ class AgentErasure(msgspec.Struct, frozen=True, kw_only=True):
     `session_keys`: its sessions (their events, index rows and vectors go with them);
     `switches`: slash-command switch rows of its keys; `cached_vectors`: content-hash cache
     entries of its texts that no remaining message or note uses. `purged`: the freed
-    pages were rewritten and the WAL truncated (docs/design.md §2.5); `problem` says why
+    pages were rewritten and the WAL truncated (docs/design.md §2.6); `problem` says why
     not, when the erase committed but the purge did not finish. A dry run purges nothing.
     """
 

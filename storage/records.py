@@ -222,7 +222,7 @@ class RecordWriter:
 
     def __init__(self, conn: apsw.Connection) -> None:
         self.conn = conn
-        self._purge_after_commit = False  # set by an erase (docs/design.md §2.5)
+        self._purge_after_commit = False  # set by an erase (docs/design.md §2.6)
 
     def apply(self, commands: Sequence[RecordCommand]) -> list[RecordAck]:
         """Apply `commands` in one transaction; one ack per command, in order.

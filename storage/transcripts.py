@@ -120,7 +120,7 @@ class TranscriptWriter:
         self._branch_rows: list[tuple[int, int, int]] = []
         self._index_rows: list[tuple[int, str, str | None, str | None]] = []
         self._next_event_id = self._load_next_event_id()
-        self._purge_after_commit = False  # set by an erase (docs/design.md §2.5)
+        self._purge_after_commit = False  # set by an erase (docs/design.md §2.6)
 
     def _load_next_event_id(self) -> int:
         (max_id,) = self.conn.execute("SELECT coalesce(max(id), 0) FROM events").fetchone() or (0,)
@@ -418,7 +418,7 @@ class TranscriptWriter:
         return events, index_rows
 
     def _erase(self, cmd: EraseIdentity) -> IndexerAck:
-        """Erase an identity's data (docs/design.md §2.5); the purge follows the commit."""
+        """Erase an identity's data (docs/design.md §2.6); the purge follows the commit."""
         self._flush_sessions()  # the plan reads the session rows
         plan = plan_erasure(self.conn, cmd.agent, cmd.sessions)
         for key in plan.erasure.session_keys:
@@ -517,7 +517,7 @@ class TranscriptWriter:
 
     def _free_ids(self, entries: Sequence[ImportEntry]) -> dict[str, int] | None:
         """The entries' ids as event ids, if each is a positive integer no event has yet
-        (an export imported again keeps its ids, docs/design.md §2.5); else None."""
+        (an export imported again keeps its ids, docs/design.md §2.6); else None."""
         if not all(e.id.isascii() and e.id.isdigit() and int(e.id) > 0 for e in entries):
             return None
         ids = {e.id: int(e.id) for e in entries}

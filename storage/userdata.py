@@ -1,4 +1,4 @@
-"""A user's data in the databases (docs/design.md §2.5): whose sessions and records are whose,
+"""A user's data in the databases (docs/design.md §2.6): whose sessions and records are whose,
 what an erase removes, and the purge that takes erased text off the disk.
 
 Whose: an identity's sessions are selected by a `PrivateScope` (`Config.sessions_of`: the
@@ -33,7 +33,7 @@ from .db import describe
 from .vectors import text_digest
 
 # The sessions of a `PrivateScope` and those they spawned: `owned(key)`, with `:peers`
-# (JSON list or NULL for every peer) and `:owner` bound (docs/design.md §2.5).
+# (JSON list or NULL for every peer) and `:owner` bound (docs/design.md §2.6).
 _OWNED = (
     "WITH RECURSIVE owned(key) AS ("
     " SELECT key FROM sessions WHERE chat_type IN ('direct', 'explicit') AND CASE"

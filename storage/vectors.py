@@ -171,7 +171,7 @@ def cached_vectors(
 def apply_store_vectors(conn: apsw.Connection, cmd: StoreVectors) -> IndexerAck:
     """The indexer's handler of `StoreVectors`: store what still holds, and cache every
     vector whose text is still stored (a rebuild reuses it; the vector of a text deleted
-    or erased meanwhile is dropped, docs/design.md §2.5).
+    or erased meanwhile is dropped, docs/design.md §2.6).
 
     The caller has flushed its session cache first, so `sessions.dirty` is current.
     """

@@ -1,4 +1,4 @@
-"""A user's data (docs/design.md §2.5): list sessions, export an identity losslessly, erase it
+"""A user's data (docs/design.md §2.6): list sessions, export an identity losslessly, erase it
 so that nothing surfaces again and the files no longer hold its text."""
 
 from __future__ import annotations

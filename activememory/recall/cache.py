@@ -27,7 +27,7 @@ class RecallCache(Generic[T]):
 
     def clear(self) -> None:
         """Forget every entry, and refuse `put`s of runs that started before (an erase:
-        nothing found before it may be served after it, docs/design.md §2.5)."""
+        nothing found before it may be served after it, docs/design.md §2.6)."""
         self._entries.clear()
         self.generation += 1
 
