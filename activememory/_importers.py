@@ -311,7 +311,9 @@ def read_jsonl(path: Path, session_key: str | None = None) -> IdentityExport:
                 relations.append(_relation_entry(item, where))
     if session_key is not None and len(sessions) > 1:
         raise InvalidInputError(f"{path}: holds {len(sessions)} sessions; --session-key names one")
-    if not sessions and session_key is not None and not records:
+    if not sessions and not records and not relations:
+        if session_key is None:  # an empty file: as before, a session needs a key
+            raise InvalidInputError(f"{path}: no session header line and no session key given")
         sessions.append(_Session(None, str(path)))
     transcripts = tuple(_transcript(path, s, session_key) for s in sessions)
     return IdentityExport(

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import anyio
 import apsw
 import pytest
 from hypothesis import given, settings
@@ -403,3 +404,17 @@ async def test_a_vector_embedded_before_an_erase_and_stored_after_is_not_cached(
         ack = await store.submit(late)
         assert ack == VectorsStored(messages=0, notes=0, skipped=1)
     assert agent_db(tmp_path / "s").execute("SELECT count(*) FROM vector_cache").fetchone() == (0,)
+
+
+async def test_the_cli_cannot_erase_under_a_running_bot(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The erase goes through the writers, which the bot's process holds: the CLI says so
+    # and erases nothing (README "A user's data": erase from inside the bot, or stop it).
+    state = tmp_path / "s"
+    async with am.open_memory(state, config=CONFIG) as mem:
+        await mem.sessions.append(DANA_TG, user(f"my secret word is {TOKEN}"))
+        args = ["erase", "--state-dir", str(state), "--identity", "dana-tg"]
+        assert await anyio.to_thread.run_sync(main, args) == 2
+        assert "already open for writing by another open_memory()" in capsys.readouterr().err
+        assert [s.key for s in await mem.sessions.list()] == [DANA_TG]
