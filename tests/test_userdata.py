@@ -418,3 +418,24 @@ async def test_the_cli_cannot_erase_under_a_running_bot(
         assert await anyio.to_thread.run_sync(main, args) == 2
         assert "already open for writing by another open_memory()" in capsys.readouterr().err
         assert [s.key for s in await mem.sessions.list()] == [DANA_TG]
+
+
+async def test_bad_record_lines_are_errors_naming_file_line_and_field(tmp_path: Path) -> None:
+    path = tmp_path / "bad.jsonl"
+    good = {"type": "record", "id": "r1", "content": "x", "timestamp": 1.0}
+    path.write_text(json.dumps(good) + "\n" + json.dumps({**good, "recordType": "note"}) + "\n")
+    with pytest.raises(am.InvalidInputError, match=rf"^{path}:2: record_type: 'note' is not one"):
+        am.IdentityExport.read(path)
+    path.write_text(json.dumps({**good, "status": "invalid"}) + "\n")
+    with pytest.raises(am.InvalidInputError, match=rf"^{path}:1: reason: expected a non-empty"):
+        am.IdentityExport.read(path)
+    path.write_text(json.dumps({**good, "userID": "x"}) + "\n")
+    with pytest.raises(am.InvalidInputError, match=rf"^{path}:1: Object contains unknown field"):
+        am.IdentityExport.read(path)
+    edge = {"type": "relation", "relation": "about", "sourceId": "r1", "targetId": "r2"}
+    path.write_text(json.dumps(good) + "\n" + json.dumps(edge) + "\n")
+    async with am.open_memory(tmp_path / "s", config=CONFIG) as mem:
+        with pytest.raises(am.InvalidInputError, match=r"^target_id: no record 'r2'$"):
+            await mem.import_export(am.IdentityExport.read(path))
+        record = await mem.records.get("r1")
+    assert record is not None and record.content == "x"  # each record is its own write
