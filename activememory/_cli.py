@@ -9,6 +9,7 @@ import importlib.resources
 import json
 import sys
 import tempfile
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
@@ -26,6 +27,7 @@ from .protocol.recall import RecallOutcome, Sender, Turn
 from .protocol.search import SEARCH_MODES, VISIBILITIES, SearchResult
 from .protocol.transcript import Event, IndexStats
 from .simulations.bench import BENCHMARKS
+from .simulations.bench.runner import Progress
 from .storage.fts_query import MATCH_MODES
 
 SAMPLES = ("sample-alice.jsonl", "sample-team.jsonl")
@@ -60,7 +62,8 @@ def _parser() -> argparse.ArgumentParser:
     add_chat_parser(commands)
 
     imp = commands.add_parser(
-        "import", help="import JSONL transcripts or LoCoMo conversations (stored unindexed)"
+        "import",
+        help="import JSONL transcripts or LoCoMo conversations; a re-run skips what is there",
     )
     imp.add_argument("paths", type=Path, nargs="+")
     imp.add_argument("--state-dir", type=Path, required=True)
@@ -73,6 +76,15 @@ def _parser() -> argparse.ArgumentParser:
     imp.add_argument("--no-rebuild", action="store_true", help="leave the sessions dirty")
     imp.add_argument("--json", action="store_true")
     imp.set_defaults(run=_import)
+
+    reindex = commands.add_parser(
+        "reindex", help="rebuild the full-text index (every agent, one agent or one session)"
+    )
+    reindex.add_argument("--state-dir", type=Path, required=True)
+    reindex.add_argument("--agent", help="only this agent's sessions")
+    reindex.add_argument("--session", help="only this session (a session key)")
+    reindex.add_argument("--json", action="store_true")
+    reindex.set_defaults(run=_reindex)
 
     search = commands.add_parser("search", help="full-text search of stored conversations")
     search.add_argument("query")
@@ -229,54 +241,121 @@ async def _import_files(
     rebuild: bool,
     file_format: str | None = None,
 ) -> list[dict[str, object]]:
+    """Import `paths`, skipping sessions a killed run already stored (docs/design.md §2.5)."""
     formats = [_import_format(path, file_format) for path in paths]
     if session_key is not None and "locomo" in formats:
         raise InvalidInputError("--session-key: LoCoMo files name their own sessions")
+    tally = _ImportTally(files=len(paths))
     # Parse every file first: a bad file is reported before anything is written.
-    parsed = [
-        read_locomo(path) if kind == "locomo" else read_jsonl_transcript(path, session_key)
-        for path, kind in zip(paths, formats, strict=True)
-    ]
+    parsed: list[Transcript | list[LocomoSample]] = []
+    for path, kind in zip(paths, formats, strict=True):
+        parsed.append(
+            read_locomo(path) if kind == "locomo" else read_jsonl_transcript(path, session_key)
+        )
+        tally.show(f"import: read {len(parsed)}/{len(paths)} files")
     done: list[dict[str, object]] = []
-    for i, (path, item) in enumerate(zip(paths, parsed, strict=True), start=1):
+    for path, item in zip(paths, parsed, strict=True):
         if isinstance(item, Transcript):
-            done.append(await _import_transcript(mem, path, item))
+            done.append(await _import_transcript(mem, path, item, tally))
         else:
-            done.extend([await _import_locomo_sample(mem, path, sample) for sample in item])
-        _progress(f"import: {i}/{len(paths)} files ({path.name})")
+            done.extend([await _import_locomo_sample(mem, path, s, tally) for s in item])
+        tally.files_done += 1
+    summary = tally.summary()
     if rebuild:
-        _progress("import: rebuilding the index…")
-        await mem.sessions.rebuild_index()
-    _progress("import: done", last=True)
+        rows = _RowRate()
+        await mem.sessions.reindex(
+            dirty_only=True, progress=lambda stats: tally.show(f"{summary}; {rows.line(stats)}")
+        )
+        summary += "; index rebuilt"
+    if tally.progress.last:  # a live line was drawn: end it
+        tally.progress.close()
+    print(summary, file=sys.stderr)
     return done
 
 
-def _progress(text: str, *, last: bool = False) -> None:
-    """A one-line progress display on stderr, for a person watching a terminal only."""
-    if sys.stderr.isatty():
-        sys.stderr.write(f"\r\033[K{text}" + ("\n" if last else ""))
-        sys.stderr.flush()
+class _ImportTally:
+    """What an import has done so far, shown as a progress line (rows, sessions, files)."""
+
+    def __init__(self, files: int) -> None:
+        self.files = files
+        self.files_done = self.sessions = self.skipped = self.rows = 0
+        self.started = time.monotonic()
+        self.progress = Progress(enabled=True)
+
+    def count(self, events: int, *, skipped: bool) -> None:
+        self.sessions += 1
+        self.skipped += skipped
+        self.rows += 0 if skipped else events
+        self.show(self.summary())
+
+    def summary(self) -> str:
+        seconds = time.monotonic() - self.started
+        skipped = f" ({self.skipped} already there)" if self.skipped else ""
+        return (
+            f"import: {self.files_done}/{self.files} files, {self.sessions} sessions{skipped},"
+            f" {self.rows:,} rows in {seconds:.1f} s ({self.rows / max(seconds, 1e-3):,.0f} rows/s)"
+        )
+
+    def show(self, line: str) -> None:
+        if self.progress.due(time.monotonic() - self.started):
+            self.progress.write(line)
 
 
-async def _import_transcript(mem: Memory, path: Path, transcript: Transcript) -> dict[str, object]:
+class _RowRate:
+    """The rebuild's progress line: messages indexed of all, and their rate."""
+
+    def __init__(self) -> None:
+        self.first: tuple[float, int] | None = None
+
+    def line(self, stats: IndexStats) -> str:
+        now = time.monotonic()
+        if self.first is None:
+            self.first = (now, stats.indexed_messages)
+        since, base = self.first
+        rate = (stats.indexed_messages - base) / max(now - since, 1e-3)
+        return (
+            f"index {stats.agent}: {stats.indexed_messages:,}/{stats.active_messages:,} messages,"
+            f" {stats.dirty_sessions} sessions left ({rate:,.0f} rows/s)"
+        )
+
+
+async def _import_transcript(
+    mem: Memory, path: Path, transcript: Transcript, tally: _ImportTally
+) -> dict[str, object]:
     count = await mem.sessions.import_transcript(
         transcript.session_key,
         transcript.entries,
         leaf_id=transcript.leaf_id,
         persistent=transcript.persistent,
         interactive=transcript.interactive,
+        resume=True,
     )
-    return {"path": str(path), "session_key": transcript.session_key, "events": count}
+    skipped = count == 0 and bool(transcript.entries)
+    tally.count(len(transcript.entries), skipped=skipped)
+    return {
+        "path": str(path),
+        "session_key": transcript.session_key,
+        "events": len(transcript.entries),
+        "skipped": skipped,
+    }
 
 
-async def _import_locomo_sample(mem: Memory, path: Path, sample: LocomoSample) -> dict[str, object]:
+async def _import_locomo_sample(
+    mem: Memory, path: Path, sample: LocomoSample, tally: _ImportTally
+) -> dict[str, object]:
+    skipped = 0
     for session in sample.sessions:
-        await mem.sessions.import_transcript(session.session_key, session.entries)
+        count = await mem.sessions.import_transcript(
+            session.session_key, session.entries, resume=True
+        )
+        skipped += count == 0
+        tally.count(len(session.entries), skipped=count == 0)
     return {
         "path": str(path),
         "sample_id": sample.sample_id,
         "agent": sample.agent,
         "sessions": len(sample.sessions),
+        "skipped_sessions": skipped,
         "turns": sample.turns,
         "questions": len(sample.questions),
     }
@@ -306,9 +385,16 @@ def _import(args: argparse.Namespace) -> int:
     def show(done: list[dict[str, object]]) -> None:
         for item in done:
             if "agent" in item:
+                skipped = f" ({item['skipped_sessions']} already there)"
                 print(
                     f"imported LoCoMo sample {item['sample_id']} from {item['path']} into agent "
                     f"{item['agent']}: {item['sessions']} sessions, {item['turns']} turns"
+                    + (skipped if item["skipped_sessions"] else "")
+                )
+            elif item["skipped"]:
+                print(
+                    f"skipped {item['path']}: {item['session_key']} already holds its "
+                    f"{item['events']} events"
                 )
             else:
                 print(
@@ -327,6 +413,25 @@ def _import(args: argparse.Namespace) -> int:
         ),
         show,
     )
+
+
+def _reindex(args: argparse.Namespace) -> int:
+    rows = _RowRate()
+    progress = Progress(enabled=True)
+    started = time.monotonic()
+
+    def show(stats: IndexStats) -> None:
+        if progress.due(time.monotonic() - started):
+            progress.write(f"reindex: {rows.line(stats)}")
+
+    async def fetch(mem: Memory) -> list[IndexStats]:
+        try:
+            return await mem.sessions.reindex(args.session, agent=args.agent, progress=show)
+        finally:
+            if progress.last:
+                progress.close()
+
+    return _run_and_show(args, fetch, _print_stats)
 
 
 def _search(args: argparse.Namespace) -> int:

@@ -7,8 +7,10 @@ Format, one JSON object per line:
      "message": {"role": "user", "content": "..."}}
     {"type": "leaf", "id": "m1"}                                     optional: the active leaf
 
-`parentId` omitted means "the previous message line"; `timestamp` is epoch seconds or an
-ISO 8601 string. Unknown fields are errors, reported with the file and line.
+`parentId` omitted means "the previous message line"; `timestamp` is required, epoch
+seconds or an ISO 8601 string. Ids are unique within the file; a `parentId` names an earlier
+message line, the leaf any message line. Unknown fields are errors; every error names the
+file and line.
 """
 
 from __future__ import annotations
@@ -62,42 +64,58 @@ class Transcript:
 
 
 def read_jsonl_transcript(path: Path, session_key: str | None = None) -> Transcript:
-    """Parse `path`; `session_key` overrides (or stands in for) the header's key."""
+    """Parse `path`; `session_key` overrides (or stands in for) the header's key.
+
+    Every error names the file and line. A UTF-8 byte order mark at the start is skipped.
+    Each entry's `source` is its `path:line`, so the writer's errors name the line too.
+    """
     header: _Header | None = None
     entries: list[ImportEntry] = []
+    lines_of: dict[str, int] = {}  # entry id -> its line, for errors naming both lines
     leaf: str | None = None
+    leaf_line = 0
     previous: str | None = None
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InvalidInputError(f"{path}: cannot read ({exc})") from None
-    for number, line in enumerate(lines, start=1):
+        data = path.read_bytes()
+    except OSError as exc:
+        raise InvalidInputError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    # Split bytes, not text: str.splitlines would also cut at U+2028 inside a JSON string.
+    for number, line in enumerate(data.removeprefix(_BOM).splitlines(), start=1):
         if not line.strip():
             continue
         where = f"{path}:{number}"
-        try:
-            item = _decode_line(line)
-        except msgspec.DecodeError as exc:
-            raise InvalidInputError(f"{where}: {exc}") from None
+        item = _decode_jsonl_line(line, where)
         match item:
             case _Header():
                 if header is not None or entries:
                     raise InvalidInputError(f"{where}: the session header must be the first line")
                 header = item
             case _LeafLine():
-                leaf = item.id
+                leaf, leaf_line = item.id, number
             case _MessageLine():
+                if item.id in lines_of:
+                    raise InvalidInputError(
+                        f"{where}: id {item.id!r} is repeated (first at line {lines_of[item.id]})"
+                    )
                 parent = previous if item.parentId is _UNSET else item.parentId
+                if parent is not None and parent not in lines_of:
+                    raise InvalidInputError(
+                        f"{where}: parentId {parent!r} names no earlier message line"
+                    )
                 message = message_from_mapping(item.message, where=f"{where}: message")
                 entries.append(
                     ImportEntry(
                         id=item.id,
-                        parent_id=parent,  # type: ignore[arg-type]
+                        parent_id=parent,
                         timestamp=_timestamp(item.timestamp, where),
                         message=message,
+                        source=where,
                     )
                 )
+                lines_of[item.id] = number
                 previous = item.id
+    if leaf is not None and leaf not in lines_of:
+        raise InvalidInputError(f"{path}:{leaf_line}: leaf id {leaf!r} names no message line")
     key = session_key or (header.key if header else None)
     if key is None:
         raise InvalidInputError(f"{path}: no session header line and no session key given")
@@ -109,6 +127,23 @@ def read_jsonl_transcript(path: Path, session_key: str | None = None) -> Transcr
         persistent=header.persistent if header else True,
         interactive=header.interactive if header else True,
     )
+
+
+_BOM = b"\xef\xbb\xbf"
+
+
+def _decode_jsonl_line(line: bytes, where: str) -> _Header | _MessageLine | _LeafLine:
+    try:
+        line.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidInputError(
+            f"{where}: not UTF-8 text (byte 0x{line[exc.start]:02x} at byte {exc.start})"
+        ) from None
+    try:
+        item: _Header | _MessageLine | _LeafLine = _decode_line(line)
+    except msgspec.DecodeError as exc:
+        raise InvalidInputError(f"{where}: {exc}") from None
+    return item
 
 
 def _timestamp(value: float | str, where: str) -> float:

@@ -258,6 +258,7 @@ def test_cli_import_json_and_explicit_format(
             "sample_id": "Conv 7/A",
             "agent": "conv-7-a",
             "sessions": 2,
+            "skipped_sessions": 0,
             "turns": 5,
             "questions": 5,
         }
