@@ -262,15 +262,24 @@ async def _import_files(
         tally.files_done += 1
     summary = tally.summary()
     if rebuild:
-        rows = _RowRate()
-        await mem.sessions.reindex(
-            dirty_only=True, progress=lambda stats: tally.show(f"{summary}; {rows.line(stats)}")
-        )
-        summary += "; index rebuilt"
+        summary += await _rebuild_imported(mem, tally, summary)
     if tally.progress.last:  # a live line was drawn: end it
         tally.progress.close()
     print(summary, file=sys.stderr)
     return done
+
+
+async def _rebuild_imported(mem: Memory, tally: _ImportTally, summary: str) -> str:
+    """Index the dirty sessions of this import (a killed run's included), one transaction
+    each: nothing else writes here, and it is twice as fast as the reconciler's chunks."""
+    started, rows, sessions = time.monotonic(), 0, 0
+    for key in tally.keys:
+        if (await mem.sessions.info(key)).dirty:
+            rows += (await mem.sessions.rebuild_index(key)).index_rows
+            sessions += 1
+            rate = rows / max(time.monotonic() - started, 1e-3)
+            tally.show(f"{summary}; index: {sessions} sessions, {rows:,} messages ({rate:,.0f}/s)")
+    return f"; {rows:,} messages indexed" if sessions else ""
 
 
 class _ImportTally:
@@ -279,10 +288,12 @@ class _ImportTally:
     def __init__(self, files: int) -> None:
         self.files = files
         self.files_done = self.sessions = self.skipped = self.rows = 0
+        self.keys: list[str] = []  # every session of the import, stored now or before
         self.started = time.monotonic()
         self.progress = Progress(enabled=True)
 
-    def count(self, events: int, *, skipped: bool) -> None:
+    def count(self, key: str, events: int, *, skipped: bool) -> None:
+        self.keys.append(key)
         self.sessions += 1
         self.skipped += skipped
         self.rows += 0 if skipped else events
@@ -331,7 +342,7 @@ async def _import_transcript(
         resume=True,
     )
     skipped = count == 0 and bool(transcript.entries)
-    tally.count(len(transcript.entries), skipped=skipped)
+    tally.count(transcript.session_key, len(transcript.entries), skipped=skipped)
     return {
         "path": str(path),
         "session_key": transcript.session_key,
@@ -349,7 +360,7 @@ async def _import_locomo_sample(
             session.session_key, session.entries, resume=True
         )
         skipped += count == 0
-        tally.count(len(session.entries), skipped=count == 0)
+        tally.count(session.session_key, len(session.entries), skipped=count == 0)
     return {
         "path": str(path),
         "sample_id": sample.sample_id,

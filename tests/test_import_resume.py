@@ -187,7 +187,7 @@ def test_a_re_run_skips_what_it_imported_and_names_the_line_that_differs(
     # Not a terminal: no live progress, one summary line.
     assert len(first.err.splitlines()) == 1
     assert first.err.startswith("import: 2/2 files, 2 sessions, 8 rows in ")
-    assert first.err.endswith(" rows/s); index rebuilt\n")
+    assert first.err.endswith(" rows/s); 6 messages indexed\n")
 
     assert main(["import", str(a), str(b), "--state-dir", state, "--json"]) == 0
     again = capsys.readouterr()
@@ -196,6 +196,7 @@ def test_a_re_run_skips_what_it_imported_and_names_the_line_that_differs(
         ("agent:main:direct:b", True),
     ]
     assert again.err.startswith("import: 2/2 files, 2 sessions (2 already there), 0 rows in ")
+    assert again.err.endswith(" rows/s)\n")  # nothing left to index
 
     lines = b.read_text().splitlines()
     lines[2] = lines[2].replace("message 1", "message one")  # line 3: the second message
@@ -396,5 +397,5 @@ async def test_reindex_keeps_vectors_in_step_and_reports_progress(tmp_path: Path
         assert embedder.calls == calls
         with pytest.raises(am.SessionNotFoundError):
             await mem.sessions.reindex("agent:main:direct:nobody")
-        with pytest.raises(am.InvalidInputError, match="^dirty_only: expected true or false"):
-            await mem.sessions.reindex(key, dirty_only="yes")  # type: ignore[arg-type]
+        with pytest.raises(am.InvalidInputError, match="^agent: 'ops' has no database here"):
+            await mem.sessions.reindex(key, agent="ops")
