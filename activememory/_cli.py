@@ -253,6 +253,7 @@ async def _import_files(
             read_locomo(path) if kind == "locomo" else read_jsonl_transcript(path, session_key)
         )
         tally.show(f"import: read {len(parsed)}/{len(paths)} files")
+    _check_one_file_per_session(paths, parsed)
     done: list[dict[str, object]] = []
     for path, item in zip(paths, parsed, strict=True):
         if isinstance(item, Transcript):
@@ -267,6 +268,23 @@ async def _import_files(
         tally.progress.close()
     print(summary, file=sys.stderr)
     return done
+
+
+def _check_one_file_per_session(
+    paths: Sequence[Path], parsed: Sequence[Transcript | list[LocomoSample]]
+) -> None:
+    """Two files of one import must not fill the same session: the second would be refused
+    after the first was written."""
+    first: dict[str, Path] = {}
+    for path, item in zip(paths, parsed, strict=True):
+        samples = [] if isinstance(item, Transcript) else item
+        keys = [item.session_key] if isinstance(item, Transcript) else []
+        keys += [session.session_key for sample in samples for session in sample.sessions]
+        for key in keys:
+            if first.setdefault(key, path) != path:
+                raise InvalidInputError(
+                    f"{path}: session {key!r} is also imported from {first[key]}"
+                )
 
 
 async def _rebuild_imported(mem: Memory, tally: _ImportTally, summary: str) -> str:
@@ -432,8 +450,9 @@ def _reindex(args: argparse.Namespace) -> int:
     started = time.monotonic()
 
     def show(stats: IndexStats) -> None:
+        line = rows.line(stats)  # every time: the rate counts from the first call
         if progress.due(time.monotonic() - started):
-            progress.write(f"reindex: {rows.line(stats)}")
+            progress.write(f"reindex: {line}")
 
     async def fetch(mem: Memory) -> list[IndexStats]:
         try:
