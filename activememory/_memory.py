@@ -271,8 +271,9 @@ class Sessions:
         their vectors dropped, made again from the content-hash cache once clean) and the
         reconciler rebuilds them in short chunks beside other writes (docs/design.md §2.4).
         An agent-wide reindex first empties that agent's index, so it also repairs an
-        index that fails its integrity check. (`rebuild_index` rebuilds the sessions that
-        are already dirty in one transaction each: faster, for a store no bot is using.)
+        index that fails its integrity check. The reconciler also rebuilds the agent's
+        other dirty sessions, if any, in the same run. (`rebuild_index` rebuilds sessions
+        already dirty in one transaction each: faster, for a store no bot is using.)
 
         `progress` is called with each agent's `IndexStats` (`indexed_messages` of
         `active_messages`, `dirty_sessions` left) at least twice a second while it waits. Returns each agent's `IndexStats` when done (FTS integrity checked).
