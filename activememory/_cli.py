@@ -331,16 +331,14 @@ class _ImportTally:
 
 
 class _RowRate:
-    """The rebuild's progress line: messages indexed of all, and their rate."""
+    """`reindex`'s progress line: an agent's messages indexed of all, and their rate."""
 
     def __init__(self) -> None:
-        self.first: tuple[float, int] | None = None
+        self.first: dict[str, tuple[float, int]] = {}  # agent -> its first (time, count)
 
     def line(self, stats: IndexStats) -> str:
         now = time.monotonic()
-        if self.first is None:
-            self.first = (now, stats.indexed_messages)
-        since, base = self.first
+        since, base = self.first.setdefault(stats.agent, (now, stats.indexed_messages))
         rate = (stats.indexed_messages - base) / max(now - since, 1e-3)
         return (
             f"index {stats.agent}: {stats.indexed_messages:,}/{stats.active_messages:,} messages,"

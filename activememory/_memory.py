@@ -276,7 +276,8 @@ class Sessions:
         already dirty in one transaction each: faster, for a store no bot is using.)
 
         `progress` is called with each agent's `IndexStats` (`indexed_messages` of
-        `active_messages`, `dirty_sessions` left) at least twice a second while it waits. Returns each agent's `IndexStats` when done (FTS integrity checked).
+        `active_messages`, `dirty_sessions` left) at least twice a second while it waits.
+        Returns each agent's `IndexStats` when done (FTS integrity checked).
         Raises `SessionNotFoundError` for a missing session, `InvalidInputError` for an
         agent without a database, `StorageError` if the rebuild is refused by storage.
 
@@ -295,6 +296,8 @@ class Sessions:
                 raise InvalidInputError(
                     f"session_key: {key.raw!r} is not a session of agent {agent!r}"
                 )
+        if key is not None and key.store_agent not in known:  # not even its database
+            raise SessionNotFoundError(f"session_key: no session {key.raw!r}")
         agents = [key.store_agent] if key is not None else [agent] if agent else known
         stores = [await self._supervisor.agent(name) for name in agents]
         for store in stores:

@@ -397,5 +397,8 @@ async def test_reindex_keeps_vectors_in_step_and_reports_progress(tmp_path: Path
         assert embedder.calls == calls
         with pytest.raises(am.SessionNotFoundError):
             await mem.sessions.reindex("agent:main:direct:nobody")
+        with pytest.raises(am.SessionNotFoundError):  # and no database is made for it
+            await mem.sessions.reindex("agent:ops:main")
+        assert not (state / "agents" / "ops").exists()
         with pytest.raises(am.InvalidInputError, match="^agent: 'ops' has no database here"):
             await mem.sessions.reindex(key, agent="ops")
