@@ -86,9 +86,14 @@ ImportEntryId: TypeAlias = str
 
 
 class ImportEntry(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """One message of a transcript written before indexing existed (JSONL import)."""
+    """One message of a transcript written before indexing existed (JSONL import).
+
+    `source` says where the entry was read from (`file.jsonl:12`); errors about the entry
+    name it instead of its position in the list.
+    """
 
     id: ImportEntryId
     parent_id: ImportEntryId | None
     timestamp: float
     message: Message
+    source: str | None = None
