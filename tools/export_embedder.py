@@ -22,11 +22,15 @@ What it does, step by step:
    block of 32 inputs of each output column, the token embedding table with one per row),
    behind a `DequantizeLinear` (opset 21) in front of its MatMul or Gather, so the compute
    stays fp32: near lossless, about a quarter of the size. (Not `quantize_dynamic`, which
-   quantises the activations too and moves the vectors visibly.)
+   quantises the activations too and moves the vectors visibly.) all-mpnet-base-v2 comes out
+   at 124 MB, over GitHub's 100 MB a file: `--split-mb 95` puts the weights in data files
+   beside model.onnx (ONNX external data), none above 95 MB. `--matmul-bits 4` stores the
+   MatMuls as 4-bit `MatMulNBits` instead (needs `onnx-ir` too), 77 MB, but measured too
+   lossy for all-mpnet-base-v2 (smallest cosine 0.91, mean 0.976: pass `--min-cosine`).
 4. Checks the final file, run by onnxruntime with the runtime's tokenizer settings, against a
    freshly loaded torch model on 100 sentences: the smallest cosine must be at least 0.999
    (on near-empty texts such as "ok", 0.99: they have the least signal to hide rounding in).
-5. Writes model.onnx, tokenizer.json (unchanged), embedder.json (the runtime's settings:
+5. Writes model.onnx (and its data files), tokenizer.json (unchanged), embedder.json (the runtime's settings:
    max_tokens), LICENSE and NOTICE to the output folder and prints each file's sha256; for
    the shipped model, `MODEL_SHA256` in activememory/embed/local.py must be updated to the
    printed model.onnx hash.
@@ -143,7 +147,7 @@ whose bundled model card states "license: apache-2.0":
 What was changed (by tools/export_embedder.py in the activememory repository):
 - model.onnx: the encoder was exported from PyTorch to ONNX (opset {opset}, raised to
   {quant_opset}; inputs {inputs}; output last_hidden_state;
-  no pooling layer). {storage}
+  no pooling layer). {storage}{layout}
   Checked against the original PyTorch model on 100 sentences: smallest cosine
   {min_cos:.5f}, mean {mean_cos:.5f}; on near-empty texts ("", "ok", "?", "hi", one
   word 400 times) the smallest cosine is {min_degenerate:.5f}.
@@ -353,6 +357,43 @@ def quantize_weights(src: Path, dst: Path) -> int:
     return count
 
 
+def split_weights(src: Path, folder: Path, limit: int) -> list[str]:
+    """`src` as folder/model.onnx (the graph and the small weights) plus its large weights in
+    data files `model.onnx.data.N` of at most `limit` bytes each (ONNX external data, read by
+    onnxruntime from beside model.onnx), so that no file passes GitHub's 100 MB limit.
+    Returns the names of the files written."""
+    import onnx
+    from onnx.external_data_helper import set_external_data
+
+    model = onnx.load(str(src))
+    names = ["model.onnx"]
+    out = None
+    size = 0
+    try:
+        for tensor in model.graph.initializer:
+            data = tensor.raw_data
+            if len(data) < MIN_ELEMENTS:
+                continue
+            if len(data) > limit:
+                sys.exit(f"{tensor.name}: {len(data)} bytes do not fit in one data file")
+            if out is None or size + len(data) > limit:
+                if out is not None:
+                    out.close()
+                names.append(f"model.onnx.data.{len(names)}")
+                out = (folder / names[-1]).open("wb")
+                size = 0
+            out.write(data)
+            set_external_data(tensor, location=names[-1], offset=size, length=len(data))
+            tensor.data_location = onnx.TensorProto.EXTERNAL
+            tensor.ClearField("raw_data")
+            size += len(data)
+    finally:
+        if out is not None:
+            out.close()
+    onnx.save(model, str(folder / "model.onnx"))
+    return names
+
+
 CHECK_SENTENCES_BASE = [
     "Do I have any allergies?",
     "I am allergic to peanuts, so no peanut snacks please.",
@@ -464,6 +505,12 @@ def main() -> None:
         help=f"the bar of the check against torch (default {MIN_COSINE}; near-empty texts: "
         f"{MIN_COSINE_DEGENERATE} or this, the lower)",
     )
+    parser.add_argument(
+        "--split-mb",
+        type=float,
+        help="store the large weights beside model.onnx in data files of at most this many MB "
+        "(e.g. 95: each file stays under GitHub's 100 MB); unset: one model.onnx",
+    )
     parser.add_argument("--out", type=Path, help=f"output folder; unset for minilm: {SHIPPED_OUT}")
     args = parser.parse_args()
     source = SOURCES[args.model]
@@ -481,16 +528,26 @@ def main() -> None:
             fp32 = work / "nbits.onnx"
         count = quantize_weights(fp32, work / "model.onnx")
         print(f"{count} weights stored as int8")
-        min_cos, mean_cos = check(source, model_dir, work / "model.onnx", check_sentences())
+        final = work / "final"
+        final.mkdir()
+        if args.split_mb:
+            files = split_weights(work / "model.onnx", final, int(args.split_mb * 1e6))
+        else:
+            shutil.copyfile(work / "model.onnx", final / "model.onnx")
+            files = ["model.onnx"]
+        min_cos, mean_cos = check(source, model_dir, final / "model.onnx", check_sentences())
         print(f"cosine to torch on 100 sentences: min {min_cos:.6f} mean {mean_cos:.6f}")
         if min_cos < args.min_cosine:
             sys.exit(f"the int8 model drifted: min cosine {min_cos:.6f}, mean {mean_cos:.6f}")
-        min_degenerate, _ = check(source, model_dir, work / "model.onnx", DEGENERATE_SENTENCES)
+        min_degenerate, _ = check(source, model_dir, final / "model.onnx", DEGENERATE_SENTENCES)
         print(f"cosine to torch on near-empty texts: min {min_degenerate:.6f}")
         if min_degenerate < min(MIN_COSINE_DEGENERATE, args.min_cosine):
             sys.exit(f"the int8 model drifted on near-empty texts: {min_degenerate:.6f}")
         args.out.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(work / "model.onnx", args.out / "model.onnx")
+        for stale in args.out.glob("model.onnx*"):
+            stale.unlink()
+        for name in files:
+            shutil.copyfile(final / name, args.out / name)
         shutil.copyfile(model_dir / "tokenizer.json", args.out / "tokenizer.json")
         shutil.copyfile(APACHE_LICENSE, args.out / "LICENSE")
         (args.out / "embedder.json").write_text(
@@ -512,6 +569,11 @@ def main() -> None:
                 ),
                 inputs=", ".join(input_names(source)),
                 storage=STORAGE[args.matmul_bits].format(min_elements=MIN_ELEMENTS, block=BLOCK),
+                layout=""
+                if len(files) == 1
+                else "\n  The large weights are stored beside it (ONNX external data) in "
+                + ", ".join(files[1:])
+                + ".",
                 opset=OPSET,
                 quant_opset=QUANT_OPSET,
                 min_cos=min_cos,
@@ -520,12 +582,11 @@ def main() -> None:
                 max_tokens=source.max_tokens,
             )
         )
-    for name in ("model.onnx", "tokenizer.json", "embedder.json", "LICENSE", "NOTICE"):
+    for name in (*files, "tokenizer.json", "embedder.json", "LICENSE", "NOTICE"):
         path = args.out / name
         print(f"{sha256(path)}  {name}  ({path.stat().st_size} bytes)")
-    size = (args.out / "model.onnx").stat().st_size
-    if size >= GITHUB_FILE_LIMIT:
-        print(f"model.onnx is {size / 1e6:.1f} MB: over GitHub's 100 MB limit for one file")
+        if path.stat().st_size >= GITHUB_FILE_LIMIT:
+            print(f"  {name} is over GitHub's 100 MB limit for one file: see --split-mb")
 
 
 if __name__ == "__main__":

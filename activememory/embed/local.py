@@ -2,10 +2,10 @@
 
 The shipped model is all-MiniLM-L6-v2 (384 dimensions), int8 weight-only, in
 `models/all-MiniLM-L6-v2/` next to this file (built by tools/export_embedder.py; see its
-NOTICE). `local.modelPath` points to another ONNX encoder instead (e.g. all-mpnet-base-v2, built by
-the same tool with `--model mpnet`): the encoder is fed only the inputs its file declares
-(MPNet takes no token_type_ids), and an optional `embedder.json` beside it sets how many
-tokens it reads. Vectors are the mean of the token vectors over the attention mask,
+NOTICE). `local.modelPath` points to another ONNX encoder instead (e.g. all-mpnet-base-v2,
+built by the same tool with `--model mpnet`): the encoder is fed only the inputs its file
+declares (MPNet takes no token_type_ids), and an optional `embedder.json` beside it sets how
+many tokens it reads. Vectors are the mean of the token vectors over the attention mask,
 L2-normalised, as in sentence-transformers.
 
 One onnxruntime session per model file and process, created on first use and shared by
