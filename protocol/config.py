@@ -376,7 +376,7 @@ class MemorySearchLocal(msgspec.Struct, frozen=True, kw_only=True, rename="camel
         NonEmptyStr | None,
         msgspec.Meta(
             description="An ONNX sentence encoder (a .onnx file with tokenizer.json beside it) "
-            "instead of the shipped all-MiniLM-L6-v2"
+            "instead of the shipped models"
         ),
     ] = None
 
@@ -467,7 +467,7 @@ class MemorySearchDefaults(msgspec.Struct, frozen=True, kw_only=True, rename="ca
     model: Annotated[
         NonEmptyStr | None,
         msgspec.Meta(
-            description="Embedding model; unset: all-MiniLM-L6-v2 (local), "
+            description="Embedding model; unset: all-mpnet-base-v2 (local; or all-MiniLM-L6-v2), "
             "text-embedding-3-small (openai), nomic-embed-text (ollama)"
         ),
     ] = None
