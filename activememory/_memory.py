@@ -21,7 +21,7 @@ from .actors.composer import Composer, Respond
 from .actors.supervisor import AgentStore, Supervisor, open_supervisor
 from .embed import embedder_from_config
 from .protocol.config import Config
-from .protocol.content import Message, check_choice, message_from_mapping
+from .protocol.content import Message, check_bool, check_choice, message_from_mapping
 from .protocol.embeddings import Embedder
 from .protocol.errors import InvalidInputError, SessionNotFoundError, raise_rejected
 from .protocol.indexer import (
@@ -51,7 +51,7 @@ from .recall.breaker import BreakerInfo
 from .recall.coordinator import Recaller
 from .recall.memory_core import MemoryCore
 from .recall.models import RecallModels
-from .storage.db import DURABILITY_LEVELS, Durability
+from .storage.db import DURABILITY_LEVELS, Durability, readonly_error
 from .storage.executor import EXECUTOR_KINDS, ExecutorKind
 from .storage.fts_query import MatchMode
 from .storage.run_transcripts import TranscriptPlace
@@ -341,6 +341,7 @@ class Memory:
         self._supervisor = supervisor
         self.state_dir = supervisor.state_dir
         self.executor: ExecutorKind = supervisor.executor_kind
+        self.readonly = supervisor.readonly  # docs/design.md §1.6
         # One snapshot, swapped in one assignment: work reads it once, when it starts.
         self._settings = Settings.compile(config, supervisor.state_dir)
         self.models = dict(models or {})
@@ -419,6 +420,8 @@ class Memory:
         user message may be stored and nothing else; after, the assistant message may be
         stored too. A recall in flight is abandoned, never awaited past its bound.
         """
+        if self.readonly:  # a reply stores two messages: refuse before anything runs
+            raise readonly_error(self.state_dir)
         return await self._composer.reply(turn, respond)
 
     async def plan_recall(self, turn: Turn) -> RecallPlan:
@@ -473,6 +476,7 @@ async def open_memory(
     durability: Durability = "crash",
     clock: Callable[[], float] = time.time,
     embedder: Embedder | None = None,
+    readonly: bool = False,
 ) -> AsyncIterator[Memory]:
     """Open the active memory kept in `state_dir` (created if missing) and start its actors.
 
@@ -488,8 +492,20 @@ async def open_memory(
     embedder is not used (its model runs on a worker thread, which virtual time cannot
     follow): pass one explicitly to have vectors there.
 
-    Raises `InvalidInputError` if `state_dir` is a file or `executor` is unknown, and
-    `StorageError` if the directory cannot be created or is open in another process.
+    `readonly=True` inspects a store, even one a running bot holds (docs/design.md §1.6):
+    it takes no writer lock, starts no actor that writes (indexer, reconciler, records
+    keeper, embedder, notes rescan), opens every database read-only and never migrates
+    it, and reads what the writer has committed. `state_dir` must exist and hold a store;
+    a schema older or newer than this code is a `StorageError`. Every call that would write
+    (`append`, `reply`, `records.add`, `sync_notes`, a switch, ...) raises `StorageError`
+    naming readonly. Sessions the writer is re-indexing stay hidden from search, which says
+    `indexing`; `sessions.info(key).dirty` and `stats` show them. Recall works: its
+    sub-agent transcript goes to a private temporary folder, never into the store
+    (`persistTranscripts` is ignored).
+
+    Raises `InvalidInputError` if `state_dir` is a file (or, read-only, missing or holding
+    no store) or `executor` is unknown, and `StorageError` if the directory cannot be
+    created or is open in another process.
 
     Cancellation: on exit (normal, error or cancellation) the actors first commit and
     acknowledge every command already queued, shielded from cancellation, then the
@@ -497,6 +513,7 @@ async def open_memory(
     """
     check_choice("executor", executor, EXECUTOR_KINDS)
     check_choice("durability", durability, DURABILITY_LEVELS)
+    check_bool("readonly", readonly)
     if embedder is not None and not isinstance(embedder, Embedder):
         raise InvalidInputError(
             f"embedder: expected an Embedder (name, dim, embed), got {type(embedder).__name__}"
@@ -506,11 +523,11 @@ async def open_memory(
     loaded = load_config(config if config is not None else {})
     if embedder is None and executor == "thread":
         embedder = embedder_from_config(loaded)
-    transcripts = TranscriptPlace(Path(state_dir))
+    transcripts = TranscriptPlace(Path(state_dir), keep=not readonly)
     memory: Memory | None = None
     try:
         async with open_supervisor(
-            Path(state_dir), executor, durability=durability, embedder=embedder
+            Path(state_dir), executor, durability=durability, embedder=embedder, readonly=readonly
         ) as supervisor:
             memory = Memory(
                 supervisor,
