@@ -20,6 +20,7 @@ import trio
 from ._doctor import DoctorReport
 from ._importers import LocomoSample, Transcript, read_jsonl_transcript, read_locomo
 from ._memory import Memory, open_memory
+from .actors.supervisor import require_store
 from .protocol.content import Message
 from .protocol.errors import ActiveMemoryError, InvalidInputError, SessionNotFoundError
 from .protocol.recall import RecallOutcome, Sender, Turn
@@ -91,7 +92,9 @@ def _parser() -> argparse.ArgumentParser:
         "--visibility", choices=VISIBILITIES, help="tools.sessions.visibility (default tree)"
     )
     search.add_argument(
-        "--wait", action="store_true", help="let re-indexing finish before answering"
+        "--wait",
+        action="store_true",
+        help="let re-indexing finish before answering (opens the store for writing)",
     )
     search.add_argument("--json", action="store_true")
     search.set_defaults(run=_search)
@@ -151,8 +154,11 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _recall(args: argparse.Namespace) -> int:
+    # Read-only (docs/design.md §1.6): the run's transcript stays in a temporary folder.
+    require_store(args.state_dir, "--state-dir")
+
     async def run() -> RecallOutcome:
-        async with open_memory(args.state_dir, config=args.config) as mem:
+        async with open_memory(args.state_dir, config=args.config, readonly=True) as mem:
             try:
                 history = await mem.sessions.history(args.session)
             except SessionNotFoundError:
@@ -173,8 +179,10 @@ def _recall(args: argparse.Namespace) -> int:
 
 
 def _doctor(args: argparse.Namespace) -> int:
+    require_store(args.state_dir, "--state-dir")
+
     async def run() -> DoctorReport:
-        async with open_memory(args.state_dir, config=args.config) as mem:
+        async with open_memory(args.state_dir, config=args.config, readonly=True) as mem:
             return await mem.doctor()
 
     report = trio.run(run)
@@ -287,11 +295,19 @@ def _run_and_show(
     fetch: Callable[[Memory], Awaitable[T]],
     show: Callable[[T], None],
     config: dict[str, object] | None = None,
+    *,
+    readonly: bool = False,
 ) -> int:
-    """Open the state dir, fetch a result, print it for a person or (`--json`) a program."""
+    """Open the state dir, fetch a result, print it for a person or (`--json`) a program.
+
+    `readonly` (the read commands): the store must exist, and is read beside a running bot
+    without its writer lock (docs/design.md §1.6).
+    """
+    if readonly:
+        require_store(args.state_dir, "--state-dir")
 
     async def run() -> T:
-        async with open_memory(args.state_dir, config=config) as mem:
+        async with open_memory(args.state_dir, config=config, readonly=readonly) as mem:
             return await fetch(mem)
 
     result = trio.run(run)
@@ -356,7 +372,11 @@ def _search(args: argparse.Namespace) -> int:
                     result = await ask()
         return result
 
-    return _run_and_show(args, fetch, _print_search, config)
+    # --wait rebuilds the index itself, so it opens the store for writing (its reconciler
+    # and embedder); otherwise search reads beside a running bot.
+    if args.wait:
+        require_store(args.state_dir, "--state-dir")
+    return _run_and_show(args, fetch, _print_search, config, readonly=not args.wait)
 
 
 def _print_search(result: SearchResult) -> None:
@@ -375,13 +395,18 @@ def _print_search(result: SearchResult) -> None:
 
 
 def _history(args: argparse.Namespace) -> int:
-    return _run_and_show(
-        args, lambda mem: mem.sessions.history(args.session_key, limit=args.limit), _print_history
-    )
+    async def fetch(mem: Memory) -> list[Event]:
+        events = await mem.sessions.history(args.session_key, limit=args.limit)
+        if (await mem.sessions.info(args.session_key)).dirty:
+            print(f"note: {args.session_key} is being re-indexed; search shows it once "
+                  "its writer has rebuilt it", file=sys.stderr)  # fmt: skip
+        return events
+
+    return _run_and_show(args, fetch, _print_history, readonly=True)
 
 
 def _stats(args: argparse.Namespace) -> int:
-    return _run_and_show(args, lambda mem: mem.sessions.stats(), _print_stats)
+    return _run_and_show(args, lambda mem: mem.sessions.stats(), _print_stats, readonly=True)
 
 
 def _soak(args: argparse.Namespace) -> int:
