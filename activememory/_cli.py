@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime as dt
 import importlib.resources
 import json
 import sys
@@ -24,6 +23,7 @@ from .actors.supervisor import require_store
 from .protocol.content import Message
 from .protocol.errors import ActiveMemoryError, InvalidInputError, SessionNotFoundError
 from .protocol.recall import RecallOutcome, Sender, Turn
+from .protocol.record_results import iso_timestamp
 from .protocol.search import SEARCH_MODES, VISIBILITIES, SearchResult
 from .protocol.transcript import Event, IndexStats
 from .simulations.bench import BENCHMARKS
@@ -387,7 +387,7 @@ def _print_search(result: SearchResult) -> None:
     if not result.results:
         print("no matches" + (" yet (still indexing)" if result.indexing else ""))
     for hit in result.results:
-        when = dt.datetime.fromtimestamp(hit.timestamp, dt.UTC).strftime("%Y-%m-%d %H:%M")
+        when = iso_timestamp(hit.timestamp)  # never raises: see iso_timestamp
         print(f"{hit.score:9.3g}  {hit.session_key}  #{hit.message_id}  {when}  {hit.role}")
         print(f"           {hit.snippet}")
     if result.truncated:
@@ -510,7 +510,7 @@ def _print_history(events: Sequence[Event]) -> None:
         message = event.message
         if message is None:
             continue
-        when = dt.datetime.fromtimestamp(event.timestamp, dt.UTC).strftime("%Y-%m-%d %H:%M")
+        when = iso_timestamp(event.timestamp)  # never raises: see iso_timestamp
         print(f"  #{event.id:<4} {when}  {message.role:<9}  {_describe(message.content)}")
 
 

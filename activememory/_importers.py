@@ -22,7 +22,7 @@ from typing import Any, Literal, TypeVar
 
 import msgspec
 
-from .protocol.content import Message, message_from_mapping
+from .protocol.content import Message, check_timestamp, message_from_mapping
 from .protocol.errors import InvalidInputError
 from .protocol.session_key import AGENT_ID, parse_session_key
 from .protocol.transcript import ImportEntry
@@ -113,7 +113,7 @@ def read_jsonl_transcript(path: Path, session_key: str | None = None) -> Transcr
 
 def _timestamp(value: float | str, where: str) -> float:
     if isinstance(value, int | float):
-        return float(value)
+        return check_timestamp(f"{where}: timestamp", value)
     try:
         parsed = dt.datetime.fromisoformat(value)
     except ValueError:
@@ -122,7 +122,7 @@ def _timestamp(value: float | str, where: str) -> float:
         ) from None
     if parsed.tzinfo is None:
         parsed = parsed.replace(tzinfo=dt.UTC)
-    return parsed.timestamp()
+    return check_timestamp(f"{where}: timestamp", parsed.timestamp())
 
 
 # -- LoCoMo ---------------------------------------------------------------------------------

@@ -21,7 +21,13 @@ from .actors.composer import Composer, Respond
 from .actors.supervisor import AgentStore, Supervisor, open_supervisor
 from .embed import embedder_from_config
 from .protocol.config import Config
-from .protocol.content import Message, check_bool, check_choice, message_from_mapping
+from .protocol.content import (
+    Message,
+    check_bool,
+    check_choice,
+    check_timestamp,
+    message_from_mapping,
+)
 from .protocol.embeddings import Embedder
 from .protocol.errors import InvalidInputError, SessionNotFoundError, raise_rejected
 from .protocol.indexer import (
@@ -121,7 +127,9 @@ class Sessions:
         """Append `message` at the session's leaf and return the stored event.
 
         Returns once the message is committed; a user or assistant message on a clean
-        session is in the full-text index in that same transaction.
+        session is in the full-text index in that same transaction. The message's
+        `timestamp` (default: now) must be epoch seconds from 0 to below 253402300800 (year
+        10000), else `InvalidInputError`.
 
         Cancellation: if cancelled while waiting for room in the writer's inbox, nothing is
         written; if cancelled after the message was queued, it may still be committed (the
@@ -130,6 +138,8 @@ class Sessions:
         key = parse_session_key(session_key)
         if not isinstance(message, Message):
             message = _to_message(message)
+        elif message.timestamp is not None:  # a mapping's is checked by message_from_mapping
+            check_timestamp("message.timestamp", message.timestamp)
         command = AppendMessage(key=key, message=message, at=self._clock())
         ack = await self._submit(key, command, Appended)
         return ack.event

@@ -6,7 +6,7 @@ from typing import Literal, TypeAlias
 
 import msgspec
 
-from .content import Message
+from .content import Message, check_timestamp
 from .session_key import ChatType
 
 EventKind: TypeAlias = Literal["message", "rewind"]
@@ -86,9 +86,15 @@ ImportEntryId: TypeAlias = str
 
 
 class ImportEntry(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """One message of a transcript written before indexing existed (JSONL import)."""
+    """One message of a transcript written before indexing existed (JSONL import).
+
+    `timestamp`: epoch seconds in `MAX_TIMESTAMP`'s range, else `InvalidInputError`.
+    """
 
     id: ImportEntryId
     parent_id: ImportEntryId | None
     timestamp: float
     message: Message
+
+    def __post_init__(self) -> None:
+        check_timestamp("ImportEntry.timestamp", self.timestamp)
