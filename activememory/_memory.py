@@ -426,6 +426,13 @@ class Memory:
         fails open: a failed write or recall is listed in `reply.problems` and the turn goes
         on. An exception from `respond` propagates.
 
+        Raises `InvalidInputError` before anything is written for a bad `turn` or a
+        `respond` that cannot be called as `respond(prompt_prefix, turn)`; on a read-only
+        memory, `StorageError`. What `respond` returns can only be checked after it ran: a
+        non-awaitable or a non-string answer raises `InvalidInputError` when the user
+        message is already stored (the message gives its event id) and no assistant message
+        is.
+
         Cancellation: runs in the caller's task. Cancelled before `respond` returns, the
         user message may be stored and nothing else; after, the assistant message may be
         stored too. A recall in flight is abandoned, never awaited past its bound.
