@@ -129,3 +129,13 @@ def test_history_says_when_the_session_is_being_reindexed(
     assert capsys.readouterr().err == (
         f"note: {ALICE} is being re-indexed; search shows it once its writer has rebuilt it\n"
     )
+
+
+def test_search_names_a_lone_surrogate(bot: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Bytes that are not UTF-8 on the command line reach Python as lone surrogates.
+    command = ["search", "bees \udcff", "--state-dir", str(bot), "--caller", ALICE]
+    assert main(command) == 2
+    assert capsys.readouterr().err == (
+        "activememory: error: query: lone surrogate '\\udcff' at index 5 "
+        "(text must be valid Unicode)\n"
+    )
