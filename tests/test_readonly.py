@@ -7,6 +7,7 @@ import hashlib
 import os
 import shutil
 import stat
+import urllib.parse
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -14,7 +15,7 @@ import apsw
 import pytest
 
 import activememory as am
-from activememory.storage.db import MIGRATIONS, migrate
+from activememory.storage.db import MIGRATIONS, migrate, readonly_uri
 
 pytestmark = pytest.mark.anyio
 
@@ -251,3 +252,41 @@ async def test_recall_keeps_no_transcript_in_the_store(writer: am.Memory) -> Non
     assert outcome.status == "ok", outcome
     assert snapshot(writer.state_dir, shm=False) == before
     assert not (writer.state_dir / "agents/main/sessions").exists()
+
+
+@pytest.mark.parametrize(
+    ("files", "writable", "params"),
+    [
+        ({"-wal": b"x", "-shm": b"x"}, True, "mode=ro&readonly_shm=1"),
+        ({"-wal": b"x", "-shm": b"x"}, False, "mode=ro&readonly_shm=1"),
+        ({"-shm": b"x"}, False, "mode=ro&readonly_shm=1"),
+        ({}, True, "mode=ro"),
+        ({"-wal": b"x"}, True, "mode=ro"),
+        ({}, False, "immutable=1"),
+        ({"-wal": b""}, False, "immutable=1"),
+        ({"-wal": b"x"}, False, None),
+    ],
+)
+def test_how_a_database_is_opened_read_only(
+    tmp_path: Path,
+    read_only_tree: list[Path],
+    files: dict[str, bytes],
+    writable: bool,
+    params: str | None,
+) -> None:
+    folder = tmp_path / "a b?#%"  # quoted into the URI
+    folder.mkdir()
+    db = folder / "memory.db"
+    db.write_bytes(b"")
+    for suffix, data in files.items():
+        (folder / f"memory.db{suffix}").write_bytes(data)
+    if not writable:
+        chmod_read_only(folder)
+        read_only_tree.append(folder)
+    if params is None:
+        with pytest.raises(am.StorageError, match="its write-ahead log has no 'memory.db-shm'"):
+            readonly_uri(db)
+        return
+    uri = readonly_uri(db)
+    assert uri == f"file:{urllib.parse.quote(str(db.resolve()))}?{params}"
+    assert "%3F" in uri and "%23" in uri and "%25" in uri
