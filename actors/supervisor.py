@@ -97,6 +97,7 @@ class Database(Generic[R, C, A]):
 
     @property
     def readonly(self) -> bool:
+        """Opened by `open_memory(readonly=True)`: a reader alone."""
         return self.actor is None
 
     def writer(self) -> GroupCommit[C, A]:
