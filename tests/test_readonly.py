@@ -7,10 +7,13 @@ import hashlib
 import os
 import shutil
 import stat
+import sys
+import tempfile
 import urllib.parse
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import anyio
 import apsw
 import pytest
 
@@ -290,3 +293,59 @@ def test_how_a_database_is_opened_read_only(
     uri = readonly_uri(db)
     assert uri == f"file:{urllib.parse.quote(str(db.resolve()))}?{params}"
     assert "%3F" in uri and "%23" in uri and "%25" in uri
+
+
+# Opens a state directory read-only and prints what a search finds, as a user who cannot
+# write it (the test below runs it as `nobody` when the tests run as root).
+READER = """
+import sys, trio, activememory as am
+
+async def run(state, caller):
+    config = {"agents": {"defaults": {"memorySearch": {"provider": "none"}}}}
+    async with am.open_memory(state, config=config, readonly=True) as mem:
+        found = await mem.sessions.search("bees", caller=caller)
+        print(len(found.results), (await mem.sessions.stats())[0].sessions)
+
+trio.run(run, sys.argv[1], sys.argv[2])
+"""
+
+
+@pytest.fixture
+def public_dir() -> Iterator[Path]:
+    """A folder outside pytest's private temp folder, so that another user can reach it."""
+    root = Path(tempfile.mkdtemp(prefix="activememory-ro-"))
+    root.chmod(0o755)
+    yield root
+    for path in [root, *root.rglob("*")]:
+        path.chmod(0o755)
+    shutil.rmtree(root)
+
+
+def chmod_public_read_only(root: Path) -> None:
+    """Everyone may read `root`, nobody may write it (the copy's 0700 folders included)."""
+    for path in [root, *root.rglob("*")]:
+        path.chmod(0o555 if path.is_dir() else 0o444)
+
+
+@pytest.mark.parametrize("anyio_backend", ["trio"])  # two processes each: once is enough
+async def test_an_unprivileged_reader_opens_a_read_only_copy(
+    writer: am.Memory, public_dir: Path
+) -> None:
+    as_nobody: list[str] = []
+    if os.geteuid() == 0:  # chmod stops no root: read as a user it does stop
+        setpriv = shutil.which("setpriv")
+        if setpriv is None:
+            pytest.skip("needs setpriv to drop root")
+        as_nobody = [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups"]
+    live, stopped = public_dir / "live", public_dir / "stopped"
+    shutil.copytree(writer.state_dir, live)  # with its -wal and -shm
+    async with am.open_memory(stopped, config=TEXT_ONLY) as mem:
+        await mem.sessions.append(ALICE, am.Message(role="user", content="I keep bees"))
+    for copy in (live, stopped):
+        chmod_public_read_only(copy)
+        before = snapshot(copy)
+        done = await anyio.run_process(
+            [*as_nobody, sys.executable, "-c", READER, str(copy), ALICE], check=False
+        )
+        assert (done.returncode, done.stdout) == (0, b"1 1\n"), done.stderr.decode()
+        assert snapshot(copy) == before
