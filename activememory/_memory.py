@@ -181,7 +181,9 @@ class Sessions:
     async def history(self, session_key: str, *, limit: int | None = None) -> list[Event]:
         """The session's active branch, oldest first (only the last `limit` if given).
 
-        Raises `SessionNotFoundError` if there is no such session.
+        A session being re-indexed shows here whole; `info(key).dirty` says it is, and
+        search hides it until the rebuild is done. Raises `SessionNotFoundError` if there is
+        no such session.
 
         Cancellation: a read that has started finishes on its worker thread; nothing is
         left behind.
@@ -495,7 +497,8 @@ async def open_memory(
     embedder: Embedder | None = None,
     readonly: bool = False,
 ) -> AsyncIterator[Memory]:
-    """Open the active memory kept in `state_dir` (created if missing) and start its actors.
+    """Open the active memory kept in `state_dir` (created if missing, unless `readonly`)
+    and start its actors.
 
     `executor="thread"` runs SQLite on worker threads (production); `"inline"` runs it on the
     event-loop thread, for deterministic virtual-time simulations. `durability="crash"`
