@@ -17,15 +17,17 @@ import msgspec
 import trio
 
 from ._doctor import DoctorReport
-from ._importers import LocomoSample, Transcript, read_jsonl_transcript, read_locomo
+from ._importers import IdentityExport, LocomoSample, read_jsonl_transcript, read_locomo
 from ._memory import Memory, open_memory
+from ._userdata import ARCHIVED_CHOICES, CHAT_TYPES
 from .actors.supervisor import require_store
 from .protocol.content import Message
 from .protocol.errors import ActiveMemoryError, InvalidInputError, SessionNotFoundError
 from .protocol.recall import RecallOutcome, Sender, Turn
 from .protocol.record_results import iso_timestamp
 from .protocol.search import SEARCH_MODES, VISIBILITIES, SearchResult
-from .protocol.transcript import Event, IndexStats
+from .protocol.transcript import Event, IndexStats, SessionInfo
+from .protocol.userdata import ErasureSummary
 from .simulations.bench import BENCHMARKS
 from .storage.fts_query import MATCH_MODES
 
@@ -74,6 +76,8 @@ def _parser() -> argparse.ArgumentParser:
     imp.add_argument("--no-rebuild", action="store_true", help="leave the sessions dirty")
     imp.add_argument("--json", action="store_true")
     imp.set_defaults(run=_import)
+
+    _add_userdata_parsers(commands)
 
     search = commands.add_parser("search", help="full-text search of stored conversations")
     search.add_argument("query")
@@ -242,13 +246,13 @@ async def _import_files(
         raise InvalidInputError("--session-key: LoCoMo files name their own sessions")
     # Parse every file first: a bad file is reported before anything is written.
     parsed = [
-        read_locomo(path) if kind == "locomo" else read_jsonl_transcript(path, session_key)
+        read_locomo(path) if kind == "locomo" else IdentityExport.read(path, session_key)
         for path, kind in zip(paths, formats, strict=True)
     ]
     done: list[dict[str, object]] = []
     for i, (path, item) in enumerate(zip(paths, parsed, strict=True), start=1):
-        if isinstance(item, Transcript):
-            done.append(await _import_transcript(mem, path, item))
+        if isinstance(item, IdentityExport):
+            done.append(await _import_jsonl(mem, path, item))
         else:
             done.extend([await _import_locomo_sample(mem, path, sample) for sample in item])
         _progress(f"import: {i}/{len(paths)} files ({path.name})")
@@ -266,15 +270,15 @@ def _progress(text: str, *, last: bool = False) -> None:
         sys.stderr.flush()
 
 
-async def _import_transcript(mem: Memory, path: Path, transcript: Transcript) -> dict[str, object]:
-    count = await mem.sessions.import_transcript(
-        transcript.session_key,
-        transcript.entries,
-        leaf_id=transcript.leaf_id,
-        persistent=transcript.persistent,
-        interactive=transcript.interactive,
-    )
-    return {"path": str(path), "session_key": transcript.session_key, "events": count}
+async def _import_jsonl(mem: Memory, path: Path, found: IdentityExport) -> dict[str, object]:
+    done = await mem.import_export(found)
+    if len(found.transcripts) == 1 and not found.records and not found.relations:
+        key = found.transcripts[0].session_key
+        return {"path": str(path), "session_key": key, "events": done.events}
+    # An export (docs/design.md §2.6): several sessions, records and relations.
+    out: dict[str, object] = {"path": str(path)}
+    out.update(msgspec.to_builtins(done))
+    return out
 
 
 async def _import_locomo_sample(mem: Memory, path: Path, sample: LocomoSample) -> dict[str, object]:
@@ -326,10 +330,16 @@ def _import(args: argparse.Namespace) -> int:
                     f"imported LoCoMo sample {item['sample_id']} from {item['path']} into agent "
                     f"{item['agent']}: {item['sessions']} sessions, {item['turns']} turns"
                 )
-            else:
+            elif "session_key" in item:
                 print(
                     f"imported {item['events']} events from {item['path']} "
                     f"into {item['session_key']}"
+                )
+            else:
+                print(
+                    f"imported {item['sessions']} sessions ({item['events']} events), "
+                    f"{item['records']} records and {item['relations']} relations "
+                    f"from {item['path']}"
                 )
 
     return _run_and_show(
@@ -540,3 +550,125 @@ def _print_stats(stats: Sequence[IndexStats]) -> None:
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     for row in [header, *rows]:
         print("  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)))
+
+
+# -- a user's data: sessions, export, erase (docs/design.md §2.6) ---------------------------
+
+
+def _add_userdata_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    sessions = commands.add_parser("sessions", help="list stored sessions, filtered")
+    sessions.add_argument("--state-dir", type=Path, required=True)
+    sessions.add_argument("--config", type=Path, help="JSON5 config file (session.identityLinks)")
+    sessions.add_argument("--agent", help="only this agent's sessions")
+    sessions.add_argument("--chat-type", choices=CHAT_TYPES)
+    whose = sessions.add_mutually_exclusive_group()
+    whose.add_argument("--identity", help="the sessions of this identity (and those they spawned)")
+    whose.add_argument("--peer", help="direct chats with this peer id")
+    sessions.add_argument(
+        "--archived", choices=ARCHIVED_CHOICES, default="no", help="default: no (unarchived)"
+    )
+    sessions.add_argument("--json", action="store_true")
+    sessions.set_defaults(run=_sessions)
+
+    export = commands.add_parser(
+        "export", help="write everything stored about one identity in the import format"
+    )
+    export.add_argument("--state-dir", type=Path, required=True)
+    export.add_argument("--config", type=Path, help="JSON5 config file (session.identityLinks)")
+    export.add_argument("--identity", required=True)
+    export.add_argument("--agent", help="only this agent's sessions (and records it may see)")
+    export.add_argument("-o", "--output", type=Path, help="write here (default: stdout)")
+    export.set_defaults(run=_export)
+
+    erase = commands.add_parser(
+        "erase", help="erase everything stored about one identity (see --dry-run)"
+    )
+    erase.add_argument("--state-dir", type=Path, required=True)
+    erase.add_argument("--config", type=Path, help="JSON5 config file (session.identityLinks)")
+    erase.add_argument("--identity", required=True)
+    erase.add_argument("--dry-run", action="store_true", help="only list what would go")
+    erase.add_argument("--json", action="store_true")
+    erase.set_defaults(run=_erase)
+
+
+def _existing_state_dir(path: Path) -> Path:
+    """A state directory that must already hold a store (never created by a typo)."""
+    require_store(path, "--state-dir")
+    return path
+
+
+def _sessions(args: argparse.Namespace) -> int:
+    archived = {"yes": True, "no": False, "all": None}[args.archived]
+
+    async def run() -> list[SessionInfo]:
+        state_dir = _existing_state_dir(args.state_dir)  # a read: beside a running bot
+        async with open_memory(state_dir, config=args.config, readonly=True) as mem:
+            return await mem.sessions.list(
+                agent=args.agent,
+                chat_type=args.chat_type,
+                identity=args.identity,
+                peer=args.peer,
+                archived=archived,
+            )
+
+    found = trio.run(run)
+    if args.json:
+        print(msgspec.json.format(msgspec.json.encode(found)).decode())
+        return 0
+    for info in found:
+        when = iso_timestamp(info.updated_at)
+        flags = " archived" if info.archived else ""
+        print(f"{info.key}  {info.chat_type}  updated {when}{flags}")
+    print(f"{len(found)} sessions", file=sys.stderr)
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    async def run() -> IdentityExport:
+        state_dir = _existing_state_dir(args.state_dir)  # a read: beside a running bot
+        async with open_memory(state_dir, config=args.config, readonly=True) as mem:
+            return await mem.export_identity(args.identity, agent=args.agent)
+
+    found = trio.run(run)
+    text = "".join(f"{line}\n" for line in found.lines())
+    if args.output is None:
+        sys.stdout.write(text)
+    else:
+        args.output.write_text(text, encoding="utf-8")
+    events = sum(len(t.entries) for t in found.transcripts)
+    print(
+        f"exported {len(found.transcripts)} sessions ({events} events), {len(found.records)} "
+        f"records and {len(found.relations)} relations of {found.identity}; {found.not_covered}",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _erase(args: argparse.Namespace) -> int:
+    async def run() -> ErasureSummary:
+        async with open_memory(_existing_state_dir(args.state_dir), config=args.config) as mem:
+            return await mem.erase_identity(args.identity, dry_run=args.dry_run)
+
+    summary = trio.run(run)
+    if args.json:
+        out = msgspec.to_builtins(summary) | {"purged": summary.purged}
+        print(json.dumps(out, indent=2))
+    else:
+        verb = "would erase" if summary.dry_run else "erased"
+        for a in summary.agents:
+            print(
+                f"agent {a.agent}: {verb} {len(a.session_keys)} sessions, {a.events} events, "
+                f"{a.index_rows} index rows, {a.vectors} vectors, {a.cached_vectors} cached "
+                f"vectors, {a.switches} switch rows"
+            )
+            for key in a.session_keys:
+                print(f"  {key}")
+        r = summary.records
+        print(f"records: {verb} {r.records} records and {r.relations} relations")
+        print(summary.not_covered)
+        problems = [a.problem for a in summary.agents if a.problem] + (
+            [r.problem] if r.problem else []
+        )
+        for problem in problems:
+            print(f"warning: {problem}", file=sys.stderr)
+    return 0 if summary.dry_run or summary.purged else 1

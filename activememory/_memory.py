@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins  # `Sessions.list` shadows `list` inside the class
 import contextlib
 import os
 import time
@@ -14,9 +15,17 @@ import anyio
 from ._commands import Commands
 from ._config import load_config
 from ._doctor import DoctorReport, diagnose
+from ._importers import IdentityExport
 from ._records import Records
 from ._search import SessionSearch
 from ._settings import Settings
+from ._userdata import (
+    ImportSummary,
+    erase_identity,
+    export_identity,
+    import_export,
+    list_identity_sessions,
+)
 from .actors.composer import Composer, Respond
 from .actors.supervisor import AgentStore, Supervisor, open_supervisor
 from .embed import embedder_from_config
@@ -51,8 +60,9 @@ from .protocol.indexer import (
 )
 from .protocol.recall import RecallOutcome, RecallPlan, Reply, Sender, Turn
 from .protocol.search import DEFAULT_LIMIT, SearchMode, SearchResult
-from .protocol.session_key import SessionKey, parse_session_key
+from .protocol.session_key import ChatType, SessionKey, parse_session_key
 from .protocol.transcript import Event, ImportEntry, IndexStats, SessionInfo
+from .protocol.userdata import ErasureSummary
 from .recall.breaker import BreakerInfo
 from .recall.coordinator import Recaller
 from .recall.memory_core import MemoryCore
@@ -302,7 +312,39 @@ class Sessions:
             mode=mode,
         )
 
-    async def stats(self, *, check_integrity: bool = True) -> list[IndexStats]:
+    async def list(
+        self,
+        *,
+        agent: str | None = None,
+        chat_type: ChatType | None = None,
+        identity: str | None = None,
+        peer: str | None = None,
+        archived: bool | None = False,
+    ) -> builtins.list[SessionInfo]:
+        """The stored sessions that pass every filter given, by agent, oldest first
+        (docs/design.md §2.6).
+
+        `agent`: only that agent's database (`InvalidInputError` if it has none);
+        `chat_type`: direct, group, channel, explicit or unknown; `identity`: the sessions
+        of that identity (`session.identityLinks`, as recall decides whose a conversation
+        is: the direct chats of its peers, the main and explicit sessions if it is the
+        owner) and the sessions they spawned; `peer`: direct chats with that peer id (not
+        with `identity`); `archived`: False (default) only unarchived sessions, True only
+        archived ones, None both.
+
+        Cancellation: as for `history`.
+        """
+        return await list_identity_sessions(
+            self._supervisor,
+            self._current().config,
+            agent=agent,
+            chat_type=chat_type,
+            identity=identity,
+            peer=peer,
+            archived=archived,
+        )
+
+    async def stats(self, *, check_integrity: bool = True) -> builtins.list[IndexStats]:
         """Index statistics of every agent database in the state directory.
 
         Cancellation: as for `history`.
@@ -453,6 +495,55 @@ class Memory:
         Cancellation: as for `recall`.
         """
         return await self._recaller.plan(turn, self._settings)
+
+    async def export_identity(self, identity: str, *, agent: str | None = None) -> IdentityExport:
+        """Everything stored about `identity`, in the import format (docs/design.md §2.6).
+
+        Its sessions (as `mem.sessions.list(identity=..., archived=None)` finds them) with
+        their metadata, switches and whole trees — rewound branches, event ids and
+        timestamps included — and its records (`user_id` one of its peer ids) with the
+        relations among them; with `agent`, that agent's sessions and the records scoped to
+        it or to no agent. `export.lines()` is the JSONL; `mem.import_export` stores it
+        again as it was. Not covered (`export.not_covered`): the memory notes that mention
+        the identity, group and channel conversations, kept recall transcripts.
+
+        Cancellation: read-only; each database is read in one snapshot; nothing is left
+        behind.
+        """
+        return await export_identity(self._supervisor, self.config, identity, agent=agent)
+
+    async def import_export(self, export: IdentityExport) -> ImportSummary:
+        """Store an export (`mem.export_identity`, or `am.IdentityExport.read(path)` of any
+        JSONL transcript file): its sessions with their metadata and, when the file says
+        `keepIds` and they are free, their event ids; its records with their ids, status
+        and times, and their relations. Sessions are stored unindexed (dirty) until
+        rebuilt (`mem.sessions.rebuild_index()`), as any import. Raises
+        `InvalidInputError` if a session already has messages or a record id exists.
+
+        Cancellation: each session and each record is its own write: cancelled midway,
+        the ones already acknowledged stay; the one in flight may still commit.
+        """
+        return await import_export(self._supervisor, self.sessions._clock, export)
+
+    async def erase_identity(self, identity: str, *, dry_run: bool = False) -> ErasureSummary:
+        """Erase everything stored about `identity` (docs/design.md §2.6): its sessions
+        (events, index rows, vectors, switches) in every agent database, the cached
+        vectors of their texts that nothing else uses, and its records with their
+        relations. Each database is erased in one transaction by its writer, then purged
+        (`VACUUM`, the WAL truncated) so the text is gone from the files too; the recall
+        cache is emptied. `dry_run=True` only counts what would go. Returns an
+        `am.ErasureSummary`. Not covered (`summary.not_covered`): memory notes, group and
+        channel conversations, kept recall transcripts.
+
+        Cancellation: each database's erase is one command: cancelled before it is
+        queued nothing changes; after, it commits whole (and is purged). The databases
+        are erased one after another, so a cancelled erase may have erased some of them:
+        run it again to finish.
+        """
+        summary = await erase_identity(self._supervisor, self.config, identity, dry_run=dry_run)
+        if not dry_run:
+            self._recaller.cache.clear()
+        return summary
 
     async def doctor(self) -> DoctorReport:
         """Check the setup (docs/design.md §4.11): plugin and config state, the memory provider,

@@ -12,10 +12,12 @@ from typing import Literal, TypeAlias
 
 import msgspec
 
+from .config import PrivateScope
 from .content import Message
 from .recall import SessionSwitches, TraceMode
 from .session_key import SessionKey
 from .transcript import Event, ImportEntry
+from .userdata import AgentErasure
 
 
 class _Command(msgspec.Struct, frozen=True, kw_only=True, tag_field="op"):
@@ -64,6 +66,9 @@ class ImportTranscript(_Command, tag="import", frozen=True, kw_only=True):
     leaf_id: str | None = None
     persistent: bool = True
     interactive: bool = True
+    # The entry ids are event ids to keep (an export, docs/design.md §2.6): kept when
+    # every one is a free positive integer, else the session gets fresh ids as usual.
+    keep_ids: bool = False
     at: float
 
 
@@ -188,6 +193,21 @@ class StoreVectors(msgspec.Struct, frozen=True, kw_only=True, tag_field="op", ta
             raise ValueError("vectors: expected float32 vectors of one dimension")
 
 
+class EraseIdentity(msgspec.Struct, frozen=True, kw_only=True, tag_field="op", tag="erase"):
+    """Facade (`mem.erase_identity`) → indexer: erase an identity's data (docs/design.md §2.6).
+
+    In one transaction: every session `sessions` selects and every session they spawned
+    (events, active branch, index rows, vectors, switches), the switch rows of its keys
+    that have no session, and the cached vectors of its texts no other row uses; the index
+    is merged so no deleted term stays in it. After the commit the writer rewrites the
+    file (VACUUM) and truncates the WAL, so the text is off the disk. Not a session
+    command, like `SyncNotes`.
+    """
+
+    agent: str
+    sessions: PrivateScope
+
+
 IndexerCommand: TypeAlias = (
     CreateSession
     | AppendMessage
@@ -200,6 +220,7 @@ IndexerCommand: TypeAlias = (
     | SetSwitches
     | SyncNotes
     | StoreVectors
+    | EraseIdentity
 )
 
 
@@ -295,6 +316,12 @@ class VectorsStored(_Ack, tag="vectors_stored", frozen=True, kw_only=True):
     skipped: int
 
 
+class Erased(_Ack, tag="erased", frozen=True, kw_only=True):
+    """Indexer → facade: what the erase removed, and whether the purge finished."""
+
+    erasure: AgentErasure
+
+
 RejectReason: TypeAlias = Literal["not_found", "invalid", "storage", "closed"]
 
 
@@ -317,5 +344,6 @@ IndexerAck: TypeAlias = (
     | SwitchesSet
     | NotesSynced
     | VectorsStored
+    | Erased
     | Rejected
 )

@@ -16,6 +16,7 @@ from typing import cast
 
 import apsw
 import msgspec
+from msgspec.structs import replace
 
 from ..protocol.content import Content, Message
 from ..protocol.indexer import (
@@ -27,6 +28,8 @@ from ..protocol.indexer import (
     CreateSession,
     Deleted,
     DeleteSession,
+    Erased,
+    EraseIdentity,
     Imported,
     ImportTranscript,
     IndexerAck,
@@ -45,10 +48,11 @@ from ..protocol.indexer import (
 )
 from ..protocol.recall import SessionSwitches
 from ..protocol.session_key import SessionKey
-from ..protocol.transcript import Event, IndexStats, SessionInfo
+from ..protocol.transcript import Event, ImportEntry, IndexStats, SessionInfo
 from .db import describe
 from .fts_query import index_row
 from .notes import apply_sync_notes
+from .userdata import erase_extras, plan_erasure, purge
 from .vectors import apply_store_vectors, bump_vector_epoch, drop_session_vectors, pending_count
 
 _INSERT_MESSAGE = (
@@ -116,6 +120,7 @@ class TranscriptWriter:
         self._branch_rows: list[tuple[int, int, int]] = []
         self._index_rows: list[tuple[int, str, str | None, str | None]] = []
         self._next_event_id = self._load_next_event_id()
+        self._purge_after_commit = False  # set by an erase (docs/design.md §2.6)
 
     def _load_next_event_id(self) -> int:
         (max_id,) = self.conn.execute("SELECT coalesce(max(id), 0) FROM events").fetchone() or (0,)
@@ -133,12 +138,22 @@ class TranscriptWriter:
                 acks = [self._apply_one(cmd) for cmd in commands]
                 self._flush_rows()
                 self._flush_sessions()
-            return acks
         except apsw.Error as exc:
             self._forget_cache()
+            self._purge_after_commit = False
             if len(commands) == 1 or isinstance(exc, apsw.BusyError | apsw.LockedError):
                 return [Rejected(reason="storage", message=describe(exc)) for _ in commands]
-        return [ack for cmd in commands for ack in self.apply([cmd])]
+            return [ack for cmd in commands for ack in self.apply([cmd])]
+        if self._purge_after_commit:  # an erase committed: take its text off the disk
+            self._purge_after_commit = False
+            problem = purge(self.conn)
+            acks = [
+                Erased(erasure=replace(a.erasure, purged=problem is None, problem=problem))
+                if isinstance(a, Erased)
+                else a
+                for a in acks
+            ]
+        return acks
 
     def _forget_cache(self) -> None:
         self._sessions.clear()
@@ -176,6 +191,8 @@ class TranscriptWriter:
             case StoreVectors():
                 self._flush_sessions()  # its checks read `sessions.dirty`
                 return apply_store_vectors(self.conn, cmd)
+            case EraseIdentity():
+                return self._erase(cmd)
 
     def _flush_rows(self) -> None:
         """Write the rows appends have queued, a statement per table for the whole batch."""
@@ -384,6 +401,12 @@ class TranscriptWriter:
         state = self._session(key)
         if state is None:
             return Rejected(reason="not_found", message=f"session_key: no session {key!r}")
+        events, index_rows = self._delete_session(key, state)
+        bump_vector_epoch(self.conn)  # its event and session ids may be used again
+        return Deleted(events=events, index_rows=index_rows)
+
+    def _delete_session(self, key: str, state: _SessionState) -> tuple[int, int]:
+        """Delete a session's rows, index rows, vectors and switches; (events, index rows)."""
         index_rows = self._drop_index_rows(state)
         self.conn.execute("DELETE FROM active_branch WHERE session_id = ?", (state.id,))
         self.conn.execute("DELETE FROM events WHERE session_id = ?", (state.id,))
@@ -392,8 +415,20 @@ class TranscriptWriter:
         self.conn.execute("DELETE FROM session_switches WHERE key = ?", (key,))
         del self._sessions[key]
         self._touched.pop(key, None)
-        bump_vector_epoch(self.conn)  # its event and session ids may be used again
-        return Deleted(events=events, index_rows=index_rows)
+        return events, index_rows
+
+    def _erase(self, cmd: EraseIdentity) -> IndexerAck:
+        """Erase an identity's data (docs/design.md §2.6); the purge follows the commit."""
+        self._flush_sessions()  # the plan reads the session rows
+        plan = plan_erasure(self.conn, cmd.agent, cmd.sessions)
+        for key in plan.erasure.session_keys:
+            state = self._session(key)
+            assert state is not None
+            self._delete_session(key, state)
+        erase_extras(self.conn, plan)
+        bump_vector_epoch(self.conn)
+        self._purge_after_commit = True
+        return Erased(erasure=plan.erasure)
 
     def _set_switches(self, cmd: SetSwitches) -> IndexerAck:
         key = cmd.key.raw
@@ -444,7 +479,9 @@ class TranscriptWriter:
             state = self._insert_session(
                 cmd.key, cmd.at, persistent=cmd.persistent, interactive=cmd.interactive
             )
-        event_ids = {entry.id: self._next_event_id + i for i, entry in enumerate(cmd.entries)}
+        event_ids = (cmd.keep_ids and self._free_ids(cmd.entries)) or {
+            entry.id: self._next_event_id + i for i, entry in enumerate(cmd.entries)
+        }
         parents = {
             event_ids[e.id]: event_ids[e.parent_id] if e.parent_id else None for e in cmd.entries
         }
@@ -459,7 +496,7 @@ class TranscriptWriter:
                 for i, e in enumerate(cmd.entries)
             ],
         )  # fmt: skip
-        self._next_event_id += len(cmd.entries)
+        self._next_event_id = max([self._next_event_id, *(i + 1 for i in event_ids.values())])
         state.next_seq += len(cmd.entries)
         if leaf_import_id is not None:
             leaf_id, leaf_depth = event_ids[leaf_import_id], depths[leaf_import_id]
@@ -477,6 +514,20 @@ class TranscriptWriter:
         state.dirty = True
         self._touch(key, state, cmd.at)
         return Imported(session_id=state.id, events=len(cmd.entries))
+
+    def _free_ids(self, entries: Sequence[ImportEntry]) -> dict[str, int] | None:
+        """The entries' ids as event ids, if each is a positive integer no event has yet
+        (an export imported again keeps its ids, docs/design.md §2.6); else None."""
+        if not all(e.id.isascii() and e.id.isdigit() and int(e.id) > 0 for e in entries):
+            return None
+        ids = {e.id: int(e.id) for e in entries}
+        taken = self.conn.execute(
+            "SELECT count(*) FROM events WHERE id IN (SELECT value FROM json_each(?))",
+            (msgspec.json.encode(list(ids.values())).decode(),),
+        ).fetchone()
+        if taken is None or taken[0] or len(set(ids.values())) != len(ids):
+            return None
+        return ids
 
     def _rebuild(self, cmd: RebuildIndex) -> IndexerAck:
         if cmd.key is not None:

@@ -72,6 +72,10 @@ def test_read_commands_run_beside_a_running_bot(
     assert "index:main: 1 sessions, 2/2 messages indexed" in capsys.readouterr().out
     assert main(["recall", "what do I keep?", *state, "--session", ALICE]) == 0
     assert "status=" in capsys.readouterr().out
+    assert main(["sessions", *state, "--json"]) == 0
+    assert [s["key"] for s in json.loads(capsys.readouterr().out)] == [ALICE]
+    assert main(["export", *state, "--identity", "alice"]) == 0
+    assert "I keep bees" in capsys.readouterr().out
     assert snapshot(bot) == before
     # Writing is still the bot's alone: the import (a writer) is refused while it runs.
     transcript = bot.parent / "t.jsonl"
@@ -92,6 +96,9 @@ def test_read_commands_run_beside_a_running_bot(
         ["stats"],
         ["doctor"],
         ["recall", "hello"],
+        ["sessions"],
+        ["export", "--identity", "alice"],
+        ["erase", "--identity", "alice"],
     ],
     ids=lambda command: " ".join(command[:1] + command[-1:]),
 )
