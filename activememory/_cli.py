@@ -646,7 +646,8 @@ def _export(args: argparse.Namespace) -> int:
 
 def _erase(args: argparse.Namespace) -> int:
     async def run() -> ErasureSummary:
-        async with open_memory(_existing_state_dir(args.state_dir), config=args.config) as mem:
+        state_dir = _existing_state_dir(args.state_dir)  # a dry run only reads: beside a bot
+        async with open_memory(state_dir, config=args.config, readonly=args.dry_run) as mem:
             return await mem.erase_identity(args.identity, dry_run=args.dry_run)
 
     summary = trio.run(run)

@@ -76,6 +76,8 @@ def test_read_commands_run_beside_a_running_bot(
     assert [s["key"] for s in json.loads(capsys.readouterr().out)] == [ALICE]
     assert main(["export", *state, "--identity", "alice"]) == 0
     assert "I keep bees" in capsys.readouterr().out
+    assert main(["erase", *state, "--identity", "alice", "--dry-run", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["agents"][0]["session_keys"] == [ALICE]
     assert snapshot(bot) == before
     # Writing is still the bot's alone: the import (a writer) is refused while it runs.
     transcript = bot.parent / "t.jsonl"
@@ -84,6 +86,8 @@ def test_read_commands_run_beside_a_running_bot(
         ' "message": {"role": "user", "content": "hi"}}\n'
     )
     assert main(["import", str(transcript), *state, "--session-key", "agent:main:main"]) == 2
+    assert "already open for writing" in capsys.readouterr().err
+    assert main(["erase", *state, "--identity", "alice"]) == 2
     assert "already open for writing" in capsys.readouterr().err
 
 

@@ -142,13 +142,20 @@ async def test_every_write_names_readonly(writer: am.Memory) -> None:
             ro.command(ALICE, "/verbose on", sender=am.Sender()),
             ro.command(ALICE, "/active-memory off --global", sender=am.Sender(owner=True)),
             ro.reply(turn, respond),
+            ro.erase_identity("alice"),
         ]
         for write in writes:
             with pytest.raises(am.StorageError, match=READONLY) as caught:
                 await write
             assert "readonly=True" in str(caught.value)
-        # Reads still answer, including the switches a read-only /verbose status shows.
+        # Reads still answer: a switch's status, an export, an erase's dry run.
         assert await ro.command(ALICE, "/active-memory status", sender=am.Sender())
+        export = await ro.export_identity("alice")
+        assert [t.session_key for t in export.transcripts] == [ALICE]
+        with pytest.raises(am.StorageError, match=READONLY):
+            await ro.import_export(export)
+        planned = await ro.erase_identity("alice", dry_run=True)
+        assert planned.agents[0].session_keys == (ALICE,)
     assert len(await writer.sessions.history(ALICE)) == 1
 
 
