@@ -7,8 +7,10 @@ Format, one JSON object per line:
      "message": {"role": "user", "content": "..."}}
     {"type": "leaf", "id": "m1"}                                     optional: the active leaf
 
-`parentId` omitted means "the previous message line"; `timestamp` is epoch seconds or an
-ISO 8601 string. Unknown fields are errors, reported with the file and line.
+`parentId` omitted means "the previous message line"; `timestamp` is required, epoch
+seconds or an ISO 8601 string. Ids are unique within a session; a `parentId` names an earlier
+message line of its session, the leaf any message line of it. Unknown fields are errors;
+every error names the file and line. A UTF-8 byte order mark at the start is skipped.
 
 An export of a user's data (docs/design.md §2.6) is the same format with more in it: one
 file may hold several sessions (each header line starts the next one), a header may carry
@@ -246,7 +248,9 @@ class _Session:
     where: str
     entries: list[ImportEntry] = field(default_factory=list)
     leaf: str | None = None
+    leaf_line: int = 0
     previous: str | None = None
+    lines_of: dict[str, int] = field(default_factory=dict)  # entry id -> its line
 
 
 def read_jsonl_transcript(path: Path, session_key: str | None = None) -> Transcript:
@@ -265,22 +269,22 @@ def read_jsonl(path: Path, session_key: str | None = None) -> IdentityExport:
     """Parse `path`: its sessions, records and relations (module docstring).
 
     `session_key` overrides (or stands in for) the header's key of a file of one session.
+    Every error names the file and line. Each entry's `source` is its `path:line`, so the
+    writer's errors name the line too.
     """
     sessions: list[_Session] = []
     records: list[RecordEntry] = []
     relations: list[RelationEntry] = []
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InvalidInputError(f"{path}: cannot read ({exc})") from None
-    for number, line in enumerate(lines, start=1):
+        data = path.read_bytes()
+    except OSError as exc:
+        raise InvalidInputError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    # Split bytes, not text: str.splitlines would also cut at U+2028 inside a JSON string.
+    for number, line in enumerate(data.removeprefix(_BOM).splitlines(), start=1):
         if not line.strip():
             continue
         where = f"{path}:{number}"
-        try:
-            item = _decode_line(line)
-        except msgspec.DecodeError as exc:
-            raise InvalidInputError(f"{where}: {exc}") from None
+        item = _decode_jsonl_line(line, where)
         current = sessions[-1] if sessions else None
         match item:
             case _Header():
@@ -290,25 +294,41 @@ def read_jsonl(path: Path, session_key: str | None = None) -> IdentityExport:
             case _LeafLine():
                 if current is None:
                     sessions.append(current := _Session(None, where))
-                current.leaf = item.id
+                current.leaf, current.leaf_line = item.id, number
             case _MessageLine():
                 if current is None:
                     sessions.append(current := _Session(None, where))
+                if item.id in current.lines_of:
+                    first = current.lines_of[item.id]
+                    raise InvalidInputError(
+                        f"{where}: id {item.id!r} is repeated (first at line {first})"
+                    )
                 parent = current.previous if item.parentId is _UNSET else item.parentId
+                if parent is not None and parent not in current.lines_of:
+                    raise InvalidInputError(
+                        f"{where}: parentId {parent!r} names no earlier message line"
+                    )
                 message = message_from_mapping(item.message, where=f"{where}: message")
                 current.entries.append(
                     ImportEntry(
                         id=item.id,
-                        parent_id=parent,  # type: ignore[arg-type]
+                        parent_id=parent,
                         timestamp=_timestamp(item.timestamp, where),
                         message=message,
+                        source=where,
                     )
                 )
+                current.lines_of[item.id] = number
                 current.previous = item.id
             case _RecordLine():
                 records.append(_record_entry(item, where))
             case _RelationLine():
                 relations.append(_relation_entry(item, where))
+    for s in sessions:
+        if s.leaf is not None and s.leaf not in s.lines_of:
+            raise InvalidInputError(
+                f"{path}:{s.leaf_line}: leaf id {s.leaf!r} names no message line"
+            )
     if session_key is not None and len(sessions) > 1:
         raise InvalidInputError(f"{path}: holds {len(sessions)} sessions; --session-key names one")
     if not sessions and not records and not relations:
@@ -388,6 +408,25 @@ def _finite(value: float | None, where: str) -> float | None:
     if value is not None and not math.isfinite(value):
         raise InvalidInputError(f"{where}: expected a finite number of seconds, got {value!r}")
     return value
+
+
+_BOM = b"\xef\xbb\xbf"
+
+
+def _decode_jsonl_line(
+    line: bytes, where: str
+) -> _Header | _MessageLine | _LeafLine | _RecordLine | _RelationLine:
+    try:
+        line.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidInputError(
+            f"{where}: not UTF-8 text (byte 0x{line[exc.start]:02x} at byte {exc.start})"
+        ) from None
+    try:
+        item = _decode_line(line)
+    except msgspec.DecodeError as exc:
+        raise InvalidInputError(f"{where}: {exc}") from None
+    return item
 
 
 def _timestamp(value: float | str, where: str) -> float:

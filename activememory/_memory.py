@@ -38,7 +38,7 @@ from .protocol.content import (
     message_from_mapping,
 )
 from .protocol.embeddings import Embedder
-from .protocol.errors import InvalidInputError, SessionNotFoundError, raise_rejected
+from .protocol.errors import InvalidInputError, SessionNotFoundError, StorageError, raise_rejected
 from .protocol.indexer import (
     Appended,
     AppendMessage,
@@ -52,6 +52,8 @@ from .protocol.indexer import (
     ImportTranscript,
     IndexerAck,
     IndexerCommand,
+    MarkDirty,
+    MarkedDirty,
     RebuildIndex,
     Rebuilt,
     Rejected,
@@ -227,12 +229,18 @@ class Sessions:
         leaf_id: str | None = None,
         persistent: bool = True,
         interactive: bool = True,
+        resume: bool = False,
     ) -> int:
         """Store a transcript written before indexing existed; return the event count.
 
         The rows are stored unindexed and the session is dirty until its index is rebuilt
         (docs/design.md §2.3). Entries are a tree: each names its parent by an id of an earlier entry;
         the leaf is `leaf_id` or the last entry. The session must be new or empty.
+
+        `resume=True` makes a repeated import harmless (docs/design.md §2.5): a session
+        that already holds these entries first (same tree, timestamps, roles and content)
+        is left as it is and 0 is returned; one that holds other messages is an
+        `InvalidInputError` naming the first entry that differs (its `source`, if set).
 
         Cancellation: as for `append`; an import is one transaction, all or nothing.
         """
@@ -241,12 +249,14 @@ class Sessions:
         for i, entry in enumerate(entries):
             if not isinstance(entry, ImportEntry):
                 raise InvalidInputError(f"entries[{i}]: expected an ImportEntry")
+        _check_bool("resume", resume)
         command = ImportTranscript(
             key=key,
             entries=entries,
             leaf_id=leaf_id,
             persistent=persistent,
             interactive=interactive,
+            resume=resume,
             at=self._clock(),
         )
         ack = await self._submit(key, command, Imported)
@@ -268,6 +278,57 @@ class Sessions:
             sessions += ack.sessions
             index_rows += ack.index_rows
         return Rebuilt(sessions=sessions, index_rows=index_rows)
+
+    async def reindex(
+        self,
+        session_key: str | None = None,
+        *,
+        agent: str | None = None,
+        progress: Callable[[IndexStats], object] | None = None,
+    ) -> list[IndexStats]:
+        """Rebuild the full-text index from the active branches and wait until it is done.
+
+        One session (`session_key`), every session of one `agent`, or (neither) of every
+        agent in the state directory. The sessions are marked dirty (hidden from search;
+        their vectors dropped, made again from the content-hash cache once clean) and the
+        reconciler rebuilds them in short chunks beside other writes (docs/design.md §2.4).
+        An agent-wide reindex first empties that agent's index, so it also repairs an
+        index that fails its integrity check. The reconciler also rebuilds the agent's
+        other dirty sessions, if any, in the same run. (`rebuild_index` rebuilds sessions
+        already dirty in one transaction each: faster, for a store no bot is using.)
+
+        `progress` is called with each agent's `IndexStats` (`indexed_messages` of
+        `active_messages`, `dirty_sessions` left) at least twice a second while it waits.
+        Returns each agent's `IndexStats` when done (FTS integrity checked).
+        Raises `SessionNotFoundError` for a missing session, `InvalidInputError` for an
+        agent without a database, `StorageError` if the rebuild is refused by storage.
+
+        Cancellation: marking is one transaction (done or not); cancelling the wait leaves
+        the rest dirty, and the reconciler finishes them in the background (or, after a
+        restart, on the next search or reindex).
+        """
+        key = None if session_key is None else parse_session_key(session_key)
+        known = self._supervisor.known_agents()
+        if agent is not None:
+            if agent not in known:
+                raise InvalidInputError(
+                    f"agent: {agent!r} has no database here (agents: {', '.join(known) or 'none'})"
+                )
+            if key is not None and key.store_agent != agent:
+                raise InvalidInputError(
+                    f"session_key: {key.raw!r} is not a session of agent {agent!r}"
+                )
+        if key is not None and key.store_agent not in known:  # not even its database
+            raise SessionNotFoundError(f"session_key: no session {key.raw!r}")
+        agents = [key.store_agent] if key is not None else [agent] if agent else known
+        stores = [await self._supervisor.agent(name) for name in agents]
+        for store in stores:
+            await _submit_to(store, MarkDirty(agent=store.agent, key=key), MarkedDirty)
+        done = []
+        for store in stores:
+            await _wait_rebuilt(store, key, progress)
+            done.append(await store.read(lambda reader: reader.stats(check_integrity=True)))
+        return done
 
     async def search(
         self,
@@ -665,6 +726,37 @@ async def _submit_to(store: AgentStore, command: IndexerCommand, expect: type[A]
         return ack
     assert isinstance(ack, Rejected), ack
     raise_rejected(ack, SessionNotFoundError)
+
+
+REINDEX_POLL_SECONDS = 0.5  # at most: each poll counts the agent's rows
+
+
+async def _wait_rebuilt(
+    store: AgentStore, key: SessionKey | None, progress: Callable[[IndexStats], object] | None
+) -> None:
+    """Wait until the reconciler has rebuilt the agent's dirty sessions (or `key`'s).
+
+    Polls the reader, first often (a small rebuild ends in milliseconds), then every
+    `REINDEX_POLL_SECONDS`.
+    """
+    pause = 0.005
+    while True:
+        store.poke("dirty")  # again each round: a poke is dropped while one waits
+        stats = await store.read(lambda reader: reader.stats(check_integrity=False))
+        if progress is not None:
+            progress(stats)
+        if key is None:
+            if stats.dirty_sessions == 0:
+                return
+        else:
+            info = await store.read(lambda reader: reader.session(key.raw))
+            if info is None or not info.dirty:
+                return
+        failure = None if store.reconciler is None else store.reconciler.failure
+        if failure is not None:  # (read-only has no reconciler: its reindex was refused)
+            raise StorageError(f"reindex of agent {store.agent!r}: {failure}")
+        await anyio.sleep(pause)
+        pause = min(pause * 2, REINDEX_POLL_SECONDS)
 
 
 def _to_message(value: object) -> Message:

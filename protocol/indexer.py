@@ -60,7 +60,12 @@ class ArchiveSession(_Command, tag="archive", frozen=True, kw_only=True):
 
 
 class ImportTranscript(_Command, tag="import", frozen=True, kw_only=True):
-    """Importer → indexer: store pre-existing rows unindexed; the session is marked dirty."""
+    """Importer → indexer: store pre-existing rows unindexed; the session is marked dirty.
+
+    A session that already has messages is refused, unless `resume` and it already holds
+    exactly these entries first (docs/design.md §2.5): then nothing is written and the ack
+    says `skipped`.
+    """
 
     entries: tuple[ImportEntry, ...]
     leaf_id: str | None = None
@@ -69,12 +74,26 @@ class ImportTranscript(_Command, tag="import", frozen=True, kw_only=True):
     # The entry ids are event ids to keep (an export, docs/design.md §2.6): kept when
     # every one is a free positive integer, else the session gets fresh ids as usual.
     keep_ids: bool = False
+
+    resume: bool = False
     at: float
 
 
 class RebuildIndex(msgspec.Struct, frozen=True, kw_only=True, tag_field="op", tag="rebuild"):
     """Facade → indexer: rebuild the index rows of dirty sessions (all, or one)."""
 
+    key: SessionKey | None = None
+
+
+class MarkDirty(msgspec.Struct, frozen=True, kw_only=True, tag_field="op", tag="mark_dirty"):
+    """Facade → indexer: have the reconciler rebuild sessions (`reindex`, docs/design.md §2.4).
+
+    One session (`key`), or every session of the agent database (`key` None), whose index
+    rows are then all removed at once, so a damaged index is rebuilt from nothing. The
+    sessions are dirty (hidden from search) and lose their vectors in this transaction.
+    """
+
+    agent: str
     key: SessionKey | None = None
 
 
@@ -216,6 +235,7 @@ IndexerCommand: TypeAlias = (
     | ArchiveSession
     | ImportTranscript
     | RebuildIndex
+    | MarkDirty
     | ReindexChunk
     | SetSwitches
     | SyncNotes
@@ -262,10 +282,14 @@ class Archived(_Ack, tag="archived", frozen=True, kw_only=True):
 
 
 class Imported(_Ack, tag="imported", frozen=True, kw_only=True):
-    """Indexer → importer: the rows are stored; the session is dirty until rebuilt."""
+    """Indexer → importer: the rows are stored; the session is dirty until rebuilt.
+
+    `skipped`: a resumed import found the entries already stored; nothing was written.
+    """
 
     session_id: int
     events: int
+    skipped: bool = False
 
 
 class Rebuilt(_Ack, tag="rebuilt", frozen=True, kw_only=True):
@@ -273,6 +297,12 @@ class Rebuilt(_Ack, tag="rebuilt", frozen=True, kw_only=True):
 
     sessions: int
     index_rows: int
+
+
+class MarkedDirty(_Ack, tag="marked_dirty", frozen=True, kw_only=True):
+    """Indexer → facade: `sessions` are dirty, for the reconciler to rebuild."""
+
+    sessions: int
 
 
 class Reindexed(_Ack, tag="reindexed", frozen=True, kw_only=True):
@@ -340,6 +370,7 @@ IndexerAck: TypeAlias = (
     | Archived
     | Imported
     | Rebuilt
+    | MarkedDirty
     | Reindexed
     | SwitchesSet
     | NotesSynced

@@ -88,13 +88,17 @@ ImportEntryId: TypeAlias = str
 class ImportEntry(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """One message of a transcript written before indexing existed (JSONL import).
 
-    `timestamp`: epoch seconds in `MAX_TIMESTAMP`'s range, else `InvalidInputError`.
+    `source` says where the entry was read from (`file.jsonl:12`); errors about the entry
+    name it instead of its position in the list. `timestamp`: epoch seconds in
+    `MAX_TIMESTAMP`'s range, else `InvalidInputError`.
     """
 
     id: ImportEntryId
     parent_id: ImportEntryId | None
     timestamp: float
     message: Message
+    source: str | None = None
 
     def __post_init__(self) -> None:
-        check_timestamp("ImportEntry.timestamp", self.timestamp)
+        where = "ImportEntry.timestamp" if self.source is None else f"{self.source}: timestamp"
+        check_timestamp(where, self.timestamp)

@@ -34,6 +34,8 @@ from ..protocol.indexer import (
     ImportTranscript,
     IndexerAck,
     IndexerCommand,
+    MarkDirty,
+    MarkedDirty,
     RebuildIndex,
     Rebuilt,
     ReindexChunk,
@@ -182,6 +184,8 @@ class TranscriptWriter:
                 return self._import(cmd)
             case RebuildIndex():
                 return self._rebuild(cmd)
+            case MarkDirty():
+                return self._mark_dirty(cmd)
             case ReindexChunk():
                 return self._reindex_chunk(cmd)
             case SetSwitches():
@@ -453,27 +457,32 @@ class TranscriptWriter:
 
     def _import(self, cmd: ImportTranscript) -> IndexerAck:
         key = cmd.key.raw
-        state = self._session(key)
-        if state is not None and state.leaf_event_id is not None:
-            return Rejected(
-                reason="invalid",
-                message=f"session_key: {key!r} already has messages; import into a new session",
-            )
         depths: dict[str, int] = {}
         for i, entry in enumerate(cmd.entries):
             if entry.id in depths:
-                return Rejected(
-                    reason="invalid", message=f"entries[{i}].id: {entry.id!r} is repeated"
-                )
+                where = _entry_field(i, entry, "id")
+                return Rejected(reason="invalid", message=f"{where}: {entry.id!r} is repeated")
             if entry.parent_id is not None and entry.parent_id not in depths:
+                where = _entry_field(i, entry, "parent_id")
                 return Rejected(
                     reason="invalid",
-                    message=f"entries[{i}].parent_id: {entry.parent_id!r} names no earlier entry",
+                    message=f"{where}: {entry.parent_id!r} names no earlier entry",
                 )
             depths[entry.id] = depths[entry.parent_id] + 1 if entry.parent_id else 1
         leaf_import_id = cmd.leaf_id or (cmd.entries[-1].id if cmd.entries else None)
         if leaf_import_id is not None and leaf_import_id not in depths:
             return Rejected(reason="invalid", message=f"leaf_id: {leaf_import_id!r} names no entry")
+        state = self._session(key)
+        if state is not None and state.leaf_event_id is not None:
+            if not cmd.resume:
+                return Rejected(
+                    reason="invalid",
+                    message=f"session_key: {key!r} already has messages; import into a new session",
+                )
+            differs = self._differs_from_stored(state, cmd, leaf_import_id)
+            if differs is not None:
+                return Rejected(reason="invalid", message=differs)
+            return Imported(session_id=state.id, events=0, skipped=True)
 
         if state is None:
             state = self._insert_session(
@@ -529,6 +538,60 @@ class TranscriptWriter:
             return None
         return ids
 
+    def _differs_from_stored(
+        self, state: _SessionState, cmd: ImportTranscript, leaf_import_id: str | None
+    ) -> str | None:
+        """Why the session does not already hold `cmd`'s entries, or None if it does.
+
+        A resumed import (docs/design.md §2.5) skips a session whose first events, in write
+        order, are the entries: same parents (by position: the file's ids are not stored),
+        timestamps, roles and content. Events after them (the bot went on) are allowed; with
+        none, the leaf must be the import's too.
+        """
+        rows = cast(
+            list[tuple[int, int | None, str, float, str | None, bytes]],
+            self.conn.execute(
+                "SELECT id, parent_id, kind, ts, role, content FROM events"
+                " WHERE session_id = ? ORDER BY seq LIMIT ?",
+                (state.id, len(cmd.entries) + 1),
+            ).fetchall(),
+        )
+        position: dict[int, int] = {}  # stored event id -> its position
+        index = {entry.id: i for i, entry in enumerate(cmd.entries)}
+        for i, entry in enumerate(cmd.entries):
+            where = entry.source or f"entries[{i}]"
+            if i >= len(rows):
+                return (
+                    f"{where}: session {cmd.key.raw!r} holds the messages before this one,"
+                    " not this one; import into a new session"
+                )
+            event_id, parent_id, kind, ts, role, content = rows[i]
+            position[event_id] = i
+            parent = None if entry.parent_id is None else index[entry.parent_id]
+            what = None
+            stored_parent = None if parent_id is None else position.get(parent_id, -1)
+            if kind != "message" or stored_parent != parent:
+                what = "its place in the tree"
+            elif ts != entry.timestamp:
+                what = "its timestamp"
+            elif role != entry.message.role:
+                what = "its role"
+            elif bytes(content) != _encode_content(entry.message.content):
+                what = "its content"
+            if what is not None:
+                return (
+                    f"{where}: session {cmd.key.raw!r} already holds other messages (stored event"
+                    f" #{event_id} differs in {what}); import into a new session"
+                )
+        if len(rows) == len(cmd.entries) and leaf_import_id is not None:
+            leaf = rows[index[leaf_import_id]][0]
+            if state.leaf_event_id != leaf:
+                return (
+                    f"leaf_id: session {cmd.key.raw!r} holds these messages but its leaf is"
+                    f" event #{state.leaf_event_id}, not {leaf_import_id!r}"
+                )
+        return None
+
     def _rebuild(self, cmd: RebuildIndex) -> IndexerAck:
         if cmd.key is not None:
             state = self._session(cmd.key.raw)
@@ -544,6 +607,26 @@ class TranscriptWriter:
         for key in keys:
             index_rows += self.rebuild_session(key)
         return Rebuilt(sessions=len(keys), index_rows=index_rows)
+
+    def _mark_dirty(self, cmd: MarkDirty) -> IndexerAck:
+        if cmd.key is not None:
+            key = cmd.key.raw
+            state = self._session(key)
+            if state is None:
+                return Rejected(reason="not_found", message=f"session_key: no session {key!r}")
+            drop_session_vectors(self.conn, state.id)
+            state.dirty = True
+            self._touch(key, state, state.updated_at)  # the revision fences a running rebuild
+            return MarkedDirty(sessions=1)
+        self._flush_sessions()
+        # Every row goes at once: cheaper than per-session deletes, and it clears rows a
+        # damaged index may hold for no event. `indexed_seq = 0` says there is nothing to drop.
+        self.conn.execute("DELETE FROM message_vectors")
+        self.conn.execute("INSERT INTO message_fts(message_fts) VALUES ('delete-all')")
+        self.conn.execute("UPDATE sessions SET dirty = 1, revision = revision + 1, indexed_seq = 0")
+        sessions = self.conn.changes()
+        self._sessions.clear()  # the cached rows are stale now
+        return MarkedDirty(sessions=sessions)
 
     def _reindex_chunk(self, cmd: ReindexChunk) -> IndexerAck:
         key = cmd.key.raw
@@ -621,6 +704,11 @@ class TranscriptWriter:
         state.indexed_seq = state.next_seq - 1
         self._touched[key] = state
         return rows
+
+
+def _entry_field(i: int, entry: ImportEntry, field: str) -> str:
+    """How an error names a field of an import entry: by its source line if it has one."""
+    return f"{entry.source}: {field}" if entry.source else f"entries[{i}].{field}"
 
 
 _SESSION_COLUMNS = (

@@ -3,6 +3,8 @@ against a real loopback server, the fallback chain and the `memorySearch` config
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
 import subprocess
 import sys
@@ -232,6 +234,126 @@ async def test_a_model_path_that_is_not_a_model_fails_on_embed(tmp_path: Path) -
         await embedder.embed(["hello"])
     with pytest.raises(am.EmbeddingError, match="the vector size is known after the first embed"):
         _ = embedder.dim
+
+
+# --- Encoders other than the shipped one (local.modelPath, embedder.json) ---------------------
+
+MPNET_DIR = Path(os.environ.get("ACTIVEMEMORY_TEST_MPNET", "/work/models/all-mpnet-base-v2"))
+TINY_DIM = 8
+
+
+def tiny_encoder(
+    folder: Path, *, inputs: tuple[str, ...] = ("input_ids", "attention_mask"), pooled: bool = False
+) -> np.ndarray:
+    """A real ONNX encoder in `folder` with the shipped tokenizer: each token's vector is a row of
+    a random table. It declares exactly `inputs` (onnxruntime refuses any other); `pooled`: it
+    sums the rows itself, pads included, and gives one vector per text. Returns the table."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    folder.mkdir(exist_ok=True)
+    shutil.copyfile(SHIPPED_DIR / "tokenizer.json", folder / "tokenizer.json")
+    table = np.random.default_rng(0).normal(size=(30522, TINY_DIM)).astype(np.float32)
+    nodes = [helper.make_node("Gather", ["table", "input_ids"], ["rows"])]
+    if pooled:
+        nodes.append(helper.make_node("ReduceSum", ["rows", "axis"], ["out"], keepdims=0))
+    else:
+        nodes.append(helper.make_node("Identity", ["rows"], ["out"]))
+    graph = helper.make_graph(
+        nodes,
+        "tiny",
+        [helper.make_tensor_value_info(name, TensorProto.INT64, ["b", "s"]) for name in inputs],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(table, "table"), numpy_helper.from_array(np.array([1]), "axis")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(folder / "model.onnx"))
+    return table
+
+
+async def test_a_model_without_token_type_ids_is_fed_only_what_it_declares(tmp_path: Path) -> None:
+    table = tiny_encoder(tmp_path / "mpnet-like")
+    embedder = LocalEmbedder.from_path(tmp_path / "mpnet-like")
+    (vector,) = await embedder.embed(["hello"])
+    ids = [101, 7592, 102]  # [CLS] hello [SEP]
+    mean = table[ids].mean(axis=0)
+    assert np.allclose(vector, mean / np.linalg.norm(mean), atol=1e-6)
+    assert embedder.dim == TINY_DIM
+
+
+async def test_embedder_json_sets_how_many_tokens_a_model_reads(tmp_path: Path) -> None:
+    tiny_encoder(tmp_path / "short")
+    (tmp_path / "short" / "embedder.json").write_text('{"max_tokens": 4}')
+    embedder = LocalEmbedder.from_path(tmp_path / "short")
+    long, prefix, other = await embedder.embed(["alpha beta gamma delta", "alpha beta", "alpha"])
+    assert np.allclose(long, prefix, atol=1e-6)  # [CLS] alpha beta [SEP]
+    assert not np.allclose(prefix, other, atol=1e-3)
+    unlimited = LocalEmbedder.from_path(tmp_path / "short" / "model.onnx", model="x")
+    (tmp_path / "short" / "embedder.json").unlink()  # read by from_path, not on embed
+    assert np.allclose((await unlimited.embed(["alpha beta gamma delta"]))[0], long, atol=1e-6)
+    default = LocalEmbedder.from_path(tmp_path / "short", model="default")
+    assert not np.allclose((await default.embed(["alpha beta gamma delta"]))[0], long, atol=1e-3)
+
+
+async def test_a_batch_is_padded_with_the_tokenizers_own_pad_token(tmp_path: Path) -> None:
+    """A model that pools by itself sees the pad tokens: they must be the tokenizer's, whose
+    row here is zero, so a text's vector does not depend on the batch it is in."""
+    folder = tmp_path / "pads"
+    table = tiny_encoder(folder, pooled=True)
+    settings = json.loads((folder / "tokenizer.json").read_text())
+    settings["padding"]["pad_id"] = 1  # "[unused0]", as MPNet's <pad> is 1
+    (folder / "tokenizer.json").write_text(json.dumps(settings))
+    table[1] = 0.0
+    import onnx
+    from onnx import numpy_helper
+
+    model = onnx.load(str(folder / "model.onnx"))
+    model.graph.initializer[0].CopyFrom(numpy_helper.from_array(table, "table"))
+    onnx.save(model, str(folder / "model.onnx"))
+    embedder = LocalEmbedder.from_path(folder)
+    (alone,) = await embedder.embed(["hi"])
+    batched, _ = await embedder.embed(["hi", "a much longer text than hi"])
+    assert np.allclose(alone, batched, atol=1e-6)
+
+
+async def test_a_model_asking_for_other_inputs_is_refused_by_name(tmp_path: Path) -> None:
+    tiny_encoder(tmp_path / "odd", inputs=("input_ids", "attention_mask", "position_ids"))
+    embedder = LocalEmbedder.from_path(tmp_path / "odd")
+    with pytest.raises(am.EmbeddingError, match=r"asks for inputs \['position_ids'\]"):
+        await embedder.embed(["hello"])
+
+
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [
+        ('{"max_tokens": 0}', "max_tokens must be an integer from 1 to 8192, not 0"),
+        ('{"max_tokens": "384"}', "max_tokens must be an integer from 1 to 8192, not '384'"),
+        ('{"max_tokens": true}', "max_tokens must be an integer from 1 to 8192, not True"),
+        ('{"maxTokens": 384}', 'must be a JSON object with only "max_tokens"'),
+        ("[384]", 'must be a JSON object with only "max_tokens"'),
+        ("{max_tokens: 384", "cannot read"),
+    ],
+)
+def test_a_bad_embedder_json_is_an_error_naming_the_field(
+    tmp_path: Path, text: str, error: str
+) -> None:
+    folder = copy_model(tmp_path)
+    (folder / "embedder.json").write_text(text)
+    with pytest.raises(am.EmbeddingError, match="^local.modelPath: ") as caught:
+        LocalEmbedder.from_path(folder)
+    assert error in str(caught.value)
+
+
+@pytest.mark.skipif(
+    not (MPNET_DIR / "model.onnx").is_file(), reason=f"no all-mpnet-base-v2 in {MPNET_DIR}"
+)
+async def test_the_mpnet_folder_built_by_the_export_tool_loads_and_finds_paraphrases() -> None:
+    embedder = LocalEmbedder.from_path(MPNET_DIR)
+    assert embedder.name == "local/all-mpnet-base-v2"
+    assert (await embedder.embed(["hello"])).shape == (1, 768)
+    assert (await ranking(embedder, "Which city am I based in?"))[0] == LISBON
+    assert (await ranking(embedder, "Do I have any allergies?"))[0] == PEANUTS
 
 
 # --- The OpenAI-compatible client against a loopback server ----------------------------------

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
 
 import activememory as am
 from activememory._cli import main
@@ -258,6 +259,7 @@ def test_cli_import_json_and_explicit_format(
             "sample_id": "Conv 7/A",
             "agent": "conv-7-a",
             "sessions": 2,
+            "skipped_sessions": 0,
             "turns": 5,
             "questions": 5,
         }
@@ -332,3 +334,27 @@ def test_bench_scores_the_fixture(capsys: pytest.CaptureFixture[str], locomo: Pa
     )
     assert "  categories 1-4             3   " in table
     assert "R@10" not in table  # only k <= --limit
+
+
+def test_a_re_run_imports_only_the_sessions_a_killed_run_did_not_store(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, locomo: Path
+) -> None:
+    state = tmp_path / "state"
+    # A run killed between the sample's two sessions: one transaction each, so the first
+    # is stored whole (and waits to be indexed) and the second not at all.
+    [sample] = read_locomo(locomo)
+    first = sample.sessions[0]
+
+    async def store_first() -> None:
+        async with am.open_memory(state) as mem:
+            await mem.sessions.import_transcript(first.session_key, first.entries)
+
+    trio.run(store_first)
+    assert main(["import", str(locomo), "--state-dir", str(state)]) == 0
+    assert capsys.readouterr().out == (
+        f"imported LoCoMo sample Conv 7/A from {locomo} into agent conv-7-a: 2 sessions, 5 turns"
+        " (1 already there)\n"
+    )
+    assert main(["stats", "--state-dir", str(state), "--json"]) == 0
+    [stats] = json.loads(capsys.readouterr().out)
+    assert (stats["sessions"], stats["indexed_messages"], stats["dirty_sessions"]) == (2, 5, 0)

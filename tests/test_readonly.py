@@ -143,6 +143,7 @@ async def test_every_write_names_readonly(writer: am.Memory) -> None:
             ro.command(ALICE, "/active-memory off --global", sender=am.Sender(owner=True)),
             ro.reply(turn, respond),
             ro.erase_identity("alice"),
+            ro.sessions.reindex(),
         ]
         for write in writes:
             with pytest.raises(am.StorageError, match=READONLY) as caught:
