@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime as dt
 import importlib.resources
 import json
 import sys
@@ -28,9 +27,11 @@ from ._importers import (
 )
 from ._memory import Memory, open_memory
 from ._userdata import ARCHIVED_CHOICES, CHAT_TYPES
+from .actors.supervisor import require_store
 from .protocol.content import Message
 from .protocol.errors import ActiveMemoryError, InvalidInputError, SessionNotFoundError
 from .protocol.recall import RecallOutcome, Sender, Turn
+from .protocol.record_results import iso_timestamp
 from .protocol.search import SEARCH_MODES, VISIBILITIES, SearchResult
 from .protocol.transcript import Event, IndexStats, SessionInfo
 from .protocol.userdata import ErasureSummary
@@ -112,7 +113,9 @@ def _parser() -> argparse.ArgumentParser:
         "--visibility", choices=VISIBILITIES, help="tools.sessions.visibility (default tree)"
     )
     search.add_argument(
-        "--wait", action="store_true", help="let re-indexing finish before answering"
+        "--wait",
+        action="store_true",
+        help="let re-indexing finish before answering (opens the store for writing)",
     )
     search.add_argument("--json", action="store_true")
     search.set_defaults(run=_search)
@@ -172,8 +175,11 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _recall(args: argparse.Namespace) -> int:
+    # Read-only (docs/design.md §1.6): the run's transcript stays in a temporary folder.
+    require_store(args.state_dir, "--state-dir")
+
     async def run() -> RecallOutcome:
-        async with open_memory(args.state_dir, config=args.config) as mem:
+        async with open_memory(args.state_dir, config=args.config, readonly=True) as mem:
             try:
                 history = await mem.sessions.history(args.session)
             except SessionNotFoundError:
@@ -194,8 +200,10 @@ def _recall(args: argparse.Namespace) -> int:
 
 
 def _doctor(args: argparse.Namespace) -> int:
+    require_store(args.state_dir, "--state-dir")
+
     async def run() -> DoctorReport:
-        async with open_memory(args.state_dir, config=args.config) as mem:
+        async with open_memory(args.state_dir, config=args.config, readonly=True) as mem:
             return await mem.doctor()
 
     report = trio.run(run)
@@ -425,11 +433,19 @@ def _run_and_show(
     fetch: Callable[[Memory], Awaitable[T]],
     show: Callable[[T], None],
     config: dict[str, object] | None = None,
+    *,
+    readonly: bool = False,
 ) -> int:
-    """Open the state dir, fetch a result, print it for a person or (`--json`) a program."""
+    """Open the state dir, fetch a result, print it for a person or (`--json`) a program.
+
+    `readonly` (the read commands): the store must exist, and is read beside a running bot
+    without its writer lock (docs/design.md §1.6).
+    """
+    if readonly:
+        require_store(args.state_dir, "--state-dir")
 
     async def run() -> T:
-        async with open_memory(args.state_dir, config=config) as mem:
+        async with open_memory(args.state_dir, config=config, readonly=readonly) as mem:
             return await fetch(mem)
 
     result = trio.run(run)
@@ -527,7 +543,11 @@ def _search(args: argparse.Namespace) -> int:
                     result = await ask()
         return result
 
-    return _run_and_show(args, fetch, _print_search, config)
+    # --wait rebuilds the index itself, so it opens the store for writing (its reconciler
+    # and embedder); otherwise search reads beside a running bot.
+    if args.wait:
+        require_store(args.state_dir, "--state-dir")
+    return _run_and_show(args, fetch, _print_search, config, readonly=not args.wait)
 
 
 def _print_search(result: SearchResult) -> None:
@@ -538,7 +558,7 @@ def _print_search(result: SearchResult) -> None:
     if not result.results:
         print("no matches" + (" yet (still indexing)" if result.indexing else ""))
     for hit in result.results:
-        when = dt.datetime.fromtimestamp(hit.timestamp, dt.UTC).strftime("%Y-%m-%d %H:%M")
+        when = iso_timestamp(hit.timestamp)  # never raises: see iso_timestamp
         print(f"{hit.score:9.3g}  {hit.session_key}  #{hit.message_id}  {when}  {hit.role}")
         print(f"           {hit.snippet}")
     if result.truncated:
@@ -546,13 +566,18 @@ def _print_search(result: SearchResult) -> None:
 
 
 def _history(args: argparse.Namespace) -> int:
-    return _run_and_show(
-        args, lambda mem: mem.sessions.history(args.session_key, limit=args.limit), _print_history
-    )
+    async def fetch(mem: Memory) -> list[Event]:
+        events = await mem.sessions.history(args.session_key, limit=args.limit)
+        if (await mem.sessions.info(args.session_key)).dirty:
+            print(f"note: {args.session_key} is being re-indexed; search shows it once "
+                  "its writer has rebuilt it", file=sys.stderr)  # fmt: skip
+        return events
+
+    return _run_and_show(args, fetch, _print_history, readonly=True)
 
 
 def _stats(args: argparse.Namespace) -> int:
-    return _run_and_show(args, lambda mem: mem.sessions.stats(), _print_stats)
+    return _run_and_show(args, lambda mem: mem.sessions.stats(), _print_stats, readonly=True)
 
 
 def _soak(args: argparse.Namespace) -> int:
@@ -656,7 +681,7 @@ def _print_history(events: Sequence[Event]) -> None:
         message = event.message
         if message is None:
             continue
-        when = dt.datetime.fromtimestamp(event.timestamp, dt.UTC).strftime("%Y-%m-%d %H:%M")
+        when = iso_timestamp(event.timestamp)  # never raises: see iso_timestamp
         print(f"  #{event.id:<4} {when}  {message.role:<9}  {_describe(message.content)}")
 
 
@@ -729,8 +754,7 @@ def _add_userdata_parsers(commands: argparse._SubParsersAction[argparse.Argument
 
 def _existing_state_dir(path: Path) -> Path:
     """A state directory that must already hold a store (never created by a typo)."""
-    if not path.is_dir():
-        raise InvalidInputError(f"--state-dir: {str(path)!r} is not a directory")
+    require_store(path, "--state-dir")
     return path
 
 
@@ -738,7 +762,8 @@ def _sessions(args: argparse.Namespace) -> int:
     archived = {"yes": True, "no": False, "all": None}[args.archived]
 
     async def run() -> list[SessionInfo]:
-        async with open_memory(_existing_state_dir(args.state_dir), config=args.config) as mem:
+        state_dir = _existing_state_dir(args.state_dir)  # a read: beside a running bot
+        async with open_memory(state_dir, config=args.config, readonly=True) as mem:
             return await mem.sessions.list(
                 agent=args.agent,
                 chat_type=args.chat_type,
@@ -752,7 +777,7 @@ def _sessions(args: argparse.Namespace) -> int:
         print(msgspec.json.format(msgspec.json.encode(found)).decode())
         return 0
     for info in found:
-        when = dt.datetime.fromtimestamp(info.updated_at, dt.UTC).strftime("%Y-%m-%d %H:%M")
+        when = iso_timestamp(info.updated_at)
         flags = " archived" if info.archived else ""
         print(f"{info.key}  {info.chat_type}  updated {when}{flags}")
     print(f"{len(found)} sessions", file=sys.stderr)
@@ -761,7 +786,8 @@ def _sessions(args: argparse.Namespace) -> int:
 
 def _export(args: argparse.Namespace) -> int:
     async def run() -> IdentityExport:
-        async with open_memory(_existing_state_dir(args.state_dir), config=args.config) as mem:
+        state_dir = _existing_state_dir(args.state_dir)  # a read: beside a running bot
+        async with open_memory(state_dir, config=args.config, readonly=True) as mem:
             return await mem.export_identity(args.identity, agent=args.agent)
 
     found = trio.run(run)
@@ -781,7 +807,8 @@ def _export(args: argparse.Namespace) -> int:
 
 def _erase(args: argparse.Namespace) -> int:
     async def run() -> ErasureSummary:
-        async with open_memory(_existing_state_dir(args.state_dir), config=args.config) as mem:
+        state_dir = _existing_state_dir(args.state_dir)  # a dry run only reads: beside a bot
+        async with open_memory(state_dir, config=args.config, readonly=args.dry_run) as mem:
             return await mem.erase_identity(args.identity, dry_run=args.dry_run)
 
     summary = trio.run(run)

@@ -37,7 +37,7 @@ from typing import Any, Literal, TypeAlias, TypeVar
 import msgspec
 
 from ._records import checked_record, checked_relation
-from .protocol.content import Message, message_from_mapping
+from .protocol.content import Message, check_timestamp, message_from_mapping
 from .protocol.errors import InvalidInputError
 from .protocol.recall import SessionSwitches, TraceMode
 from .protocol.records import Record, RecordRelation
@@ -431,7 +431,7 @@ def _decode_jsonl_line(
 
 def _timestamp(value: float | str, where: str) -> float:
     if isinstance(value, int | float):
-        return float(value)
+        return check_timestamp(f"{where}: timestamp", value)
     try:
         parsed = dt.datetime.fromisoformat(value)
     except ValueError:
@@ -440,7 +440,7 @@ def _timestamp(value: float | str, where: str) -> float:
         ) from None
     if parsed.tzinfo is None:
         parsed = parsed.replace(tzinfo=dt.UTC)
-    return parsed.timestamp()
+    return check_timestamp(f"{where}: timestamp", parsed.timestamp())
 
 
 # -- LoCoMo ---------------------------------------------------------------------------------

@@ -30,7 +30,13 @@ from .actors.composer import Composer, Respond
 from .actors.supervisor import AgentStore, Supervisor, open_supervisor
 from .embed import embedder_from_config
 from .protocol.config import Config
-from .protocol.content import Message, check_choice, message_from_mapping
+from .protocol.content import (
+    Message,
+    check_bool,
+    check_choice,
+    check_timestamp,
+    message_from_mapping,
+)
 from .protocol.embeddings import Embedder
 from .protocol.errors import InvalidInputError, SessionNotFoundError, StorageError, raise_rejected
 from .protocol.indexer import (
@@ -63,7 +69,7 @@ from .recall.breaker import BreakerInfo
 from .recall.coordinator import Recaller
 from .recall.memory_core import MemoryCore
 from .recall.models import RecallModels
-from .storage.db import DURABILITY_LEVELS, Durability
+from .storage.db import DURABILITY_LEVELS, Durability, readonly_error
 from .storage.executor import EXECUTOR_KINDS, ExecutorKind
 from .storage.fts_query import MatchMode
 from .storage.run_transcripts import TranscriptPlace
@@ -133,7 +139,9 @@ class Sessions:
         """Append `message` at the session's leaf and return the stored event.
 
         Returns once the message is committed; a user or assistant message on a clean
-        session is in the full-text index in that same transaction.
+        session is in the full-text index in that same transaction. The message's
+        `timestamp` (default: now) must be epoch seconds from 0 to below 253402300800 (year
+        10000), else `InvalidInputError`.
 
         Cancellation: if cancelled while waiting for room in the writer's inbox, nothing is
         written; if cancelled after the message was queued, it may still be committed (the
@@ -142,6 +150,8 @@ class Sessions:
         key = parse_session_key(session_key)
         if not isinstance(message, Message):
             message = _to_message(message)
+        elif message.timestamp is not None:  # a mapping's is checked by message_from_mapping
+            check_timestamp("message.timestamp", message.timestamp)
         command = AppendMessage(key=key, message=message, at=self._clock())
         ack = await self._submit(key, command, Appended)
         return ack.event
@@ -183,7 +193,9 @@ class Sessions:
     async def history(self, session_key: str, *, limit: int | None = None) -> list[Event]:
         """The session's active branch, oldest first (only the last `limit` if given).
 
-        Raises `SessionNotFoundError` if there is no such session.
+        A session being re-indexed shows here whole; `info(key).dirty` says it is, and
+        search hides it until the rebuild is done. Raises `SessionNotFoundError` if there is
+        no such session.
 
         Cancellation: a read that has started finishes on its worker thread; nothing is
         left behind.
@@ -444,6 +456,7 @@ class Memory:
         self._supervisor = supervisor
         self.state_dir = supervisor.state_dir
         self.executor: ExecutorKind = supervisor.executor_kind
+        self.readonly = supervisor.readonly  # docs/design.md §1.6
         # One snapshot, swapped in one assignment: work reads it once, when it starts.
         self._settings = Settings.compile(config, supervisor.state_dir)
         self.models = dict(models or {})
@@ -518,10 +531,19 @@ class Memory:
         fails open: a failed write or recall is listed in `reply.problems` and the turn goes
         on. An exception from `respond` propagates.
 
+        Raises `InvalidInputError` before anything is written for a bad `turn` or a
+        `respond` that cannot be called as `respond(prompt_prefix, turn)`; on a read-only
+        memory, `StorageError`. What `respond` returns can only be checked after it ran: a
+        non-awaitable or a non-string answer raises `InvalidInputError` when the user
+        message is already stored (the message gives its event id) and no assistant message
+        is.
+
         Cancellation: runs in the caller's task. Cancelled before `respond` returns, the
         user message may be stored and nothing else; after, the assistant message may be
         stored too. A recall in flight is abandoned, never awaited past its bound.
         """
+        if self.readonly:  # a reply stores two messages: refuse before anything runs
+            raise readonly_error(self.state_dir)
         return await self._composer.reply(turn, respond)
 
     async def plan_recall(self, turn: Turn) -> RecallPlan:
@@ -625,8 +647,10 @@ async def open_memory(
     durability: Durability = "crash",
     clock: Callable[[], float] = time.time,
     embedder: Embedder | None = None,
+    readonly: bool = False,
 ) -> AsyncIterator[Memory]:
-    """Open the active memory kept in `state_dir` (created if missing) and start its actors.
+    """Open the active memory kept in `state_dir` (created if missing, unless `readonly`)
+    and start its actors.
 
     `executor="thread"` runs SQLite on worker threads (production); `"inline"` runs it on the
     event-loop thread, for deterministic virtual-time simulations. `durability="crash"`
@@ -640,8 +664,20 @@ async def open_memory(
     embedder is not used (its model runs on a worker thread, which virtual time cannot
     follow): pass one explicitly to have vectors there.
 
-    Raises `InvalidInputError` if `state_dir` is a file or `executor` is unknown, and
-    `StorageError` if the directory cannot be created or is open in another process.
+    `readonly=True` inspects a store, even one a running bot holds (docs/design.md §1.6):
+    it takes no writer lock, starts no actor that writes (indexer, reconciler, records
+    keeper, embedder, notes rescan), opens every database read-only and never migrates
+    it, and reads what the writer has committed. `state_dir` must exist and hold a store;
+    a schema older or newer than this code is a `StorageError`. Every call that would write
+    (`append`, `reply`, `records.add`, `sync_notes`, a switch, ...) raises `StorageError`
+    naming readonly. Sessions the writer is re-indexing stay hidden from search, which says
+    `indexing`; `sessions.info(key).dirty` and `stats` show them. Recall works: its
+    sub-agent transcript goes to a private temporary folder, never into the store
+    (`persistTranscripts` is ignored).
+
+    Raises `InvalidInputError` if `state_dir` is a file (or, read-only, missing or holding
+    no store) or `executor` is unknown, and `StorageError` if the directory cannot be
+    created or is open in another process.
 
     Cancellation: on exit (normal, error or cancellation) the actors first commit and
     acknowledge every command already queued, shielded from cancellation, then the
@@ -649,6 +685,7 @@ async def open_memory(
     """
     check_choice("executor", executor, EXECUTOR_KINDS)
     check_choice("durability", durability, DURABILITY_LEVELS)
+    check_bool("readonly", readonly)
     if embedder is not None and not isinstance(embedder, Embedder):
         raise InvalidInputError(
             f"embedder: expected an Embedder (name, dim, embed), got {type(embedder).__name__}"
@@ -658,11 +695,11 @@ async def open_memory(
     loaded = load_config(config if config is not None else {})
     if embedder is None and executor == "thread":
         embedder = embedder_from_config(loaded)
-    transcripts = TranscriptPlace(Path(state_dir))
+    transcripts = TranscriptPlace(Path(state_dir), keep=not readonly)
     memory: Memory | None = None
     try:
         async with open_supervisor(
-            Path(state_dir), executor, durability=durability, embedder=embedder
+            Path(state_dir), executor, durability=durability, embedder=embedder, readonly=readonly
         ) as supervisor:
             memory = Memory(
                 supervisor,
@@ -715,8 +752,9 @@ async def _wait_rebuilt(
             info = await store.read(lambda reader: reader.session(key.raw))
             if info is None or not info.dirty:
                 return
-        if store.reconciler.failure is not None:
-            raise StorageError(f"reindex of agent {store.agent!r}: {store.reconciler.failure}")
+        failure = None if store.reconciler is None else store.reconciler.failure
+        if failure is not None:  # (read-only has no reconciler: its reindex was refused)
+            raise StorageError(f"reindex of agent {store.agent!r}: {failure}")
         await anyio.sleep(pause)
         pause = min(pause * 2, REINDEX_POLL_SECONDS)
 

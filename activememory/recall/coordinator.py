@@ -274,7 +274,7 @@ class Recaller:
     def _open_transcript(
         self, am: ActiveMemoryConfig, run_id: str, request: RecallRequest
     ) -> SubAgentTranscript:
-        persist, path = am.persist_transcripts, None
+        persist, path = am.persist_transcripts and self._transcripts.keep, None
         if persist:
             path = self._transcripts.kept_path(request.agent, am.transcript_dir, run_id)
         keep = path is not None
