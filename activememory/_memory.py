@@ -418,7 +418,8 @@ class Sessions:
 
     async def vectors_ready(self) -> bool:
         """Wait until the embedder has caught up: every indexed message and note chunk of
-        every agent database has its vector (docs/design.md §2.3). True when it has; False
+        every agent database has its vector (docs/design.md §2.3), and no embedder is at
+        work (so memory_search does not say `vectorsPending`). True when it has; False
         as soon as an embedder is failing (recall then falls back to text). At once True
         without an embedder. Bound the wait with a cancel scope (`anyio.move_on_after`).
 
@@ -431,8 +432,12 @@ class Sessions:
             stats = await self.stats(check_integrity=False)
             if any(s.embedder_error for s in stats):
                 return False
+            # No row waits, and the embedder is not at work either: its first scan after a
+            # store opens (or a write's poke) is what memory_search reports as vectorsPending.
             if all(s.vectors_pending == 0 for s in stats):
-                return True
+                stores = [await self._supervisor.agent(s.agent) for s in stats]
+                if not any(store.vectors_pending() for store in stores):
+                    return True
             await anyio.sleep(0.05)
 
 
