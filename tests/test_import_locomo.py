@@ -113,8 +113,8 @@ def test_samples_sessions_and_turns(locomo: Path) -> None:
 def test_default_turn_text_describes_the_shared_photo() -> None:
     plain = LocomoTurn(dia_id="D1:1", speaker="Ann", text="Hi Bob!")
     photo = LocomoTurn(dia_id="D1:3", speaker="Ann", text="Look!", blip_caption=PHOTO_CAPTION)
-    assert locomo_turn_text(plain, "Ann") == "Hi Bob!"
-    assert locomo_turn_text(photo, "Ann") == f"Look! [shares a photo: {PHOTO_CAPTION}]"
+    assert locomo_turn_text(plain, "Ann") == "Ann: Hi Bob!"
+    assert locomo_turn_text(photo, "Ann") == f"Ann: Look! [shares a photo: {PHOTO_CAPTION}]"
 
 
 def test_questions_and_normalised_evidence(locomo: Path) -> None:
@@ -238,7 +238,7 @@ def test_cli_imports_and_rebuilds(
         ("assistant", MAY_8 + 1),
         ("user", MAY_8 + 2),
     ]
-    assert events[2]["message"]["content"].startswith("Her name is Pixel")
+    assert events[2]["message"]["content"].startswith("Ann: Her name is Pixel")
     assert main(["stats", "--state-dir", state, "--json"]) == 0
     stats = json.loads(capsys.readouterr().out)
     assert [
@@ -316,11 +316,11 @@ def test_bench_scores_the_fixture(capsys: pytest.CaptureFixture[str], locomo: Pa
         "questions": 5,
         "skipped_no_gold": 1,
     }
-    # D2:2 ("Pixel learned to sit") shares no word with "When did Ann adopt her puppy?":
-    # (1 + 1 + 1/2) / 3 questions of categories 1-4.
+    # D2:2 ("Pixel learned to sit") shares no word with "When did Ann adopt her puppy?"
+    # but its speaker's name, which the turn text carries ("Ann: …"): 3 / 3 questions.
     recall = result["categories_1_4"]["recall_at"]
     assert result["categories_1_4"]["questions"] == 3
-    assert [recall["5"], recall["10"], recall["20"]] == [0.8333, 0.8333, 0.8333]
+    assert [recall["5"], recall["10"], recall["20"]] == [1.0, 1.0, 1.0]
     assert 0 <= recall["1"] <= recall["5"]
     assert result["category_5"] == {
         "questions": 1,
