@@ -41,6 +41,7 @@ from ..storage.db import Durability, WriterLock, ensure_state_dir, open_connecti
 from ..storage.executor import Executor, ExecutorKind, make_executor
 from ..storage.records import RecordReader, RecordWriter, open_records_connection, records_db_path
 from ..storage.transcripts import TranscriptReader, TranscriptWriter, agent_db_path
+from ..storage.vector_index import VectorFeed, VectorIndexes, attach
 from .embedder import EmbedderActor
 from .embedder import open_inbox as embedder_inbox
 from .group_commit import MAX_BATCH, A, C, GroupCommit, StorageWriter
@@ -335,6 +336,11 @@ class Supervisor:
         actor, reader, read_executor, lock = await self._open(
             path, open_connection, TranscriptWriter, Indexer
         )
+        # The in-memory vector index of the reader's searches, fed by the writer's commits
+        # (storage/vector_index.py, docs/design.md §2.3); installed before the first write.
+        feed = VectorFeed()
+        await actor.executor.run(lambda: feed.install(actor.writer.conn))
+        attach(reader, VectorIndexes(feed))
         embedder_reader: TranscriptReader | None = None
         embedder_executor: Executor | None = None
         if self.embedder is not None:  # before any task starts: a failure leaves nothing
