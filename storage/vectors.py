@@ -12,11 +12,15 @@ session and its text is the one embedded (`apply_store_vectors`), and it deletes
 session's vectors in the transaction that makes it dirty or deletes it. So a vector exists
 only for an active-branch message of a clean session, at every committed point.
 
-Search: a plain BLOB table scored with numpy over the visible rows only (read through the
-(session, name) index), so visibility applies before `k` and the cost follows the rows the
-caller may see, not the agent's size. sqlite-vec's `vec0` was measured against it
-(`activememory bench vectors`): faster over every row of an agent, but it scans its whole
-table whatever the filter, so one identity's 2,000 rows cost 7x more at 100k messages.
+Search: on the agent's reader, the in-memory vector index (`storage/vector_index.py`, fed
+by the writer's commits, its candidates verified in SQL); elsewhere, and as the reference
+the index is tested against, the plain scan (`scan_message_rows`, `scan_note_rows`): the
+BLOBs of the visible rows only (read through the (session, name) index), so visibility
+applies before `k`. Both rank by float32 products and order the rows within a rounding
+margin of the k-th by float64 ones (`vector_index.pick`), so they return the same rows
+with the same numbers. sqlite-vec's `vec0` was measured against the scan (`activememory
+bench vectors`): faster over every row of an agent, but it scans its whole table whatever
+the filter, so one identity's 2,000 rows cost 7x more at 100k messages.
 """
 
 from __future__ import annotations
