@@ -60,6 +60,7 @@ GATHER_BELOW = 0.25
 """Visible rows below this share of the matrix are gathered and scored alone; above it the
 whole matrix is scored and masked (one product beats a copy)."""
 COMPACT_AT = 0.25  # share of dead rows at which the matrix is rebuilt without them
+COMPACT_MIN = 1024  # ... once there are at least this many
 MAX_ROUNDS = 4  # verification rounds before the plain path answers instead
 MAX_HELD = 20_000  # changes the feed keeps for indexes that do not read it (then: reload)
 FORGET_AFTER_S = 600.0  # a matrix of another name unused this long is dropped
@@ -260,19 +261,21 @@ class _Matrix:
         if len(dims) != 1 or next(iter(dims)) % 4:
             raise _Disagrees(f"{self.name}: vectors of {sorted(dims)} bytes")
         n = len(rows)
+        capacity = n + max(64, n // 8)  # room for new rows before the first copy
         self.dim = dims.pop() // 4
-        self.ids = numpy.fromiter((r[0] for r in rows), dtype=numpy.int64, count=n)
-        self.sessions = numpy.fromiter((r[1] for r in rows), dtype=numpy.int64, count=n)
-        self.vectors = (
-            numpy.frombuffer(b"".join(r[2] for r in rows), dtype="<f4")
-            .reshape(n, self.dim)
-            .astype(numpy.float32)
+        self.ids = numpy.zeros(capacity, dtype=numpy.int64)
+        self.ids[:n] = numpy.fromiter((r[0] for r in rows), dtype=numpy.int64, count=n)
+        self.sessions = numpy.zeros(capacity, dtype=numpy.int64)
+        self.sessions[:n] = numpy.fromiter((r[1] for r in rows), dtype=numpy.int64, count=n)
+        self.vectors = numpy.zeros((capacity, self.dim), dtype=numpy.float32)
+        self.vectors[:n] = numpy.frombuffer(b"".join(r[2] for r in rows), dtype="<f4").reshape(
+            n, self.dim
         )
-        self.alive = numpy.ones(n, dtype=bool)
-        self.max_norm = float(
-            numpy.sqrt(numpy.einsum("ij,ij->i", self.vectors, self.vectors).max())
-        )
-        self.row_of = {int(i): r for r, i in enumerate(self.ids.tolist())}
+        self.alive = numpy.zeros(capacity, dtype=bool)
+        self.alive[:n] = True
+        live = self.vectors[:n]
+        self.max_norm = float(numpy.sqrt(numpy.einsum("ij,ij->i", live, live).max()))
+        self.row_of = {int(i): r for r, i in enumerate(self.ids[:n].tolist())}
         self.size = n
 
     def _grow(self, need: int) -> None:
@@ -323,7 +326,7 @@ class _Matrix:
                 self.put(change.id, change.session_id or 0, change.vector)
             else:  # deleted, or now of another name (one vector per row id)
                 self.remove(change.id)
-        if self.dead > 1024 and self.dead > COMPACT_AT * self.size:
+        if self.dead >= COMPACT_MIN and self.dead > COMPACT_AT * self.size:
             self.compact()
 
     def compact(self) -> None:

@@ -31,6 +31,7 @@ from activememory.protocol.indexer import (
     SyncNotes,
     VectorRow,
 )
+from activememory.storage import vector_index
 from activememory.storage.db import open_connection
 from activememory.storage.transcripts import TranscriptWriter
 from activememory.storage.vector_index import VectorFeed, VectorIndexes, attach, attached
@@ -157,8 +158,20 @@ def visible_ids(conn: apsw.Connection, keys: list[str]) -> set[int]:
     return {int(r[0]) for r in rows}
 
 
+def check_matrices(index: VectorIndexes) -> None:
+    """Each loaded matrix maps every live id to its one row (deletes masked, compactions
+    renumbered)."""
+    for matrix in index._matrices.values():
+        live = numpy.flatnonzero(matrix.alive[: matrix.size])
+        ids = matrix.ids[live].tolist()
+        assert len(ids) == len(set(ids)) == len(matrix.row_of)
+        assert all(matrix.row_of[i] == r for i, r in zip(ids, live.tolist(), strict=True))
+        assert matrix.dead == matrix.size - len(live)
+
+
 def run(store: Store, steps: list[tuple[object, ...]]) -> None:
     for step in steps:
+        check_matrices(store.index)
         match step:
             case ("append", key, text):
                 message = am.Message(role="user", content=str(text))
@@ -244,13 +257,16 @@ def run(store: Store, steps: list[tuple[object, ...]]) -> None:
 )
 @given(steps=st.lists(ops, min_size=1, max_size=30))
 def test_the_index_answers_what_the_plain_path_answers(steps: list[tuple[object, ...]]) -> None:
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, pytest.MonkeyPatch.context() as patch:
+        patch.setattr(vector_index, "COMPACT_MIN", 2)  # compactions happen in small examples
         path = Path(tmp) / "memory.db"
         store = Store(path)
         try:
             run(store, steps)
             for name in NAMES:  # and once more at the end, for every name
                 run(store, [("query", name, KEYS, "lisbon sister", 5)])
+            # Exact by itself: the plain path never had to answer for it.
+            assert store.index.fallbacks == 0
         finally:
             store.close()
 
