@@ -34,7 +34,7 @@ import apsw
 import numpy
 
 from ..protocol.indexer import IndexerAck, StoreVectors, VectorsStored
-from .vector_index import Near, attached, pick
+from .vector_index import Near, attached, pick, products
 
 __all__ = ["Near"]  # defined with the index, which shares the plain path's ranking
 
@@ -351,7 +351,7 @@ def _top_k(rows: list[tuple[int, bytes]], query_vec: numpy.ndarray, k: int) -> l
     matrix = from_blobs([r[1] for r in rows], len(rows[0][1]) // 4)
     if matrix.shape[1] != query.shape[0]:
         raise ValueError(f"query_vec: expected {matrix.shape[1]} dimensions, got {query.shape[0]}")
-    return pick(ids, matrix @ query, matrix, query, k)
+    return pick(ids, products(matrix, query), matrix, query, k)
 
 
 def message_vectors_of(
