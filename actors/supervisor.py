@@ -41,7 +41,7 @@ from ..storage.db import Durability, WriterLock, ensure_state_dir, open_connecti
 from ..storage.executor import Executor, ExecutorKind, make_executor
 from ..storage.records import RecordReader, RecordWriter, open_records_connection, records_db_path
 from ..storage.transcripts import TranscriptReader, TranscriptWriter, agent_db_path
-from ..storage.vector_index import VectorFeed, VectorIndexes, attach
+from ..storage.vector_index import VectorFeed, VectorIndexes, attach, detach
 from .embedder import EmbedderActor
 from .embedder import open_inbox as embedder_inbox
 from .group_commit import MAX_BATCH, A, C, GroupCommit, StorageWriter
@@ -143,6 +143,7 @@ class AgentStore(Database[TranscriptReader, IndexerCommand, IndexerAck]):
         await self.embedder_stopped.wait()
         if self.embedder_reader is not None and self.embedder_read_executor is not None:
             await self.embedder_read_executor.run(self.embedder_reader.conn.close)
+        detach(self.reader.conn)  # its vector index goes now, not when collected
         await super().close()
 
     async def submit(self, command: IndexerCommand) -> IndexerAck:

@@ -557,3 +557,9 @@ def attached(conn: apsw.Connection) -> VectorIndexes | None:
     """The index attached to `conn`, if any."""
     with _ATTACHED_LOCK:
         return _ATTACHED.get(conn)
+
+
+def detach(conn: apsw.Connection) -> None:
+    """`conn` searches without an index from now on (its memory is released)."""
+    with _ATTACHED_LOCK:
+        _ATTACHED.pop(conn, None)

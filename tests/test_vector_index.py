@@ -344,3 +344,4 @@ async def test_the_supervisor_attaches_an_index_to_the_agents_reader(tmp_path: P
         store = await mem._supervisor.agent("main")
         assert isinstance(attached(store.reader.conn), VectorIndexes)
         assert store.embedder_reader is None or attached(store.embedder_reader.conn) is None
+    assert attached(store.reader.conn) is None  # released at close
