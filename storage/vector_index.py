@@ -149,10 +149,25 @@ class VectorFeed:
         self._held = 0  # changes in `_log`
         self._floor: int | None = None  # what the loaded indexes still need; None: none
         self.resets = 0  # bumped by a rollback or an overflow: every index reloads
+        # True once installed on a writable connection (or for a database nothing writes):
+        # an index answers only then; else a writer the feed cannot see (another process,
+        # a read-only open beside a live bot) would leave it stale.
+        self.live = False
+
+    @classmethod
+    def unwritten(cls) -> VectorFeed:
+        """A feed for a database that nothing writes while it is searched (a benchmark's
+        finished corpus): its indexes load once and never need a change."""
+        feed = cls()
+        feed.live = True
+        return feed
 
     def install(self, conn: apsw.Connection) -> None:
         """Feed on `conn` (the writer): TEMP triggers on both vector tables and the hooks.
-        Run it on the connection's own executor, before the writer's first command."""
+        Run it on the connection's own executor, before the writer's first command. A
+        read-only connection gets nothing, and the feed's indexes never answer."""
+        if conn.readonly("main"):
+            return
         conn.create_scalar_function(_FUNCTION, self._changed, 5)  # type: ignore[arg-type]
         statements = []
         for table, (name, key) in _TABLES.items():
@@ -170,6 +185,7 @@ class VectorFeed:
         conn.execute("\n".join(statements))
         conn.set_commit_hook(self._commit, id=self)
         conn.set_rollback_hook(self._rollback, id=self)
+        self.live = True
 
     def _changed(
         self, table: str, row_id: int, session: int | None, name: str | None, blob: bytes | None
@@ -401,6 +417,11 @@ class VectorIndexes:
         visible: tuple[str, object] | None,
     ) -> list[Near] | None:
         query = numpy.asarray(query_vec, dtype=numpy.float32).reshape(-1)
+        if not self.feed.live:
+            return None
+        # Inside the caller's transaction the snapshot may predate what the feed still
+        # holds: a load then waits for a search in a transaction of its own.
+        outer = conn.in_transaction
         with self._lock:
             matrix = self._matrices.get((table, name))
             if matrix is None:
@@ -409,6 +430,8 @@ class VectorIndexes:
             matrix.used = time.monotonic()
             try:
                 for _ in range(2):  # a rollback seen while catching up: reload once
+                    if outer and not matrix.next_seq:
+                        return None
                     with conn:  # one read transaction: visibility, catch-up, verification
                         if not matrix.next_seq:
                             seq, resets = self.feed.mark()

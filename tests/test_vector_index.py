@@ -345,3 +345,44 @@ async def test_the_supervisor_attaches_an_index_to_the_agents_reader(tmp_path: P
         assert isinstance(attached(store.reader.conn), VectorIndexes)
         assert store.embedder_reader is None or attached(store.embedder_reader.conn) is None
     assert attached(store.reader.conn) is None  # released at close
+
+
+def test_a_read_only_connection_feeds_nothing_so_its_readers_scan(tmp_path: Path) -> None:
+    """A read-only open beside a live writer in another process sees changes the feed
+    cannot: such a feed is never live, and its index never answers."""
+    path = tmp_path / "memory.db"
+    writer = Store(path)
+    try:
+        run(writer, [("append", KEYS[0], "tea"), ("embed", "model-a", 8)])
+        readonly = apsw.Connection(str(path), flags=apsw.SQLITE_OPEN_READONLY)
+        feed = VectorFeed()
+        feed.install(readonly)
+        index = VectorIndexes(feed)
+        attach(readonly, index)
+        query = vector_of("model-a", "tea")
+        found = nearest_message_rows(
+            readonly,
+            query,
+            name="model-a",
+            visible_sql=VISIBLE,
+            visible_params=[json.dumps(KEYS)],
+            k=3,
+        )
+        assert not feed.live and index.loads == 0 and [n.id for n in found] != []
+        readonly.close()
+    finally:
+        writer.close()
+
+
+def test_no_load_inside_the_callers_transaction(store: Store) -> None:
+    """A snapshot older than the feed's oldest change cannot seed a matrix."""
+    run(store, [("append", KEYS[0], "tea"), ("embed", "model-a", 8)])
+    query = vector_of("model-a", "tea")
+    with store.reader:
+        indexed, plain, notes, plain_notes = store.both("model-a", KEYS, query, 3)
+        assert store.index.loads == 0 and same(indexed, plain) and same(notes, plain_notes)
+    store.both("model-a", KEYS, query, 3)
+    assert store.index.loads == 2
+    with store.reader:  # loaded: searching inside a transaction is fine
+        indexed, plain, _, _ = store.both("model-a", KEYS, query, 3)
+        assert same(indexed, plain) and store.index.loads == 2

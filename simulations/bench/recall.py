@@ -643,7 +643,7 @@ async def run_meaning(
         # The vector side as the library runs it: through an in-memory vector index (its
         # feed stays empty: nothing writes while the recalls run), loaded before timing;
         # and the plain scan of the stored vectors on a connection without one.
-        attach(conn, VectorIndexes(VectorFeed()))
+        attach(conn, VectorIndexes(VectorFeed.unwritten()))
         scan = open_connection(agent_db_path(library, AGENT), writer=False)
         try:
             row = conn.execute(

@@ -143,7 +143,7 @@ def run(args: argparse.Namespace, run_dir: Path, kept: bool) -> runner.Report:
     conn = open_connection(path, writer=False)
     has_vec0 = load_vec0(conn, args.dim)
     indexed = open_connection(path, writer=False)
-    index = VectorIndexes(VectorFeed())
+    index = VectorIndexes(VectorFeed.unwritten())
     attach(indexed, index)
     private = {"agent": "main", "caller": CALLER, "peers": '["alice"]', "owner": False}
     scopes = {"identity": (IDENTITY_SQL, private), "all": (ALL_SQL, {})}
