@@ -500,11 +500,14 @@ class VectorIndexes:
             if not sessions:
                 return []
             known = numpy.fromiter(sessions, dtype=numpy.int64, count=len(sessions))
-            top = int(max(int(matrix.sessions[:size].max(initial=0)), int(known.max())))
-            lookup = numpy.zeros(top + 1, dtype=bool)
-            lookup[known[known >= 0]] = True
             row_sessions = matrix.sessions[:size]
-            mask &= lookup[numpy.clip(row_sessions, 0, top)] & (row_sessions >= 0)
+            top = int(max(int(row_sessions.max(initial=0)), int(known.max())))
+            if top > 8 * size + 65536:  # sparse ids: a lookup table would be mostly holes
+                mask &= numpy.isin(row_sessions, known)
+            else:  # session ids are small rowids: one table lookup per row
+                lookup = numpy.zeros(top + 1, dtype=bool)
+                lookup[known[known >= 0]] = True
+                mask &= lookup[numpy.clip(row_sessions, 0, top)] & (row_sessions >= 0)
         rows = numpy.flatnonzero(mask)
         if len(rows) == 0:
             return []
