@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -386,3 +387,53 @@ def test_no_load_inside_the_callers_transaction(store: Store) -> None:
     with store.reader:  # loaded: searching inside a transaction is fine
         indexed, plain, _, _ = store.both("model-a", KEYS, query, 3)
         assert same(indexed, plain) and store.index.loads == 2
+
+
+def test_searches_beside_a_writing_thread_match_the_scan_of_their_snapshot(
+    tmp_path: Path,
+) -> None:
+    """Real threads: while the writer appends and stores vectors (commits publishing to the
+    feed at any moment), each search inside one read transaction returns exactly what the
+    plain scan of that same snapshot returns."""
+    path = tmp_path / "memory.db"
+    store = Store(path)
+    writer_store = store
+    run(store, [("append", KEYS[0], "tea"), ("embed", "model-a", 8)])
+    store.both("model-a", KEYS, vector_of("model-a", "tea"), 3)  # loaded
+    stop = threading.Event()
+    failures: list[BaseException] = []
+
+    def write() -> None:
+        try:
+            for i in range(300):
+                if stop.is_set():
+                    return
+                key = KEYS[i % len(KEYS)]
+                run(writer_store, [("append", key, WORDS[i % len(WORDS)] + f" w{i}")])
+                # The writer's own read of what lacks a vector, on its own connection.
+                batch = pending_batch(
+                    writer_store.writer_conn, "model-a", after=0, epoch=None, limit=4
+                )
+                rows = tuple(
+                    VectorRow(id=e, digest=text_digest(t), vector=to_blob(vector_of("model-a", t)))
+                    for e, t in batch.messages
+                )
+                writer_store.apply(StoreVectors(agent="main", name="model-a", messages=rows))
+        except BaseException as exc:  # reported by the main thread
+            failures.append(exc)
+
+    thread = threading.Thread(target=write)
+    thread.start()
+    searches = 0
+    try:
+        while thread.is_alive() and searches < 400:
+            query = vector_of("model-a", WORDS[searches % len(WORDS)])
+            with store.reader:  # one snapshot for both paths
+                indexed, plain, notes, plain_notes = store.both("model-a", KEYS, query, 40)
+            assert same(indexed, plain) and same(notes, plain_notes)
+            searches += 1
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+        store.close()
+    assert not failures and searches > 0
