@@ -53,6 +53,9 @@ from .protocol.transcript import Event as Event
 from .protocol.transcript import ImportEntry as ImportEntry
 from .protocol.transcript import IndexStats as IndexStats
 from .protocol.transcript import SessionInfo as SessionInfo
+from .protocol.userdata import AgentErasure as AgentErasure
+from .protocol.userdata import ErasureSummary as ErasureSummary
+from .protocol.userdata import RecordErasure as RecordErasure
 
 from ._config import ConfigError as ConfigError  # isort: skip
 from ._config import ConfigWarning as ConfigWarning  # isort: skip
@@ -65,6 +68,8 @@ from .recall.tools import RecallTools as RecallTools  # isort: skip
 from ._record_search import LocalJudge as LocalJudge  # isort: skip
 from ._record_search import OpenAIJudge as OpenAIJudge  # isort: skip
 from ._records import Records as Records  # isort: skip
+from ._importers import IdentityExport as IdentityExport  # isort: skip
+from ._userdata import ImportSummary as ImportSummary  # isort: skip
 from ._memory import Memory as Memory  # isort: skip
 from ._memory import Sessions as Sessions  # isort: skip
 from ._memory import open_memory as open_memory  # isort: skip

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime as dt
 import importlib.resources
 import json
 import sys
 import tempfile
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
@@ -18,14 +18,25 @@ import msgspec
 import trio
 
 from ._doctor import DoctorReport
-from ._importers import LocomoSample, Transcript, read_jsonl_transcript, read_locomo
+from ._importers import (
+    IdentityExport,
+    LocomoSample,
+    Transcript,
+    read_jsonl_transcript,
+    read_locomo,
+)
 from ._memory import Memory, open_memory
+from ._userdata import ARCHIVED_CHOICES, CHAT_TYPES
+from .actors.supervisor import require_store
 from .protocol.content import Message
 from .protocol.errors import ActiveMemoryError, InvalidInputError, SessionNotFoundError
 from .protocol.recall import RecallOutcome, Sender, Turn
+from .protocol.record_results import iso_timestamp
 from .protocol.search import SEARCH_MODES, VISIBILITIES, SearchResult
-from .protocol.transcript import Event, IndexStats
+from .protocol.transcript import Event, IndexStats, SessionInfo
+from .protocol.userdata import ErasureSummary
 from .simulations.bench import BENCHMARKS
+from .simulations.bench.runner import Progress
 from .storage.fts_query import MATCH_MODES
 
 SAMPLES = ("sample-alice.jsonl", "sample-team.jsonl")
@@ -60,7 +71,8 @@ def _parser() -> argparse.ArgumentParser:
     add_chat_parser(commands)
 
     imp = commands.add_parser(
-        "import", help="import JSONL transcripts or LoCoMo conversations (stored unindexed)"
+        "import",
+        help="import JSONL transcripts or LoCoMo conversations; a re-run skips what is there",
     )
     imp.add_argument("paths", type=Path, nargs="+")
     imp.add_argument("--state-dir", type=Path, required=True)
@@ -73,6 +85,16 @@ def _parser() -> argparse.ArgumentParser:
     imp.add_argument("--no-rebuild", action="store_true", help="leave the sessions dirty")
     imp.add_argument("--json", action="store_true")
     imp.set_defaults(run=_import)
+
+    reindex = commands.add_parser(
+        "reindex", help="rebuild the full-text index (every agent, one agent or one session)"
+    )
+    reindex.add_argument("--state-dir", type=Path, required=True)
+    reindex.add_argument("--agent", help="only this agent's sessions")
+    reindex.add_argument("--session", help="only this session (a session key)")
+    reindex.add_argument("--json", action="store_true")
+    reindex.set_defaults(run=_reindex)
+    _add_userdata_parsers(commands)
 
     search = commands.add_parser("search", help="full-text search of stored conversations")
     search.add_argument("query")
@@ -91,7 +113,9 @@ def _parser() -> argparse.ArgumentParser:
         "--visibility", choices=VISIBILITIES, help="tools.sessions.visibility (default tree)"
     )
     search.add_argument(
-        "--wait", action="store_true", help="let re-indexing finish before answering"
+        "--wait",
+        action="store_true",
+        help="let re-indexing finish before answering (opens the store for writing)",
     )
     search.add_argument("--json", action="store_true")
     search.set_defaults(run=_search)
@@ -151,8 +175,11 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _recall(args: argparse.Namespace) -> int:
+    # Read-only (docs/design.md §1.6): the run's transcript stays in a temporary folder.
+    require_store(args.state_dir, "--state-dir")
+
     async def run() -> RecallOutcome:
-        async with open_memory(args.state_dir, config=args.config) as mem:
+        async with open_memory(args.state_dir, config=args.config, readonly=True) as mem:
             try:
                 history = await mem.sessions.history(args.session)
             except SessionNotFoundError:
@@ -173,8 +200,10 @@ def _recall(args: argparse.Namespace) -> int:
 
 
 def _doctor(args: argparse.Namespace) -> int:
+    require_store(args.state_dir, "--state-dir")
+
     async def run() -> DoctorReport:
-        async with open_memory(args.state_dir, config=args.config) as mem:
+        async with open_memory(args.state_dir, config=args.config, readonly=True) as mem:
             return await mem.doctor()
 
     report = trio.run(run)
@@ -229,54 +258,171 @@ async def _import_files(
     rebuild: bool,
     file_format: str | None = None,
 ) -> list[dict[str, object]]:
+    """Import `paths`, skipping sessions a killed run already stored (docs/design.md §2.5)."""
     formats = [_import_format(path, file_format) for path in paths]
     if session_key is not None and "locomo" in formats:
         raise InvalidInputError("--session-key: LoCoMo files name their own sessions")
+    tally = _ImportTally(files=len(paths))
     # Parse every file first: a bad file is reported before anything is written.
-    parsed = [
-        read_locomo(path) if kind == "locomo" else read_jsonl_transcript(path, session_key)
-        for path, kind in zip(paths, formats, strict=True)
-    ]
+    parsed: list[IdentityExport | list[LocomoSample]] = []
+    for path, kind in zip(paths, formats, strict=True):
+        parsed.append(
+            read_locomo(path) if kind == "locomo" else IdentityExport.read(path, session_key)
+        )
+        tally.show(f"import: read {len(parsed)}/{len(paths)} files")
+    _check_one_file_per_session(paths, parsed)
     done: list[dict[str, object]] = []
-    for i, (path, item) in enumerate(zip(paths, parsed, strict=True), start=1):
-        if isinstance(item, Transcript):
-            done.append(await _import_transcript(mem, path, item))
+    for path, item in zip(paths, parsed, strict=True):
+        if isinstance(item, IdentityExport) and _plain(item):
+            done.append(await _import_transcript(mem, path, item.transcripts[0], tally))
+        elif isinstance(item, IdentityExport):
+            done.append(await _import_jsonl(mem, path, item, tally))
         else:
-            done.extend([await _import_locomo_sample(mem, path, sample) for sample in item])
-        _progress(f"import: {i}/{len(paths)} files ({path.name})")
+            done.extend([await _import_locomo_sample(mem, path, s, tally) for s in item])
+        tally.files_done += 1
+    summary = tally.summary()
     if rebuild:
-        _progress("import: rebuilding the index…")
-        await mem.sessions.rebuild_index()
-    _progress("import: done", last=True)
+        summary += await _rebuild_imported(mem, tally, summary)
+    if tally.progress.last:  # a live line was drawn: end it
+        tally.progress.close()
+    print(summary, file=sys.stderr)
     return done
 
 
-def _progress(text: str, *, last: bool = False) -> None:
-    """A one-line progress display on stderr, for a person watching a terminal only."""
-    if sys.stderr.isatty():
-        sys.stderr.write(f"\r\033[K{text}" + ("\n" if last else ""))
-        sys.stderr.flush()
+def _check_one_file_per_session(
+    paths: Sequence[Path], parsed: Sequence[IdentityExport | list[LocomoSample]]
+) -> None:
+    """Two files of one import must not fill the same session: the second would be refused
+    after the first was written."""
+    first: dict[str, Path] = {}
+    for path, item in zip(paths, parsed, strict=True):
+        samples = [] if isinstance(item, IdentityExport) else item
+        keys = [t.session_key for t in item.transcripts] if isinstance(item, IdentityExport) else []
+        keys += [session.session_key for sample in samples for session in sample.sessions]
+        for key in keys:
+            if first.setdefault(key, path) != path:
+                raise InvalidInputError(
+                    f"{path}: session {key!r} is also imported from {first[key]}"
+                )
 
 
-async def _import_transcript(mem: Memory, path: Path, transcript: Transcript) -> dict[str, object]:
+def _plain(found: IdentityExport) -> bool:
+    """A file of one session and nothing an export adds: imported resumably (a re-run skips
+    it); an export is imported whole by `mem.import_export` (docs/design.md §2.5, §2.6)."""
+    if len(found.transcripts) != 1 or found.records or found.relations:
+        return False
+    t = found.transcripts[0]
+    return t == Transcript(t.session_key, t.entries, t.leaf_id, t.persistent, t.interactive)
+
+
+async def _import_jsonl(
+    mem: Memory, path: Path, found: IdentityExport, tally: _ImportTally
+) -> dict[str, object]:
+    done = await mem.import_export(found)
+    for t in found.transcripts:
+        tally.count(t.session_key, len(t.entries), skipped=False)
+    # An export (docs/design.md §2.6): several sessions, records and relations.
+    out: dict[str, object] = {"path": str(path)}
+    out.update(msgspec.to_builtins(done))
+    return out
+
+
+async def _rebuild_imported(mem: Memory, tally: _ImportTally, summary: str) -> str:
+    """Index the dirty sessions of this import (a killed run's included), one transaction
+    each: nothing else writes here, and it is twice as fast as the reconciler's chunks."""
+    started, rows, sessions = time.monotonic(), 0, 0
+    for key in tally.keys:
+        if (await mem.sessions.info(key)).dirty:
+            rows += (await mem.sessions.rebuild_index(key)).index_rows
+            sessions += 1
+            rate = rows / max(time.monotonic() - started, 1e-3)
+            tally.show(f"{summary}; index: {sessions} sessions, {rows:,} messages ({rate:,.0f}/s)")
+    return f"; {rows:,} messages indexed" if sessions else ""
+
+
+class _ImportTally:
+    """What an import has done so far, shown as a progress line (rows, sessions, files)."""
+
+    def __init__(self, files: int) -> None:
+        self.files = files
+        self.files_done = self.sessions = self.skipped = self.rows = 0
+        self.keys: list[str] = []  # every session of the import, stored now or before
+        self.started = time.monotonic()
+        self.progress = Progress(enabled=True)
+
+    def count(self, key: str, events: int, *, skipped: bool) -> None:
+        self.keys.append(key)
+        self.sessions += 1
+        self.skipped += skipped
+        self.rows += 0 if skipped else events
+        self.show(self.summary())
+
+    def summary(self) -> str:
+        seconds = time.monotonic() - self.started
+        skipped = f" ({self.skipped} already there)" if self.skipped else ""
+        return (
+            f"import: {self.files_done}/{self.files} files, {self.sessions} sessions{skipped},"
+            f" {self.rows:,} rows in {seconds:.1f} s ({self.rows / max(seconds, 1e-3):,.0f} rows/s)"
+        )
+
+    def show(self, line: str) -> None:
+        if self.progress.due(time.monotonic() - self.started):
+            self.progress.write(line)
+
+
+class _RowRate:
+    """`reindex`'s progress line: an agent's messages indexed of all, and their rate."""
+
+    def __init__(self) -> None:
+        self.first: dict[str, tuple[float, int]] = {}  # agent -> its first (time, count)
+
+    def line(self, stats: IndexStats) -> str:
+        now = time.monotonic()
+        since, base = self.first.setdefault(stats.agent, (now, stats.indexed_messages))
+        rate = (stats.indexed_messages - base) / max(now - since, 1e-3)
+        return (
+            f"index {stats.agent}: {stats.indexed_messages:,}/{stats.active_messages:,} messages,"
+            f" {stats.dirty_sessions} sessions left ({rate:,.0f} rows/s)"
+        )
+
+
+async def _import_transcript(
+    mem: Memory, path: Path, transcript: Transcript, tally: _ImportTally
+) -> dict[str, object]:
     count = await mem.sessions.import_transcript(
         transcript.session_key,
         transcript.entries,
         leaf_id=transcript.leaf_id,
         persistent=transcript.persistent,
         interactive=transcript.interactive,
+        resume=True,
     )
-    return {"path": str(path), "session_key": transcript.session_key, "events": count}
+    skipped = count == 0 and bool(transcript.entries)
+    tally.count(transcript.session_key, len(transcript.entries), skipped=skipped)
+    return {
+        "path": str(path),
+        "session_key": transcript.session_key,
+        "events": len(transcript.entries),
+        "skipped": skipped,
+    }
 
 
-async def _import_locomo_sample(mem: Memory, path: Path, sample: LocomoSample) -> dict[str, object]:
+async def _import_locomo_sample(
+    mem: Memory, path: Path, sample: LocomoSample, tally: _ImportTally
+) -> dict[str, object]:
+    skipped = 0
     for session in sample.sessions:
-        await mem.sessions.import_transcript(session.session_key, session.entries)
+        count = await mem.sessions.import_transcript(
+            session.session_key, session.entries, resume=True
+        )
+        skipped += count == 0
+        tally.count(session.session_key, len(session.entries), skipped=count == 0)
     return {
         "path": str(path),
         "sample_id": sample.sample_id,
         "agent": sample.agent,
         "sessions": len(sample.sessions),
+        "skipped_sessions": skipped,
         "turns": sample.turns,
         "questions": len(sample.questions),
     }
@@ -287,11 +433,19 @@ def _run_and_show(
     fetch: Callable[[Memory], Awaitable[T]],
     show: Callable[[T], None],
     config: dict[str, object] | None = None,
+    *,
+    readonly: bool = False,
 ) -> int:
-    """Open the state dir, fetch a result, print it for a person or (`--json`) a program."""
+    """Open the state dir, fetch a result, print it for a person or (`--json`) a program.
+
+    `readonly` (the read commands): the store must exist, and is read beside a running bot
+    without its writer lock (docs/design.md §1.6).
+    """
+    if readonly:
+        require_store(args.state_dir, "--state-dir")
 
     async def run() -> T:
-        async with open_memory(args.state_dir, config=config) as mem:
+        async with open_memory(args.state_dir, config=config, readonly=readonly) as mem:
             return await fetch(mem)
 
     result = trio.run(run)
@@ -306,14 +460,27 @@ def _import(args: argparse.Namespace) -> int:
     def show(done: list[dict[str, object]]) -> None:
         for item in done:
             if "agent" in item:
+                skipped = f" ({item['skipped_sessions']} already there)"
                 print(
                     f"imported LoCoMo sample {item['sample_id']} from {item['path']} into agent "
                     f"{item['agent']}: {item['sessions']} sessions, {item['turns']} turns"
+                    + (skipped if item["skipped_sessions"] else "")
                 )
-            else:
+            elif item.get("skipped"):
+                print(
+                    f"skipped {item['path']}: {item['session_key']} already holds its "
+                    f"{item['events']} events"
+                )
+            elif "session_key" in item:
                 print(
                     f"imported {item['events']} events from {item['path']} "
                     f"into {item['session_key']}"
+                )
+            else:
+                print(
+                    f"imported {item['sessions']} sessions ({item['events']} events), "
+                    f"{item['records']} records and {item['relations']} relations "
+                    f"from {item['path']}"
                 )
 
     return _run_and_show(
@@ -327,6 +494,26 @@ def _import(args: argparse.Namespace) -> int:
         ),
         show,
     )
+
+
+def _reindex(args: argparse.Namespace) -> int:
+    rows = _RowRate()
+    progress = Progress(enabled=True)
+    started = time.monotonic()
+
+    def show(stats: IndexStats) -> None:
+        line = rows.line(stats)  # every time: the rate counts from the first call
+        if progress.due(time.monotonic() - started):
+            progress.write(f"reindex: {line}")
+
+    async def fetch(mem: Memory) -> list[IndexStats]:
+        try:
+            return await mem.sessions.reindex(args.session, agent=args.agent, progress=show)
+        finally:
+            if progress.last:
+                progress.close()
+
+    return _run_and_show(args, fetch, _print_stats)
 
 
 def _search(args: argparse.Namespace) -> int:
@@ -356,7 +543,11 @@ def _search(args: argparse.Namespace) -> int:
                     result = await ask()
         return result
 
-    return _run_and_show(args, fetch, _print_search, config)
+    # --wait rebuilds the index itself, so it opens the store for writing (its reconciler
+    # and embedder); otherwise search reads beside a running bot.
+    if args.wait:
+        require_store(args.state_dir, "--state-dir")
+    return _run_and_show(args, fetch, _print_search, config, readonly=not args.wait)
 
 
 def _print_search(result: SearchResult) -> None:
@@ -367,7 +558,7 @@ def _print_search(result: SearchResult) -> None:
     if not result.results:
         print("no matches" + (" yet (still indexing)" if result.indexing else ""))
     for hit in result.results:
-        when = dt.datetime.fromtimestamp(hit.timestamp, dt.UTC).strftime("%Y-%m-%d %H:%M")
+        when = iso_timestamp(hit.timestamp)  # never raises: see iso_timestamp
         print(f"{hit.score:9.3g}  {hit.session_key}  #{hit.message_id}  {when}  {hit.role}")
         print(f"           {hit.snippet}")
     if result.truncated:
@@ -375,13 +566,18 @@ def _print_search(result: SearchResult) -> None:
 
 
 def _history(args: argparse.Namespace) -> int:
-    return _run_and_show(
-        args, lambda mem: mem.sessions.history(args.session_key, limit=args.limit), _print_history
-    )
+    async def fetch(mem: Memory) -> list[Event]:
+        events = await mem.sessions.history(args.session_key, limit=args.limit)
+        if (await mem.sessions.info(args.session_key)).dirty:
+            print(f"note: {args.session_key} is being re-indexed; search shows it once "
+                  "its writer has rebuilt it", file=sys.stderr)  # fmt: skip
+        return events
+
+    return _run_and_show(args, fetch, _print_history, readonly=True)
 
 
 def _stats(args: argparse.Namespace) -> int:
-    return _run_and_show(args, lambda mem: mem.sessions.stats(), _print_stats)
+    return _run_and_show(args, lambda mem: mem.sessions.stats(), _print_stats, readonly=True)
 
 
 def _soak(args: argparse.Namespace) -> int:
@@ -485,7 +681,7 @@ def _print_history(events: Sequence[Event]) -> None:
         message = event.message
         if message is None:
             continue
-        when = dt.datetime.fromtimestamp(event.timestamp, dt.UTC).strftime("%Y-%m-%d %H:%M")
+        when = iso_timestamp(event.timestamp)  # never raises: see iso_timestamp
         print(f"  #{event.id:<4} {when}  {message.role:<9}  {_describe(message.content)}")
 
 
@@ -515,3 +711,126 @@ def _print_stats(stats: Sequence[IndexStats]) -> None:
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     for row in [header, *rows]:
         print("  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)))
+
+
+# -- a user's data: sessions, export, erase (docs/design.md §2.6) ---------------------------
+
+
+def _add_userdata_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    sessions = commands.add_parser("sessions", help="list stored sessions, filtered")
+    sessions.add_argument("--state-dir", type=Path, required=True)
+    sessions.add_argument("--config", type=Path, help="JSON5 config file (session.identityLinks)")
+    sessions.add_argument("--agent", help="only this agent's sessions")
+    sessions.add_argument("--chat-type", choices=CHAT_TYPES)
+    whose = sessions.add_mutually_exclusive_group()
+    whose.add_argument("--identity", help="the sessions of this identity (and those they spawned)")
+    whose.add_argument("--peer", help="direct chats with this peer id")
+    sessions.add_argument(
+        "--archived", choices=ARCHIVED_CHOICES, default="no", help="default: no (unarchived)"
+    )
+    sessions.add_argument("--json", action="store_true")
+    sessions.set_defaults(run=_sessions)
+
+    export = commands.add_parser(
+        "export", help="write everything stored about one identity in the import format"
+    )
+    export.add_argument("--state-dir", type=Path, required=True)
+    export.add_argument("--config", type=Path, help="JSON5 config file (session.identityLinks)")
+    export.add_argument("--identity", required=True)
+    export.add_argument("--agent", help="only this agent's sessions (and records it may see)")
+    export.add_argument("-o", "--output", type=Path, help="write here (default: stdout)")
+    export.set_defaults(run=_export)
+
+    erase = commands.add_parser(
+        "erase", help="erase everything stored about one identity (see --dry-run)"
+    )
+    erase.add_argument("--state-dir", type=Path, required=True)
+    erase.add_argument("--config", type=Path, help="JSON5 config file (session.identityLinks)")
+    erase.add_argument("--identity", required=True)
+    erase.add_argument("--dry-run", action="store_true", help="only list what would go")
+    erase.add_argument("--json", action="store_true")
+    erase.set_defaults(run=_erase)
+
+
+def _existing_state_dir(path: Path) -> Path:
+    """A state directory that must already hold a store (never created by a typo)."""
+    require_store(path, "--state-dir")
+    return path
+
+
+def _sessions(args: argparse.Namespace) -> int:
+    archived = {"yes": True, "no": False, "all": None}[args.archived]
+
+    async def run() -> list[SessionInfo]:
+        state_dir = _existing_state_dir(args.state_dir)  # a read: beside a running bot
+        async with open_memory(state_dir, config=args.config, readonly=True) as mem:
+            return await mem.sessions.list(
+                agent=args.agent,
+                chat_type=args.chat_type,
+                identity=args.identity,
+                peer=args.peer,
+                archived=archived,
+            )
+
+    found = trio.run(run)
+    if args.json:
+        print(msgspec.json.format(msgspec.json.encode(found)).decode())
+        return 0
+    for info in found:
+        when = iso_timestamp(info.updated_at)
+        flags = " archived" if info.archived else ""
+        print(f"{info.key}  {info.chat_type}  updated {when}{flags}")
+    print(f"{len(found)} sessions", file=sys.stderr)
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    async def run() -> IdentityExport:
+        state_dir = _existing_state_dir(args.state_dir)  # a read: beside a running bot
+        async with open_memory(state_dir, config=args.config, readonly=True) as mem:
+            return await mem.export_identity(args.identity, agent=args.agent)
+
+    found = trio.run(run)
+    text = "".join(f"{line}\n" for line in found.lines())
+    if args.output is None:
+        sys.stdout.write(text)
+    else:
+        args.output.write_text(text, encoding="utf-8")
+    events = sum(len(t.entries) for t in found.transcripts)
+    print(
+        f"exported {len(found.transcripts)} sessions ({events} events), {len(found.records)} "
+        f"records and {len(found.relations)} relations of {found.identity}; {found.not_covered}",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _erase(args: argparse.Namespace) -> int:
+    async def run() -> ErasureSummary:
+        state_dir = _existing_state_dir(args.state_dir)  # a dry run only reads: beside a bot
+        async with open_memory(state_dir, config=args.config, readonly=args.dry_run) as mem:
+            return await mem.erase_identity(args.identity, dry_run=args.dry_run)
+
+    summary = trio.run(run)
+    if args.json:
+        out = msgspec.to_builtins(summary) | {"purged": summary.purged}
+        print(json.dumps(out, indent=2))
+    else:
+        verb = "would erase" if summary.dry_run else "erased"
+        for a in summary.agents:
+            print(
+                f"agent {a.agent}: {verb} {len(a.session_keys)} sessions, {a.events} events, "
+                f"{a.index_rows} index rows, {a.vectors} vectors, {a.cached_vectors} cached "
+                f"vectors, {a.switches} switch rows"
+            )
+            for key in a.session_keys:
+                print(f"  {key}")
+        r = summary.records
+        print(f"records: {verb} {r.records} records and {r.relations} relations")
+        print(summary.not_covered)
+        problems = [a.problem for a in summary.agents if a.problem] + (
+            [r.problem] if r.problem else []
+        )
+        for problem in problems:
+            print(f"warning: {problem}", file=sys.stderr)
+    return 0 if summary.dry_run or summary.purged else 1

@@ -19,6 +19,7 @@ from .protocol.errors import InvalidInputError
 from .protocol.indexer import SetSwitches, SwitchesSet
 from .protocol.recall import TRACE_MODES, Sender, SessionSwitches, TraceMode
 from .protocol.session_key import SessionKey, parse_session_key
+from .storage.db import readonly_error
 
 _ENTRY = ("plugins", "entries", "active-memory")
 _ON = {"on": True, "enable": True, "off": False, "disable": False}
@@ -110,7 +111,10 @@ class Commands:
         """Write `config.enabled` (and keep the plugin entry enabled), then swap the config in.
 
         The file is written first: if that fails, the error propagates and nothing changed.
+        A read-only memory writes neither (docs/design.md §1.6).
         """
+        if self._supervisor.readonly:
+            raise readonly_error(self._supervisor.state_dir)
         updated = config.with_enabled(enabled)
         if config.source is not None:
             source = Path(config.source)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from typing import TYPE_CHECKING, Literal
 
 import msgspec
@@ -16,12 +17,17 @@ Level = Literal["ok", "warn", "error"]
 AM_ENTRY = f"plugins.entries.{PLUGIN_ID}"
 
 
-class DoctorCheck(msgspec.Struct, frozen=True, kw_only=True):
-    """One finding: `level` ok / warn (works, but not as you may think) / error (broken)."""
+class DoctorCheck(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One finding: `level` ok / warn (works, but not as you may think) / error (broken).
+
+    `fix`: for a warning or an error, the command to run or the change to make that
+    clears it (None for ok findings).
+    """
 
     name: str
     level: Level
     detail: str
+    fix: str | None = None
 
 
 class DoctorReport(msgspec.Struct, frozen=True, kw_only=True):
@@ -34,18 +40,29 @@ class DoctorReport(msgspec.Struct, frozen=True, kw_only=True):
         return all(c.level != "error" for c in self.checks)
 
     def text(self) -> str:
-        """One line per finding, for people."""
+        """One line per finding, for people; a finding with a `fix` adds a line saying it."""
         marks = {"ok": "ok  ", "warn": "WARN", "error": "FAIL"}
-        return "\n".join(f"[{marks[c.level]}] {c.name}: {c.detail}" for c in self.checks)
+        lines = []
+        for c in self.checks:
+            lines.append(f"[{marks[c.level]}] {c.name}: {c.detail}")
+            if c.fix:
+                lines.append(f"       fix: {c.fix}")
+        return "\n".join(lines)
 
 
 async def diagnose(memory: Memory) -> DoctorReport:
     """Run every check against an open `am.Memory`."""
     config = memory.config
     checks = _config_checks(config)
+    where = _config_file(config)
+    state_dir = shlex.quote(str(memory.state_dir))
+    set_model = (
+        f"set {AM_ENTRY}.config.model to a model of models.providers (README"
+        f' "Configuration") in {where}'
+    )
 
-    def add(name: str, level: Level, detail: str) -> None:
-        checks.append(_check(name, level, detail))
+    def add(name: str, level: Level, detail: str, fix: str | None = None) -> None:
+        checks.append(_check(name, level, detail, None if level == "ok" else fix))
 
     recaller = memory._recaller
     for agent in _agents_of_interest(config, memory):
@@ -53,9 +70,10 @@ async def diagnose(memory: Memory) -> DoctorReport:
         model = recaller.models.resolve(config, key, None)
         wanted = config.active_memory.model
         if model is None:
-            add(f"model:{agent}", "error", "no recall model resolves")
+            add(f"model:{agent}", "error", "no recall model resolves", set_model)
         elif wanted is not None and wanted != model:
-            add(f"model:{agent}", "warn", f"config.model {wanted} does not resolve; using {model}")
+            detail = f"config.model {wanted} does not resolve; using {model}"
+            add(f"model:{agent}", "warn", detail, set_model)
         else:
             add(f"model:{agent}", "ok", model)
         tools = recaller.usable_tools(config)
@@ -64,6 +82,8 @@ async def diagnose(memory: Memory) -> DoctorReport:
                 f"tools:{agent}",
                 "error",
                 "no allowed memory tool is available: recall is 'unavailable'",
+                f"unset {AM_ENTRY}.config.toolsAllow (the memory slot's tools) or list"
+                f" available tools in it, in {where}",
             )
         elif config.remember_across_conversations(agent) and "memory_search" not in tools:
             add(
@@ -71,6 +91,7 @@ async def diagnose(memory: Memory) -> DoctorReport:
                 "warn",
                 "rememberAcrossConversations is on but memory_search is not allowed:"
                 " transcript recall cannot run",
+                f'add "memory_search" to {AM_ENTRY}.config.toolsAllow in {where}',
             )
         else:
             add(f"tools:{agent}", "ok", ", ".join(tools))
@@ -81,24 +102,42 @@ async def diagnose(memory: Memory) -> DoctorReport:
             f"messages indexed, {stats.dirty_sessions} being re-indexed, FTS integrity "
             f"{'ok' if stats.fts_integrity_ok else 'FAILED'}"
         )
+        # A damaged or unfinished index: rebuilt from the active branches (§2.4).
+        fix = f"activememory reindex --state-dir {state_dir} --agent {stats.agent}"
         if level == "ok" and stats.dirty_sessions:
             level = "warn"
         if stats.embedder is not None:  # vectors (docs/design.md §2.3): lag and failures
             detail += f", {stats.vectors_pending} waiting for a vector of {stats.embedder}"
             if stats.embedder_error is not None:
                 detail += f" (embedder failing: {stats.embedder_error})"
-                level = "warn" if level == "ok" else level
-        add(f"index:{stats.agent}", level, detail)
+                if level == "ok":
+                    level = "warn"
+                    fix = f"check agents.defaults.memorySearch in {where}; the vectors follow"
+        add(f"index:{stats.agent}", level, detail, fix)
     for info in memory.breaker_states():
         level = "ok" if info.state == "closed" else "warn"
         detail = f"{info.state}, {info.consecutive_timeouts} consecutive timeouts"
         if info.reopens_in_ms:
             detail += f", next probe in {info.reopens_in_ms / 1000:.1f}s"
-        add(f"breaker:{info.agent}/{info.model}", level, detail)
+        fix = (
+            f"check the recall model {info.model} answers in time: activememory recall"
+            f" 'hello' --state-dir {state_dir}{_config_option(config)}"
+        )
+        add(f"breaker:{info.agent}/{info.model}", level, detail, fix)
     abandoned = memory._supervisor.recall_pool.abandoned
     detail = f"runs that ignored cancellation and outlived their budget: {abandoned}"
-    add("recall-pool", "warn" if abandoned else "ok", detail)
+    fix = "fix the recall model or tool that ignores cancellation; restart to free its tasks"
+    add("recall-pool", "warn" if abandoned else "ok", detail, fix)
     return DoctorReport(checks=tuple(checks))
+
+
+def _config_file(config: Config) -> str:
+    """How a fix names the config file: its path, or "the config" when it has none."""
+    return str(config.source) if config.source else "the config"
+
+
+def _config_option(config: Config) -> str:
+    return f" --config {shlex.quote(str(config.source))}" if config.source else ""
 
 
 def _agents_of_interest(config: Config, memory: Memory) -> list[str]:
@@ -109,15 +148,27 @@ def _agents_of_interest(config: Config, memory: Memory) -> list[str]:
 
 def _config_checks(config: Config) -> list[DoctorCheck]:
     am, slot = config.active_memory, config.memory_slot
+    where = _config_file(config)
     if not config.plugin_enabled:
-        plugin = _check("plugin", "warn", f"{AM_ENTRY}.enabled is false: no recall runs")
+        plugin = _check(
+            "plugin",
+            "warn",
+            f"{AM_ENTRY}.enabled is false: no recall runs",
+            f"set {AM_ENTRY}.enabled to true in {where}",
+        )
     elif not am.enabled:
-        plugin = _check("plugin", "warn", "config.enabled is false: no recall runs")
+        plugin = _check(
+            "plugin",
+            "warn",
+            "config.enabled is false: no recall runs",
+            f"set {AM_ENTRY}.config.enabled to true in {where}",
+        )
     else:
         plugin = _check("plugin", "ok", f"enabled ({config.source or 'no config file'})")
     if slot not in SLOT_TOOLS:
         why = f"unsupported memory provider {slot!r}: use memory-core or memory-records"
-        provider = _check("memory provider", "error", why)
+        fix = f'set plugins.slots.memory to "memory-core" or "memory-records" in {where}'
+        provider = _check("memory provider", "error", why, fix)
     else:
         provider = _check("memory provider", "ok", slot)
     if am.single_owner:
@@ -129,9 +180,13 @@ def _config_checks(config: Config) -> list[DoctorCheck]:
         plugin,
         provider,
         _check("privacy", "ok", whose),
-        *(_check("config", "warn", warning) for warning in config.warnings),
+        *(
+            # A warning starts with the key path it is about (activememory/_config.py).
+            _check("config", "warn", warning, f"remove {warning.split()[0]} from {where}")
+            for warning in config.warnings
+        ),
     ]
 
 
-def _check(name: str, level: Level, detail: str) -> DoctorCheck:
-    return DoctorCheck(name=name, level=level, detail=detail)
+def _check(name: str, level: Level, detail: str, fix: str | None = None) -> DoctorCheck:
+    return DoctorCheck(name=name, level=level, detail=detail, fix=fix)

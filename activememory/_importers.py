@@ -7,33 +7,66 @@ Format, one JSON object per line:
      "message": {"role": "user", "content": "..."}}
     {"type": "leaf", "id": "m1"}                                     optional: the active leaf
 
-`parentId` omitted means "the previous message line"; `timestamp` is epoch seconds or an
-ISO 8601 string. Unknown fields are errors, reported with the file and line.
+`parentId` omitted means "the previous message line"; `timestamp` is required, epoch
+seconds or an ISO 8601 string. Ids are unique within a session; a `parentId` names an earlier
+message line of its session, the leaf any message line of it. Unknown fields are errors;
+every error names the file and line. A UTF-8 byte order mark at the start is skipped.
+
+An export of a user's data (docs/design.md §2.6) is the same format with more in it: one
+file may hold several sessions (each header line starts the next one), a header may carry
+the session's metadata (`archived`, `sandboxed`, `spawnedBy`, `createdAt`, `updatedAt`,
+`switches`, and `keepIds`: the message ids are event ids to keep), and two more line types
+carry scoped memory records and their relations:
+
+    {"type": "record", "id": "…", "content": "…", "userId": "dana", "timestamp": 1.7e9, …}
+    {"type": "relation", "relation": "about", "sourceId": "…", "targetId": "…"}
+
+Files without them read as before.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import math
 import re
-from collections.abc import Callable, Collection, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Iterable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeAlias, TypeVar
 
 import msgspec
 
-from .protocol.content import Message, message_from_mapping
+from ._records import checked_record, checked_relation
+from .protocol.content import Message, check_timestamp, message_from_mapping
 from .protocol.errors import InvalidInputError
+from .protocol.recall import SessionSwitches, TraceMode
+from .protocol.records import Record, RecordRelation
 from .protocol.session_key import AGENT_ID, parse_session_key
 from .protocol.transcript import ImportEntry
+from .protocol.userdata import NOT_COVERED
 
 _UNSET: Any = msgspec.UNSET
 
 
-class _Header(msgspec.Struct, tag="session", tag_field="type", forbid_unknown_fields=True):
+class _Switches(msgspec.Struct, forbid_unknown_fields=True, rename="camel"):
+    active_memory: bool = True
+    verbose: bool = False
+    trace: TraceMode = "off"
+
+
+class _Header(
+    msgspec.Struct, tag="session", tag_field="type", forbid_unknown_fields=True, rename="camel"
+):
     key: str
     persistent: bool = True
     interactive: bool = True
+    archived: bool = False
+    sandboxed: bool = False
+    spawned_by: str | None = None
+    created_at: float | None = None
+    updated_at: float | None = None
+    keep_ids: bool = False
+    switches: _Switches | None = None
 
 
 class _MessageLine(msgspec.Struct, tag="message", tag_field="type", forbid_unknown_fields=True):
@@ -47,73 +80,358 @@ class _LeafLine(msgspec.Struct, tag="leaf", tag_field="type", forbid_unknown_fie
     id: str
 
 
-_decode_line = msgspec.json.Decoder(_Header | _MessageLine | _LeafLine).decode
+class _RecordLine(
+    msgspec.Struct, tag="record", tag_field="type", forbid_unknown_fields=True, rename="camel"
+):
+    id: str
+    content: str
+    timestamp: float
+    record_type: str = "memory"
+    user_id: str | None = None
+    agent_id: str | None = None
+    thread_id: str | None = None
+    status: str = "valid"
+    invalid_reason: str | None = None
+    metadata: dict[str, Any] = {}
+    expires_at: float | None = None
+    role: str | None = None
+    created_at: float | None = None
+    invalidated_at: float | None = None
+
+
+class _RelationLine(
+    msgspec.Struct, tag="relation", tag_field="type", forbid_unknown_fields=True, rename="camel"
+):
+    relation: str
+    source_id: str
+    target_id: str
+    created_at: float | None = None
+
+
+_Line: TypeAlias = _Header | _MessageLine | _LeafLine | _RecordLine | _RelationLine
+_decode_line = msgspec.json.Decoder(_Line).decode
+_encode_line = msgspec.json.Encoder().encode
 
 
 @dataclass(frozen=True)
 class Transcript:
-    """A parsed JSONL transcript, ready for `mem.sessions.import_transcript`."""
+    """A parsed JSONL transcript, ready for `mem.sessions.import_transcript`.
+
+    The fields after `interactive` are an export's session metadata (docs/design.md §2.6);
+    a plain transcript leaves them at their defaults (None: "when imported").
+    """
 
     session_key: str
     entries: tuple[ImportEntry, ...]
     leaf_id: str | None
     persistent: bool
     interactive: bool
+    archived: bool = False
+    sandboxed: bool = False
+    spawned_by: str | None = None
+    created_at: float | None = None
+    updated_at: float | None = None
+    keep_ids: bool = False
+    switches: SessionSwitches | None = None
+
+
+@dataclass(frozen=True)
+class RecordEntry:
+    """A scoped memory record as exported: the record, when it was stored and invalidated."""
+
+    record: Record
+    created_at: float | None = None  # None: when imported
+    invalidated_at: float | None = None
+
+
+@dataclass(frozen=True)
+class RelationEntry:
+    """A relation between two exported records, and when it was stored."""
+
+    relation: RecordRelation
+    created_at: float | None = None  # None: when imported
+
+
+@dataclass(frozen=True)
+class IdentityExport:
+    """Sessions and records in the import format (docs/design.md §2.6): what
+    `mem.export_identity` returns and `mem.import_export` stores; `lines()` is the JSONL
+    text and `IdentityExport.read(path)` parses a file of it (any JSONL transcript file).
+
+    `identity` is the exported identity (None for a file read back); `not_covered` says
+    what an export leaves out.
+    """
+
+    identity: str | None
+    transcripts: tuple[Transcript, ...] = ()
+    records: tuple[RecordEntry, ...] = ()
+    relations: tuple[RelationEntry, ...] = ()
+    not_covered: str = NOT_COVERED
+
+    @classmethod
+    def read(cls, path: Path, session_key: str | None = None) -> IdentityExport:
+        """Parse a JSONL file; `session_key` stands in for a missing header (a file of one
+        session only). Raises `InvalidInputError` naming the file and line. Not a blocking
+        call in the async sense: it reads the file synchronously."""
+        return read_jsonl(path, session_key)
+
+    def lines(self) -> Iterator[str]:
+        """The export as JSONL lines (without newlines), in the order `read` expects."""
+        for t in self.transcripts:
+            yield _encode_line(_header_of(t)).decode()
+            for e in t.entries:
+                line = _MessageLine(
+                    id=e.id,
+                    message={"role": e.message.role, "content": e.message.content},
+                    timestamp=e.timestamp,
+                    parentId=e.parent_id,
+                )
+                yield _encode_line(line).decode()
+            if t.leaf_id is not None:
+                yield _encode_line(_LeafLine(id=t.leaf_id)).decode()
+        for r in self.records:
+            yield _encode_line(_record_line(r)).decode()
+        for rel in self.relations:
+            edge = _RelationLine(
+                relation=rel.relation.relation,
+                source_id=rel.relation.source_id,
+                target_id=rel.relation.target_id,
+                created_at=rel.created_at,
+            )
+            yield _encode_line(edge).decode()
+
+
+def _header_of(t: Transcript) -> _Header:
+    switches = None
+    if t.switches is not None:
+        s = t.switches
+        switches = _Switches(active_memory=s.active_memory, verbose=s.verbose, trace=s.trace)
+    return _Header(
+        key=t.session_key,
+        persistent=t.persistent,
+        interactive=t.interactive,
+        archived=t.archived,
+        sandboxed=t.sandboxed,
+        spawned_by=t.spawned_by,
+        created_at=t.created_at,
+        updated_at=t.updated_at,
+        keep_ids=t.keep_ids,
+        switches=switches,
+    )
+
+
+def _record_line(entry: RecordEntry) -> _RecordLine:
+    r = entry.record
+    return _RecordLine(
+        id=r.id,
+        content=r.content,
+        timestamp=r.timestamp,
+        record_type=r.record_type.value,
+        user_id=r.user_id,
+        agent_id=r.agent_id,
+        thread_id=r.thread_id,
+        status=r.status.value,
+        invalid_reason=r.invalid_reason,
+        metadata=r.metadata,
+        expires_at=r.expires_at,
+        role=r.role,
+        created_at=entry.created_at,
+        invalidated_at=entry.invalidated_at,
+    )
+
+
+@dataclass
+class _Session:
+    """One session being read: its header (None: the file has none) and its lines."""
+
+    header: _Header | None
+    where: str
+    entries: list[ImportEntry] = field(default_factory=list)
+    leaf: str | None = None
+    leaf_line: int = 0
+    previous: str | None = None
+    lines_of: dict[str, int] = field(default_factory=dict)  # entry id -> its line
 
 
 def read_jsonl_transcript(path: Path, session_key: str | None = None) -> Transcript:
-    """Parse `path`; `session_key` overrides (or stands in for) the header's key."""
-    header: _Header | None = None
-    entries: list[ImportEntry] = []
-    leaf: str | None = None
-    previous: str | None = None
+    """Parse `path`, a file of one session; `session_key` overrides (or stands in for)
+    the header's key."""
+    found = read_jsonl(path, session_key)
+    if len(found.transcripts) != 1 or found.records or found.relations:
+        raise InvalidInputError(
+            f"{path}: holds {len(found.transcripts)} sessions and "
+            f"{len(found.records)} records; expected one session"
+        )
+    return found.transcripts[0]
+
+
+def read_jsonl(path: Path, session_key: str | None = None) -> IdentityExport:
+    """Parse `path`: its sessions, records and relations (module docstring).
+
+    `session_key` overrides (or stands in for) the header's key of a file of one session.
+    Every error names the file and line. Each entry's `source` is its `path:line`, so the
+    writer's errors name the line too.
+    """
+    sessions: list[_Session] = []
+    records: list[RecordEntry] = []
+    relations: list[RelationEntry] = []
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InvalidInputError(f"{path}: cannot read ({exc})") from None
-    for number, line in enumerate(lines, start=1):
+        data = path.read_bytes()
+    except OSError as exc:
+        raise InvalidInputError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    # Split bytes, not text: str.splitlines would also cut at U+2028 inside a JSON string.
+    for number, line in enumerate(data.removeprefix(_BOM).splitlines(), start=1):
         if not line.strip():
             continue
         where = f"{path}:{number}"
-        try:
-            item = _decode_line(line)
-        except msgspec.DecodeError as exc:
-            raise InvalidInputError(f"{where}: {exc}") from None
+        item = _decode_jsonl_line(line, where)
+        current = sessions[-1] if sessions else None
         match item:
             case _Header():
-                if header is not None or entries:
+                if current is not None and current.header is None:
                     raise InvalidInputError(f"{where}: the session header must be the first line")
-                header = item
+                sessions.append(_Session(item, where))
             case _LeafLine():
-                leaf = item.id
+                if current is None:
+                    sessions.append(current := _Session(None, where))
+                current.leaf, current.leaf_line = item.id, number
             case _MessageLine():
-                parent = previous if item.parentId is _UNSET else item.parentId
+                if current is None:
+                    sessions.append(current := _Session(None, where))
+                if item.id in current.lines_of:
+                    first = current.lines_of[item.id]
+                    raise InvalidInputError(
+                        f"{where}: id {item.id!r} is repeated (first at line {first})"
+                    )
+                parent = current.previous if item.parentId is _UNSET else item.parentId
+                if parent is not None and parent not in current.lines_of:
+                    raise InvalidInputError(
+                        f"{where}: parentId {parent!r} names no earlier message line"
+                    )
                 message = message_from_mapping(item.message, where=f"{where}: message")
-                entries.append(
+                current.entries.append(
                     ImportEntry(
                         id=item.id,
-                        parent_id=parent,  # type: ignore[arg-type]
+                        parent_id=parent,
                         timestamp=_timestamp(item.timestamp, where),
                         message=message,
+                        source=where,
                     )
                 )
-                previous = item.id
+                current.lines_of[item.id] = number
+                current.previous = item.id
+            case _RecordLine():
+                records.append(_record_entry(item, where))
+            case _RelationLine():
+                relations.append(_relation_entry(item, where))
+    for s in sessions:
+        if s.leaf is not None and s.leaf not in s.lines_of:
+            raise InvalidInputError(
+                f"{path}:{s.leaf_line}: leaf id {s.leaf!r} names no message line"
+            )
+    if session_key is not None and len(sessions) > 1:
+        raise InvalidInputError(f"{path}: holds {len(sessions)} sessions; --session-key names one")
+    if not sessions and not records and not relations:
+        if session_key is None:  # an empty file: as before, a session needs a key
+            raise InvalidInputError(f"{path}: no session header line and no session key given")
+        sessions.append(_Session(None, str(path)))
+    transcripts = tuple(_transcript(path, s, session_key) for s in sessions)
+    return IdentityExport(
+        identity=None, transcripts=transcripts, records=tuple(records), relations=tuple(relations)
+    )
+
+
+def _transcript(path: Path, s: _Session, session_key: str | None) -> Transcript:
+    header = s.header
     key = session_key or (header.key if header else None)
     if key is None:
         raise InvalidInputError(f"{path}: no session header line and no session key given")
-    parse_session_key(key, field=f"{path}: session key")
+    parse_session_key(key, field=f"{s.where}: session key")
+    if header is None:
+        return Transcript(key, tuple(s.entries), s.leaf, persistent=True, interactive=True)
+    if header.spawned_by is not None:
+        parse_session_key(header.spawned_by, field=f"{s.where}: spawnedBy")
+    switches = header.switches
     return Transcript(
         session_key=key,
-        entries=tuple(entries),
-        leaf_id=leaf,
-        persistent=header.persistent if header else True,
-        interactive=header.interactive if header else True,
+        entries=tuple(s.entries),
+        leaf_id=s.leaf,
+        persistent=header.persistent,
+        interactive=header.interactive,
+        archived=header.archived,
+        sandboxed=header.sandboxed,
+        spawned_by=header.spawned_by,
+        created_at=_finite(header.created_at, f"{s.where}: createdAt"),
+        updated_at=_finite(header.updated_at, f"{s.where}: updatedAt"),
+        keep_ids=header.keep_ids,
+        switches=None
+        if switches is None
+        else SessionSwitches(
+            active_memory=switches.active_memory, verbose=switches.verbose, trace=switches.trace
+        ),
     )
+
+
+def _record_entry(line: _RecordLine, where: str) -> RecordEntry:
+    try:
+        record = checked_record(
+            id=line.id,
+            content=line.content,
+            record_type=line.record_type,
+            user_id=line.user_id,
+            agent_id=line.agent_id,
+            thread_id=line.thread_id,
+            metadata=line.metadata,
+            timestamp=line.timestamp,
+            expires_at=line.expires_at,
+            role=line.role,
+            status=line.status,
+            invalid_reason=line.invalid_reason,
+        )
+    except InvalidInputError as exc:
+        raise InvalidInputError(f"{where}: {exc}") from None
+    created = _finite(line.created_at, f"{where}: createdAt")
+    invalidated = _finite(line.invalidated_at, f"{where}: invalidatedAt")
+    return RecordEntry(record=record, created_at=created, invalidated_at=invalidated)
+
+
+def _relation_entry(line: _RelationLine, where: str) -> RelationEntry:
+    try:
+        relation = checked_relation(line.source_id, line.target_id, line.relation)
+    except InvalidInputError as exc:
+        raise InvalidInputError(f"{where}: {exc}") from None
+    created = _finite(line.created_at, f"{where}: createdAt")
+    return RelationEntry(relation=relation, created_at=created)
+
+
+def _finite(value: float | None, where: str) -> float | None:
+    if value is not None and not math.isfinite(value):
+        raise InvalidInputError(f"{where}: expected a finite number of seconds, got {value!r}")
+    return value
+
+
+_BOM = b"\xef\xbb\xbf"
+
+
+def _decode_jsonl_line(
+    line: bytes, where: str
+) -> _Header | _MessageLine | _LeafLine | _RecordLine | _RelationLine:
+    try:
+        line.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidInputError(
+            f"{where}: not UTF-8 text (byte 0x{line[exc.start]:02x} at byte {exc.start})"
+        ) from None
+    try:
+        item = _decode_line(line)
+    except msgspec.DecodeError as exc:
+        raise InvalidInputError(f"{where}: {exc}") from None
+    return item
 
 
 def _timestamp(value: float | str, where: str) -> float:
     if isinstance(value, int | float):
-        return float(value)
+        return check_timestamp(f"{where}: timestamp", value)
     try:
         parsed = dt.datetime.fromisoformat(value)
     except ValueError:
@@ -122,7 +440,7 @@ def _timestamp(value: float | str, where: str) -> float:
         ) from None
     if parsed.tzinfo is None:
         parsed = parsed.replace(tzinfo=dt.UTC)
-    return parsed.timestamp()
+    return check_timestamp(f"{where}: timestamp", parsed.timestamp())
 
 
 # -- LoCoMo ---------------------------------------------------------------------------------
@@ -219,17 +537,19 @@ class LocomoSample:
 
 
 def locomo_turn_text(turn: LocomoTurn, speaker: str) -> str:
-    """The message text a LoCoMo turn is imported as (so what `sessions_search` indexes).
+    """The message text a LoCoMo turn is imported as (so what search indexes and embeds).
 
-    The turn's words, then the shared image's caption as "[shares a photo: …]". `speaker`
-    (the speaker's name) is not written: the message role already says who spoke.
+    "Speaker: " and the turn's words, then the shared image's caption as
+    "[shares a photo: …]". Two people talk in a LoCoMo conversation and the roles
+    (user/assistant) do not say which: questions name them ("What did Caroline research?")
+    where the turn says "I researched…".
     """
-    # Dev split (`activememory bench locomo --turn-text`): the caption lifts R@10 by 0.02 (6 questions up,
-    # none down); a "Speaker: " prefix moves it by one question either way, so it stays out.
-    del speaker
+    # Dev split (`activememory bench locomo --turn-text`): the caption lifts R@10 by 0.02;
+    # the name moves text search by a question either way (0.747 → 0.756 with both) and
+    # search by meaning a lot (hybrid 0.724 → 0.776 with the shipped default embedder).
     if turn.blip_caption:
-        return f"{turn.text} [shares a photo: {turn.blip_caption}]"
-    return turn.text
+        return f"{speaker}: {turn.text} [shares a photo: {turn.blip_caption}]"
+    return f"{speaker}: {turn.text}"
 
 
 def locomo_agent(sample_id: str) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins  # `Sessions.list` shadows `list` inside the class
 import contextlib
 import os
 import time
@@ -14,16 +15,30 @@ import anyio
 from ._commands import Commands
 from ._config import load_config
 from ._doctor import DoctorReport, diagnose
+from ._importers import IdentityExport
 from ._records import Records
 from ._search import SessionSearch
 from ._settings import Settings
+from ._userdata import (
+    ImportSummary,
+    erase_identity,
+    export_identity,
+    import_export,
+    list_identity_sessions,
+)
 from .actors.composer import Composer, Respond
 from .actors.supervisor import AgentStore, Supervisor, open_supervisor
 from .embed import embedder_from_config
 from .protocol.config import Config
-from .protocol.content import Message, check_choice, message_from_mapping
+from .protocol.content import (
+    Message,
+    check_bool,
+    check_choice,
+    check_timestamp,
+    message_from_mapping,
+)
 from .protocol.embeddings import Embedder
-from .protocol.errors import InvalidInputError, SessionNotFoundError, raise_rejected
+from .protocol.errors import InvalidInputError, SessionNotFoundError, StorageError, raise_rejected
 from .protocol.indexer import (
     Appended,
     AppendMessage,
@@ -37,6 +52,8 @@ from .protocol.indexer import (
     ImportTranscript,
     IndexerAck,
     IndexerCommand,
+    MarkDirty,
+    MarkedDirty,
     RebuildIndex,
     Rebuilt,
     Rejected,
@@ -45,13 +62,14 @@ from .protocol.indexer import (
 )
 from .protocol.recall import RecallOutcome, RecallPlan, Reply, Sender, Turn
 from .protocol.search import DEFAULT_LIMIT, SearchMode, SearchResult
-from .protocol.session_key import SessionKey, parse_session_key
+from .protocol.session_key import ChatType, SessionKey, parse_session_key
 from .protocol.transcript import Event, ImportEntry, IndexStats, SessionInfo
+from .protocol.userdata import ErasureSummary
 from .recall.breaker import BreakerInfo
 from .recall.coordinator import Recaller
 from .recall.memory_core import MemoryCore
 from .recall.models import RecallModels
-from .storage.db import DURABILITY_LEVELS, Durability
+from .storage.db import DURABILITY_LEVELS, Durability, readonly_error
 from .storage.executor import EXECUTOR_KINDS, ExecutorKind
 from .storage.fts_query import MatchMode
 from .storage.run_transcripts import TranscriptPlace
@@ -121,7 +139,9 @@ class Sessions:
         """Append `message` at the session's leaf and return the stored event.
 
         Returns once the message is committed; a user or assistant message on a clean
-        session is in the full-text index in that same transaction.
+        session is in the full-text index in that same transaction. The message's
+        `timestamp` (default: now) must be epoch seconds from 0 to below 253402300800 (year
+        10000), else `InvalidInputError`.
 
         Cancellation: if cancelled while waiting for room in the writer's inbox, nothing is
         written; if cancelled after the message was queued, it may still be committed (the
@@ -130,6 +150,8 @@ class Sessions:
         key = parse_session_key(session_key)
         if not isinstance(message, Message):
             message = _to_message(message)
+        elif message.timestamp is not None:  # a mapping's is checked by message_from_mapping
+            check_timestamp("message.timestamp", message.timestamp)
         command = AppendMessage(key=key, message=message, at=self._clock())
         ack = await self._submit(key, command, Appended)
         return ack.event
@@ -171,7 +193,9 @@ class Sessions:
     async def history(self, session_key: str, *, limit: int | None = None) -> list[Event]:
         """The session's active branch, oldest first (only the last `limit` if given).
 
-        Raises `SessionNotFoundError` if there is no such session.
+        A session being re-indexed shows here whole; `info(key).dirty` says it is, and
+        search hides it until the rebuild is done. Raises `SessionNotFoundError` if there is
+        no such session.
 
         Cancellation: a read that has started finishes on its worker thread; nothing is
         left behind.
@@ -205,12 +229,18 @@ class Sessions:
         leaf_id: str | None = None,
         persistent: bool = True,
         interactive: bool = True,
+        resume: bool = False,
     ) -> int:
         """Store a transcript written before indexing existed; return the event count.
 
         The rows are stored unindexed and the session is dirty until its index is rebuilt
         (docs/design.md §2.3). Entries are a tree: each names its parent by an id of an earlier entry;
         the leaf is `leaf_id` or the last entry. The session must be new or empty.
+
+        `resume=True` makes a repeated import harmless (docs/design.md §2.5): a session
+        that already holds these entries first (same tree, timestamps, roles and content)
+        is left as it is and 0 is returned; one that holds other messages is an
+        `InvalidInputError` naming the first entry that differs (its `source`, if set).
 
         Cancellation: as for `append`; an import is one transaction, all or nothing.
         """
@@ -219,12 +249,14 @@ class Sessions:
         for i, entry in enumerate(entries):
             if not isinstance(entry, ImportEntry):
                 raise InvalidInputError(f"entries[{i}]: expected an ImportEntry")
+        _check_bool("resume", resume)
         command = ImportTranscript(
             key=key,
             entries=entries,
             leaf_id=leaf_id,
             persistent=persistent,
             interactive=interactive,
+            resume=resume,
             at=self._clock(),
         )
         ack = await self._submit(key, command, Imported)
@@ -246,6 +278,57 @@ class Sessions:
             sessions += ack.sessions
             index_rows += ack.index_rows
         return Rebuilt(sessions=sessions, index_rows=index_rows)
+
+    async def reindex(
+        self,
+        session_key: str | None = None,
+        *,
+        agent: str | None = None,
+        progress: Callable[[IndexStats], object] | None = None,
+    ) -> list[IndexStats]:
+        """Rebuild the full-text index from the active branches and wait until it is done.
+
+        One session (`session_key`), every session of one `agent`, or (neither) of every
+        agent in the state directory. The sessions are marked dirty (hidden from search;
+        their vectors dropped, made again from the content-hash cache once clean) and the
+        reconciler rebuilds them in short chunks beside other writes (docs/design.md §2.4).
+        An agent-wide reindex first empties that agent's index, so it also repairs an
+        index that fails its integrity check. The reconciler also rebuilds the agent's
+        other dirty sessions, if any, in the same run. (`rebuild_index` rebuilds sessions
+        already dirty in one transaction each: faster, for a store no bot is using.)
+
+        `progress` is called with each agent's `IndexStats` (`indexed_messages` of
+        `active_messages`, `dirty_sessions` left) at least twice a second while it waits.
+        Returns each agent's `IndexStats` when done (FTS integrity checked).
+        Raises `SessionNotFoundError` for a missing session, `InvalidInputError` for an
+        agent without a database, `StorageError` if the rebuild is refused by storage.
+
+        Cancellation: marking is one transaction (done or not); cancelling the wait leaves
+        the rest dirty, and the reconciler finishes them in the background (or, after a
+        restart, on the next search or reindex).
+        """
+        key = None if session_key is None else parse_session_key(session_key)
+        known = self._supervisor.known_agents()
+        if agent is not None:
+            if agent not in known:
+                raise InvalidInputError(
+                    f"agent: {agent!r} has no database here (agents: {', '.join(known) or 'none'})"
+                )
+            if key is not None and key.store_agent != agent:
+                raise InvalidInputError(
+                    f"session_key: {key.raw!r} is not a session of agent {agent!r}"
+                )
+        if key is not None and key.store_agent not in known:  # not even its database
+            raise SessionNotFoundError(f"session_key: no session {key.raw!r}")
+        agents = [key.store_agent] if key is not None else [agent] if agent else known
+        stores = [await self._supervisor.agent(name) for name in agents]
+        for store in stores:
+            await _submit_to(store, MarkDirty(agent=store.agent, key=key), MarkedDirty)
+        done = []
+        for store in stores:
+            await _wait_rebuilt(store, key, progress)
+            done.append(await store.read(lambda reader: reader.stats(check_integrity=True)))
+        return done
 
     async def search(
         self,
@@ -290,7 +373,39 @@ class Sessions:
             mode=mode,
         )
 
-    async def stats(self, *, check_integrity: bool = True) -> list[IndexStats]:
+    async def list(
+        self,
+        *,
+        agent: str | None = None,
+        chat_type: ChatType | None = None,
+        identity: str | None = None,
+        peer: str | None = None,
+        archived: bool | None = False,
+    ) -> builtins.list[SessionInfo]:
+        """The stored sessions that pass every filter given, by agent, oldest first
+        (docs/design.md §2.6).
+
+        `agent`: only that agent's database (`InvalidInputError` if it has none);
+        `chat_type`: direct, group, channel, explicit or unknown; `identity`: the sessions
+        of that identity (`session.identityLinks`, as recall decides whose a conversation
+        is: the direct chats of its peers, the main and explicit sessions if it is the
+        owner) and the sessions they spawned; `peer`: direct chats with that peer id (not
+        with `identity`); `archived`: False (default) only unarchived sessions, True only
+        archived ones, None both.
+
+        Cancellation: as for `history`.
+        """
+        return await list_identity_sessions(
+            self._supervisor,
+            self._current().config,
+            agent=agent,
+            chat_type=chat_type,
+            identity=identity,
+            peer=peer,
+            archived=archived,
+        )
+
+    async def stats(self, *, check_integrity: bool = True) -> builtins.list[IndexStats]:
         """Index statistics of every agent database in the state directory.
 
         Cancellation: as for `history`.
@@ -303,7 +418,8 @@ class Sessions:
 
     async def vectors_ready(self) -> bool:
         """Wait until the embedder has caught up: every indexed message and note chunk of
-        every agent database has its vector (docs/design.md §2.3). True when it has; False
+        every agent database has its vector (docs/design.md §2.3), and no embedder is at
+        work (so memory_search does not say `vectorsPending`). True when it has; False
         as soon as an embedder is failing (recall then falls back to text). At once True
         without an embedder. Bound the wait with a cancel scope (`anyio.move_on_after`).
 
@@ -316,8 +432,12 @@ class Sessions:
             stats = await self.stats(check_integrity=False)
             if any(s.embedder_error for s in stats):
                 return False
+            # No row waits, and the embedder is not at work either: its first scan after a
+            # store opens (or a write's poke) is what memory_search reports as vectorsPending.
             if all(s.vectors_pending == 0 for s in stats):
-                return True
+                stores = [await self._supervisor.agent(s.agent) for s in stats]
+                if not any(store.vectors_pending() for store in stores):
+                    return True
             await anyio.sleep(0.05)
 
 
@@ -341,6 +461,7 @@ class Memory:
         self._supervisor = supervisor
         self.state_dir = supervisor.state_dir
         self.executor: ExecutorKind = supervisor.executor_kind
+        self.readonly = supervisor.readonly  # docs/design.md §1.6
         # One snapshot, swapped in one assignment: work reads it once, when it starts.
         self._settings = Settings.compile(config, supervisor.state_dir)
         self.models = dict(models or {})
@@ -415,10 +536,19 @@ class Memory:
         fails open: a failed write or recall is listed in `reply.problems` and the turn goes
         on. An exception from `respond` propagates.
 
+        Raises `InvalidInputError` before anything is written for a bad `turn` or a
+        `respond` that cannot be called as `respond(prompt_prefix, turn)`; on a read-only
+        memory, `StorageError`. What `respond` returns can only be checked after it ran: a
+        non-awaitable or a non-string answer raises `InvalidInputError` when the user
+        message is already stored (the message gives its event id) and no assistant message
+        is.
+
         Cancellation: runs in the caller's task. Cancelled before `respond` returns, the
         user message may be stored and nothing else; after, the assistant message may be
         stored too. A recall in flight is abandoned, never awaited past its bound.
         """
+        if self.readonly:  # a reply stores two messages: refuse before anything runs
+            raise readonly_error(self.state_dir)
         return await self._composer.reply(turn, respond)
 
     async def plan_recall(self, turn: Turn) -> RecallPlan:
@@ -431,6 +561,55 @@ class Memory:
         Cancellation: as for `recall`.
         """
         return await self._recaller.plan(turn, self._settings)
+
+    async def export_identity(self, identity: str, *, agent: str | None = None) -> IdentityExport:
+        """Everything stored about `identity`, in the import format (docs/design.md §2.6).
+
+        Its sessions (as `mem.sessions.list(identity=..., archived=None)` finds them) with
+        their metadata, switches and whole trees — rewound branches, event ids and
+        timestamps included — and its records (`user_id` one of its peer ids) with the
+        relations among them; with `agent`, that agent's sessions and the records scoped to
+        it or to no agent. `export.lines()` is the JSONL; `mem.import_export` stores it
+        again as it was. Not covered (`export.not_covered`): the memory notes that mention
+        the identity, group and channel conversations, kept recall transcripts.
+
+        Cancellation: read-only; each database is read in one snapshot; nothing is left
+        behind.
+        """
+        return await export_identity(self._supervisor, self.config, identity, agent=agent)
+
+    async def import_export(self, export: IdentityExport) -> ImportSummary:
+        """Store an export (`mem.export_identity`, or `am.IdentityExport.read(path)` of any
+        JSONL transcript file): its sessions with their metadata and, when the file says
+        `keepIds` and they are free, their event ids; its records with their ids, status
+        and times, and their relations. Sessions are stored unindexed (dirty) until
+        rebuilt (`mem.sessions.rebuild_index()`), as any import. Raises
+        `InvalidInputError` if a session already has messages or a record id exists.
+
+        Cancellation: each session and each record is its own write: cancelled midway,
+        the ones already acknowledged stay; the one in flight may still commit.
+        """
+        return await import_export(self._supervisor, self.sessions._clock, export)
+
+    async def erase_identity(self, identity: str, *, dry_run: bool = False) -> ErasureSummary:
+        """Erase everything stored about `identity` (docs/design.md §2.6): its sessions
+        (events, index rows, vectors, switches) in every agent database, the cached
+        vectors of their texts that nothing else uses, and its records with their
+        relations. Each database is erased in one transaction by its writer, then purged
+        (`VACUUM`, the WAL truncated) so the text is gone from the files too; the recall
+        cache is emptied. `dry_run=True` only counts what would go. Returns an
+        `am.ErasureSummary`. Not covered (`summary.not_covered`): memory notes, group and
+        channel conversations, kept recall transcripts.
+
+        Cancellation: each database's erase is one command: cancelled before it is
+        queued nothing changes; after, it commits whole (and is purged). The databases
+        are erased one after another, so a cancelled erase may have erased some of them:
+        run it again to finish.
+        """
+        summary = await erase_identity(self._supervisor, self.config, identity, dry_run=dry_run)
+        if not dry_run:
+            self._recaller.cache.clear()
+        return summary
 
     async def doctor(self) -> DoctorReport:
         """Check the setup (docs/design.md §4.11): plugin and config state, the memory provider,
@@ -473,8 +652,10 @@ async def open_memory(
     durability: Durability = "crash",
     clock: Callable[[], float] = time.time,
     embedder: Embedder | None = None,
+    readonly: bool = False,
 ) -> AsyncIterator[Memory]:
-    """Open the active memory kept in `state_dir` (created if missing) and start its actors.
+    """Open the active memory kept in `state_dir` (created if missing, unless `readonly`)
+    and start its actors.
 
     `executor="thread"` runs SQLite on worker threads (production); `"inline"` runs it on the
     event-loop thread, for deterministic virtual-time simulations. `durability="crash"`
@@ -488,8 +669,20 @@ async def open_memory(
     embedder is not used (its model runs on a worker thread, which virtual time cannot
     follow): pass one explicitly to have vectors there.
 
-    Raises `InvalidInputError` if `state_dir` is a file or `executor` is unknown, and
-    `StorageError` if the directory cannot be created or is open in another process.
+    `readonly=True` inspects a store, even one a running bot holds (docs/design.md §1.6):
+    it takes no writer lock, starts no actor that writes (indexer, reconciler, records
+    keeper, embedder, notes rescan), opens every database read-only and never migrates
+    it, and reads what the writer has committed. `state_dir` must exist and hold a store;
+    a schema older or newer than this code is a `StorageError`. Every call that would write
+    (`append`, `reply`, `records.add`, `sync_notes`, a switch, ...) raises `StorageError`
+    naming readonly. Sessions the writer is re-indexing stay hidden from search, which says
+    `indexing`; `sessions.info(key).dirty` and `stats` show them. Recall works: its
+    sub-agent transcript goes to a private temporary folder, never into the store
+    (`persistTranscripts` is ignored).
+
+    Raises `InvalidInputError` if `state_dir` is a file (or, read-only, missing or holding
+    no store) or `executor` is unknown, and `StorageError` if the directory cannot be
+    created or is open in another process.
 
     Cancellation: on exit (normal, error or cancellation) the actors first commit and
     acknowledge every command already queued, shielded from cancellation, then the
@@ -497,6 +690,7 @@ async def open_memory(
     """
     check_choice("executor", executor, EXECUTOR_KINDS)
     check_choice("durability", durability, DURABILITY_LEVELS)
+    check_bool("readonly", readonly)
     if embedder is not None and not isinstance(embedder, Embedder):
         raise InvalidInputError(
             f"embedder: expected an Embedder (name, dim, embed), got {type(embedder).__name__}"
@@ -506,11 +700,11 @@ async def open_memory(
     loaded = load_config(config if config is not None else {})
     if embedder is None and executor == "thread":
         embedder = embedder_from_config(loaded)
-    transcripts = TranscriptPlace(Path(state_dir))
+    transcripts = TranscriptPlace(Path(state_dir), keep=not readonly)
     memory: Memory | None = None
     try:
         async with open_supervisor(
-            Path(state_dir), executor, durability=durability, embedder=embedder
+            Path(state_dir), executor, durability=durability, embedder=embedder, readonly=readonly
         ) as supervisor:
             memory = Memory(
                 supervisor,
@@ -537,6 +731,37 @@ async def _submit_to(store: AgentStore, command: IndexerCommand, expect: type[A]
         return ack
     assert isinstance(ack, Rejected), ack
     raise_rejected(ack, SessionNotFoundError)
+
+
+REINDEX_POLL_SECONDS = 0.5  # at most: each poll counts the agent's rows
+
+
+async def _wait_rebuilt(
+    store: AgentStore, key: SessionKey | None, progress: Callable[[IndexStats], object] | None
+) -> None:
+    """Wait until the reconciler has rebuilt the agent's dirty sessions (or `key`'s).
+
+    Polls the reader, first often (a small rebuild ends in milliseconds), then every
+    `REINDEX_POLL_SECONDS`.
+    """
+    pause = 0.005
+    while True:
+        store.poke("dirty")  # again each round: a poke is dropped while one waits
+        stats = await store.read(lambda reader: reader.stats(check_integrity=False))
+        if progress is not None:
+            progress(stats)
+        if key is None:
+            if stats.dirty_sessions == 0:
+                return
+        else:
+            info = await store.read(lambda reader: reader.session(key.raw))
+            if info is None or not info.dirty:
+                return
+        failure = None if store.reconciler is None else store.reconciler.failure
+        if failure is not None:  # (read-only has no reconciler: its reindex was refused)
+            raise StorageError(f"reindex of agent {store.agent!r}: {failure}")
+        await anyio.sleep(pause)
+        pause = min(pause * 2, REINDEX_POLL_SECONDS)
 
 
 def _to_message(value: object) -> Message:

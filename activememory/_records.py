@@ -50,6 +50,7 @@ from .protocol.records import (
     RecordRelation,
     RecordResultFormatConfig,
     RecordsLinked,
+    RecordStatus,
     RecordType,
     SearchResultFormatConfig,
     SearchScope,
@@ -77,6 +78,7 @@ RELATION_NAME: Final = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,63}")
 _MAX_METADATA_DEPTH = 32
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _TYPES = tuple(t.value for t in RecordType)
+_STATUSES = tuple(s.value for s in RecordStatus)
 
 # The two rejected cells of the docs/design.md §5.2 table.
 USER_REQUIRED: Final = (
@@ -244,17 +246,17 @@ class Records(_Layer):
         caller).
         """
         now = self._clock()
-        record = Record(
+        record = checked_record(
             id=uuid.uuid4().hex,
-            content=check_nonblank("content", content, MAX_CONTENT_CHARS),
-            record_type=_record_type("record_type", record_type),
-            user_id=_scope_id("user_id", user_id),
-            agent_id=_scope_id("agent_id", agent_id),
-            thread_id=_scope_id("thread_id", thread_id),
-            metadata=_metadata(metadata),
-            timestamp=now if timestamp is None else _seconds("timestamp", timestamp),
-            expires_at=None if expires_at is None else _seconds("expires_at", expires_at),
-            role=_role(role, record_type),
+            content=content,
+            record_type=record_type,
+            user_id=user_id,
+            agent_id=agent_id,
+            thread_id=thread_id,
+            metadata=metadata,
+            timestamp=now if timestamp is None else timestamp,
+            expires_at=expires_at,
+            role=role,
         )
         ack = await self._submit(AddRecord(record=record, at=now), RecordAdded)
         return ack.id
@@ -269,13 +271,7 @@ class Records(_Layer):
 
         Cancellation: as for `add`.
         """
-        rel = RecordRelation(
-            relation=_relation(relation),
-            source_id=_record_id("source_id", source_id),
-            target_id=_record_id("target_id", target_id),
-        )
-        if rel.source_id == rel.target_id:
-            raise InvalidInputError("target_id: a record cannot be linked to itself")
+        rel = checked_relation(source_id, target_id, relation)
         ack = await self._submit(LinkRecords(relation=rel, at=self._clock()), RecordsLinked)
         return ack.relation
 
@@ -289,15 +285,7 @@ class Records(_Layer):
         Cancellation: as for `add`.
         """
         record_id = _record_id("id", id)
-        if not isinstance(reason, str) or not reason.strip():
-            raise InvalidInputError(f"reason: expected a non-empty string, got {reason!r}")
-        if len(reason) > MAX_REASON_CHARS:
-            raise InvalidInputError(
-                f"reason: {len(reason)} characters is over the maximum {MAX_REASON_CHARS}"
-            )
-        command = InvalidateRecord(
-            id=record_id, reason=check_text("reason", reason), at=self._clock()
-        )
+        command = InvalidateRecord(id=record_id, reason=_reason(reason), at=self._clock())
         await self._submit(command, RecordInvalidated)
 
     async def delete(self, id: str) -> None:
@@ -447,6 +435,68 @@ def _linked(
 
 
 # -- input checks: each error names the field -----------------------------------------------
+
+
+def checked_record(
+    *,
+    id: object,
+    content: object,
+    record_type: object,
+    user_id: object,
+    agent_id: object,
+    thread_id: object,
+    metadata: object,
+    timestamp: object,
+    expires_at: object,
+    role: object,
+    status: object = RecordStatus.VALID,
+    invalid_reason: object = None,
+) -> Record:
+    """A `Record` from fields given by a caller or a file; `InvalidInputError` names the
+    first bad one (`mem.records.add`, and an import's record lines)."""
+    rtype = _record_type("record_type", record_type)
+    record_status = RecordStatus(check_choice("status", status, _STATUSES))
+    reason = None
+    if record_status == RecordStatus.INVALID:
+        reason = _reason(invalid_reason)
+    elif invalid_reason is not None:
+        raise InvalidInputError("invalid_reason: only an invalid record has one")
+    return Record(
+        id=_record_id("id", id),
+        content=check_nonblank("content", content, MAX_CONTENT_CHARS),
+        record_type=rtype,
+        user_id=_scope_id("user_id", user_id),
+        agent_id=_scope_id("agent_id", agent_id),
+        thread_id=_scope_id("thread_id", thread_id),
+        status=record_status,
+        invalid_reason=reason,
+        metadata=_metadata(metadata),
+        timestamp=_seconds("timestamp", timestamp),
+        expires_at=None if expires_at is None else _seconds("expires_at", expires_at),
+        role=_role(role, rtype),
+    )
+
+
+def checked_relation(source_id: object, target_id: object, relation: object) -> RecordRelation:
+    """A `RecordRelation` from caller input; `InvalidInputError` names the bad field."""
+    rel = RecordRelation(
+        relation=_relation(relation),
+        source_id=_record_id("source_id", source_id),
+        target_id=_record_id("target_id", target_id),
+    )
+    if rel.source_id == rel.target_id:
+        raise InvalidInputError("target_id: a record cannot be linked to itself")
+    return rel
+
+
+def _reason(reason: object) -> str:
+    if not isinstance(reason, str) or not reason.strip():
+        raise InvalidInputError(f"reason: expected a non-empty string, got {reason!r}")
+    if len(reason) > MAX_REASON_CHARS:
+        raise InvalidInputError(
+            f"reason: {len(reason)} characters is over the maximum {MAX_REASON_CHARS}"
+        )
+    return check_text("reason", reason)
 
 
 def _scope_id(name: str, value: object) -> str | None:

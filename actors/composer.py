@@ -13,10 +13,17 @@ indexer's acks.
 Memory fails open: a failed write or a failed recall becomes a `problem` of the reply and
 the turn goes on without memory. The host's own `respond` failing is the host's error and
 propagates.
+
+What is wrong with the input is refused before anything is written: the turn, and whether
+`respond` can be called as `respond(prompt_prefix, turn)`. What `respond` gives back can
+only be seen after it ran, when the user message is already stored: a non-awaitable or a
+non-string answer is an `InvalidInputError` that says so (the user message stored, with
+its event id; no assistant message) (docs/design.md §6).
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Awaitable, Callable
 
 from ..protocol.content import Message
@@ -39,11 +46,7 @@ class Composer:
     async def reply(self, turn: Turn, respond: Respond) -> Reply:
         if not isinstance(turn, Turn):
             raise InvalidInputError(f"turn: expected am.Turn, got {type(turn).__name__}")
-        if not callable(respond):
-            raise InvalidInputError(
-                f"respond: expected an async function (prompt_prefix, turn) -> str, "
-                f"got {type(respond).__name__}"
-            )
+        _check_respond(respond, turn)
         problems: list[str] = []
         user_event = await self._persist(turn.session_key, turn.messages[-1], problems)
         try:
@@ -53,9 +56,18 @@ class Composer:
         except (ActiveMemoryError, OSError) as exc:  # fail open: reply without memory
             problems.append(f"recall: {exc}")
             outcome = RecallOutcome(status="failed", reason=str(exc))
-        text = await respond(outcome.prompt_prefix, turn)
+        answer = respond(outcome.prompt_prefix, turn)
+        if not inspect.isawaitable(answer):
+            raise InvalidInputError(
+                f"respond: returned {type(answer).__name__}, not an awaitable (pass an async "
+                f"function); {_stored(turn.session_key, user_event)}"
+            )
+        text = await answer
         if not isinstance(text, str):
-            raise InvalidInputError(f"respond: returned {type(text).__name__}, expected str")
+            raise InvalidInputError(
+                f"respond: returned {type(text).__name__}, expected str; "
+                f"{_stored(turn.session_key, user_event)}"
+            )
         assistant_event = None
         if text.strip():
             assistant_event = await self._persist(
@@ -78,3 +90,31 @@ class Composer:
         except ActiveMemoryError as exc:  # storage trouble: the turn goes on
             problems.append(f"persist {message.role} message: {exc}")
             return None
+
+
+def _check_respond(respond: object, turn: Turn) -> None:
+    """`InvalidInputError` unless `respond(prompt_prefix, turn)` is a call it can take."""
+    if not callable(respond):
+        raise InvalidInputError(
+            f"respond: expected an async function (prompt_prefix, turn) -> str, "
+            f"got {type(respond).__name__}"
+        )
+    try:
+        signature = inspect.signature(respond)
+    except (TypeError, ValueError):
+        return  # a builtin or extension callable without one: it is called as it is
+    try:
+        signature.bind(None, turn)
+    except TypeError as exc:
+        raise InvalidInputError(
+            f"respond: cannot be called as respond(prompt_prefix, turn) ({exc})"
+        ) from None
+
+
+def _stored(key: str, user_event: Event | None) -> str:
+    """What a reply wrote before `respond`'s answer turned out unusable."""
+    if user_event is None:
+        return "nothing was stored (the user message could not be)"
+    return (
+        f"the user message is stored (event {user_event.id} of {key!r}), no assistant message was"
+    )

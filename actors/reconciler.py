@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from ..protocol.indexer import IndexerAck, IndexerCommand, ReindexChunk, Reindexed
+from ..protocol.indexer import IndexerAck, IndexerCommand, ReindexChunk, Reindexed, Rejected
 from ..protocol.reconciler import Poke
 from ..protocol.session_key import parse_session_key
 from .poked import PokedActor
@@ -54,6 +54,9 @@ class Reconciler(PokedActor):
         self.chunk_rows = chunk_rows
         self.busy = False
         self.stopping = False  # set by the supervisor at shutdown: stop after this chunk
+        # Why the last chunk was refused by storage (None once one succeeds): a caller
+        # waiting for a rebuild (`Sessions.reindex`) reports it instead of waiting forever.
+        self.failure: str | None = None
 
     async def _work(self) -> None:
         while True:
@@ -80,7 +83,10 @@ class Reconciler(PokedActor):
                 )
             )
             if not isinstance(ack, Reindexed):
+                if isinstance(ack, Rejected) and ack.reason == "storage":
+                    self.failure = ack.message
                 return False
+            self.failure = None
             if ack.stale or ack.clean:
                 return True  # done, or changed while we worked: the next read sees its revision
             after = ack.next_depth

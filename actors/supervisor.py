@@ -6,7 +6,11 @@ inbox, and a reader connection (and, with an embedder, an embedder actor with it
 reader). The records store (`records.db`, one for all agents) is
 opened the same way on its first use, with the records keeper as its single writer; both are
 a `Database` handle. A crashed actor is never silently lost: its exception propagates out of
-`open_memory()`."""
+`open_memory()`.
+
+Read-only (`open_memory(readonly=True)`, docs/design.md §1.6): each database is only a
+reader connection — no writer lock, no writer, no reconciler, no embedder actor — and every
+write is refused with `readonly_error`."""
 
 from __future__ import annotations
 
@@ -24,7 +28,7 @@ from anyio.streams.memory import MemoryObjectSendStream
 
 from ..protocol.embedder import EmbedPoke
 from ..protocol.embeddings import Embedder
-from ..protocol.errors import MemoryClosedError, StorageError
+from ..protocol.errors import InvalidInputError, MemoryClosedError, StorageError
 from ..protocol.indexer import (
     Appended,
     Imported,
@@ -37,9 +41,22 @@ from ..protocol.indexer import (
 from ..protocol.reconciler import Poke
 from ..protocol.records import RecordAck, RecordCommand
 from ..protocol.transcript import IndexStats
-from ..storage.db import Durability, WriterLock, ensure_state_dir, open_connection, translate_errors
+from ..storage.db import (
+    Durability,
+    WriterLock,
+    ensure_state_dir,
+    open_connection,
+    readonly_error,
+    translate_errors,
+)
 from ..storage.executor import Executor, ExecutorKind, make_executor
-from ..storage.records import RecordReader, RecordWriter, open_records_connection, records_db_path
+from ..storage.records import (
+    RECORDS_DB,
+    RecordReader,
+    RecordWriter,
+    open_records_connection,
+    records_db_path,
+)
 from ..storage.transcripts import TranscriptReader, TranscriptWriter, agent_db_path
 from ..storage.vector_index import VectorFeed, VectorIndexes, attach, detach
 from .embedder import EmbedderActor
@@ -65,18 +82,34 @@ R = TypeVar("R", bound=_Reader)
 
 @dataclass(kw_only=True)
 class Database(Generic[R, C, A]):
-    """Everything open for one database: its single writer (`actor`), its reader and lock."""
+    """Everything open for one database: its single writer (`actor`), its reader and lock.
+
+    Opened read-only (docs/design.md §1.6) it has a reader alone: `actor` and `lock` are
+    None, and `submit` raises `StorageError` naming readonly.
+    """
 
     path: Path
-    actor: GroupCommit[C, A]
+    actor: GroupCommit[C, A] | None
     reader: R
     read_executor: Executor
-    lock: WriterLock
+    lock: WriterLock | None
+    state_dir: Path
     stopped: anyio.Event = field(default_factory=anyio.Event)
+
+    @property
+    def readonly(self) -> bool:
+        """Opened by `open_memory(readonly=True)`: a reader alone."""
+        return self.actor is None
+
+    def writer(self) -> GroupCommit[C, A]:
+        """The writer actor; `StorageError` naming readonly when there is none."""
+        if self.actor is None:
+            raise readonly_error(self.state_dir)
+        return self.actor
 
     async def submit(self, command: C) -> A:
         """Queue `command` for the writer and wait for its ack (`GroupCommit.submit`)."""
-        return await self.actor.submit(command)
+        return await self.writer().submit(command)
 
     async def read(self, fn: Callable[[R], T]) -> T:
         """Run `fn` on the reader connection; SQLite errors become `StorageError`.
@@ -93,16 +126,23 @@ class Database(Generic[R, C, A]):
     async def run_writer(self) -> None:
         """The writer's loop (a task of the supervisor); `stopped` is set when it ends."""
         try:
-            await self.actor.run()
+            await self.writer().run()
         finally:
             self.stopped.set()
 
+    async def close_inbox(self) -> None:
+        """Close the writer's inbox (it drains what is queued, then stops)."""
+        if self.actor is not None:
+            await self.actor.close_inbox()
+
     async def close(self) -> None:
         """Once the writer has stopped (its inbox closed and drained): close the connections."""
-        await self.stopped.wait()
-        await self.actor.executor.run(self.actor.writer.conn.close)
+        if self.actor is not None:
+            await self.stopped.wait()
+            await self.actor.executor.run(self.actor.writer.conn.close)
         await self.read_executor.run(self.reader.conn.close)
-        self.lock.release()
+        if self.lock is not None:
+            self.lock.release()
 
 
 @dataclass(kw_only=True)
@@ -110,8 +150,10 @@ class AgentStore(Database[TranscriptReader, IndexerCommand, IndexerAck]):
     """Everything open for one agent database, with the reconciler of its index."""
 
     agent: str
-    reconciler: Reconciler
-    pokes: MemoryObjectSendStream[Poke]
+    # None when read-only: nothing rebuilds; a dirty session stays hidden from this
+    # memory's searches until the writer's reconciler has rebuilt it.
+    reconciler: Reconciler | None
+    pokes: MemoryObjectSendStream[Poke] | None
     reconciler_stopped: anyio.Event = field(default_factory=anyio.Event)
 
     # The embedder actor of this database (None: no embedder configured, no vectors).
@@ -149,7 +191,7 @@ class AgentStore(Database[TranscriptReader, IndexerCommand, IndexerAck]):
     async def submit(self, command: IndexerCommand) -> IndexerAck:
         """Queue `command` for the indexer and wait for its ack; a write that may have
         added indexed rows pokes the embedder actor (after its commit, never waiting)."""
-        ack = await self.actor.submit(command)
+        ack = await self.writer().submit(command)
         if self.embed_pokes is not None and _may_need_vectors(ack):
             self.poke_embedder("write")
         return ack
@@ -190,6 +232,8 @@ class AgentStore(Database[TranscriptReader, IndexerCommand, IndexerAck]):
 
         A poke already waiting means the same, so a full inbox drops this one.
         """
+        if self.pokes is None:
+            return  # read-only: the writer's own reconciler does the rebuilding
         with contextlib.suppress(
             anyio.WouldBlock, anyio.ClosedResourceError, anyio.BrokenResourceError
         ):
@@ -226,9 +270,12 @@ class Supervisor:
         durability: Durability = "crash",
         max_batch: int = MAX_BATCH,
         embedder: Embedder | None = None,
+        readonly: bool = False,
     ) -> None:
         self._tg = task_group
-        self.embedder = embedder
+        self.readonly = readonly
+        # Read-only: no embedder actor makes vectors (the query side still embeds queries).
+        self.embedder = None if readonly else embedder
         self.durability: Durability = durability
         self.state_dir = state_dir
         self.executor_kind: ExecutorKind = executor
@@ -284,8 +331,10 @@ class Supervisor:
             reader=RecordReader(reader),
             read_executor=read_executor,
             lock=lock,
+            state_dir=self.state_dir,
         )
-        self._tg.start_soon(records.run_writer, name="records-keeper")
+        if actor is not None:
+            self._tg.start_soon(records.run_writer, name="records-keeper")
         return records
 
     async def _open(
@@ -294,11 +343,15 @@ class Supervisor:
         connect: Callable[..., apsw.Connection],
         make_writer: Callable[[apsw.Connection], StorageWriter[C, A]],
         make_actor: type[GroupCommit[C, A]],
-    ) -> tuple[GroupCommit[C, A], apsw.Connection, Executor, WriterLock]:
+    ) -> tuple[GroupCommit[C, A] | None, apsw.Connection, Executor, WriterLock | None]:
         """The single writer of `path` (holding its writer lock) and a reader connection,
-        each on its own executor; `connect` opens a connection and migrates the writer's."""
-        write_executor = make_executor(self.executor_kind)
+        each on its own executor; `connect` opens a connection and migrates the writer's.
+        Read-only: the reader alone (docs/design.md §1.6), no writer and no lock."""
         read_executor = make_executor(self.executor_kind)
+        if self.readonly:
+            reader = await read_executor.run(lambda: connect(path, writer=False, readonly=True))
+            return None, reader, read_executor, None
+        write_executor = make_executor(self.executor_kind)
         lock = WriterLock(path)
 
         def open_writer() -> StorageWriter[C, A]:
@@ -327,16 +380,32 @@ class Supervisor:
         return list(self._agents.values())
 
     def known_agents(self) -> list[str]:
-        """Agents with a database in the state directory, open or not."""
-        root = self.state_dir / "agents"
-        on_disk = {p.parent.name for p in root.glob("*/memory.db")} if root.is_dir() else set()
-        return sorted(on_disk | set(self._agents))
+        """Agents with a database in the state directory, open or not (read-only: on disk
+        only; an agent with no database reads as empty and is not listed)."""
+        if self.readonly:
+            return agents_on_disk(self.state_dir)
+        return sorted(set(agents_on_disk(self.state_dir)) | set(self._agents))
 
     async def _open_agent(self, agent: str) -> AgentStore:
         path = agent_db_path(self.state_dir, agent)
         actor, reader, read_executor, lock = await self._open(
             path, open_connection, TranscriptWriter, Indexer
         )
+        if actor is None:  # read-only: a reader alone (docs/design.md §1.6)
+            store = AgentStore(
+                agent=agent,
+                path=path,
+                actor=None,
+                reader=TranscriptReader(reader, agent),
+                read_executor=read_executor,
+                lock=None,
+                state_dir=self.state_dir,
+                reconciler=None,
+                pokes=None,
+            )
+            store.embedder_stopped.set()
+            return store  # no vector index: a writer in another process feeds nothing here
+        assert lock is not None
         # The in-memory vector index of the reader's searches, fed by the writer's commits
         # (storage/vector_index.py, docs/design.md §2.3); installed before the first write.
         feed = VectorFeed()
@@ -362,6 +431,7 @@ class Supervisor:
             reader=TranscriptReader(reader, agent),
             read_executor=read_executor,
             lock=lock,
+            state_dir=self.state_dir,
             reconciler=Reconciler(
                 poke_receive, submit=self._submit_for(agent), read_dirty=self._read_dirty_for(agent)
             ),
@@ -400,6 +470,7 @@ class Supervisor:
         return read_dirty
 
     async def _run_reconciler(self, store: AgentStore) -> None:
+        assert store.reconciler is not None
         try:
             await store.reconciler.run()
         finally:
@@ -425,7 +496,7 @@ class Supervisor:
         await self._recall_pool_stopped.wait()
         # Nothing else writes records: its keeper drains its inbox and closes now.
         if self._records is not None:
-            await self._records.actor.close_inbox()
+            await self._records.close_inbox()
             await self._records.close()
         # The embedder actor writes through the indexer too; it is cancelled, not drained:
         # a hanging embedder must not hold the memory open, and missing vectors are made up
@@ -438,12 +509,15 @@ class Supervisor:
             await store.embedder_stopped.wait()
         # The reconciler writes through the indexer, so it stops first (after its chunk).
         for store in self._agents.values():
-            store.reconciler.stopping = True
-            await store.pokes.aclose()
+            if store.reconciler is not None and store.pokes is not None:
+                store.reconciler.stopping = True
+                await store.pokes.aclose()
+            else:  # read-only: there is none
+                store.reconciler_stopped.set()
         for store in self._agents.values():
             await store.reconciler_stopped.wait()
         for store in self._agents.values():
-            await store.actor.close_inbox()
+            await store.close_inbox()
         for store in self._agents.values():
             await store.close()
 
@@ -456,10 +530,15 @@ async def open_supervisor(
     durability: Durability = "crash",
     max_batch: int = MAX_BATCH,
     embedder: Embedder | None = None,
+    readonly: bool = False,
 ) -> AsyncIterator[Supervisor]:
     """Run a supervisor for the duration of the block; with `embedder`, each agent
-    database also gets an embedder actor (docs/design.md §2.3)."""
-    ensure_state_dir(state_dir)
+    database also gets an embedder actor (docs/design.md §2.3). `readonly`: readers alone,
+    on a state directory that must already hold a store (docs/design.md §1.6)."""
+    if readonly:
+        require_store(state_dir)
+    else:
+        ensure_state_dir(state_dir)
     try:
         async with anyio.create_task_group() as tg:
             supervisor = Supervisor(
@@ -469,6 +548,7 @@ async def open_supervisor(
                 durability=durability,
                 max_batch=max_batch,
                 embedder=embedder,
+                readonly=readonly,
             )
             try:
                 yield supervisor
@@ -481,3 +561,24 @@ async def open_supervisor(
         if len(group.exceptions) == 1:
             raise group.exceptions[0] from None
         raise
+
+
+def agents_on_disk(state_dir: Path) -> list[str]:
+    """The agents with a database in `state_dir` (docs/design.md §1.4)."""
+    root = state_dir / "agents"
+    return sorted(p.parent.name for p in root.glob("*/memory.db")) if root.is_dir() else []
+
+
+def require_store(state_dir: Path, field: str = "state_dir") -> None:
+    """`InvalidInputError` naming `field` unless `state_dir` is a directory holding a store
+    (`records.db` or an agent database): what a read-only open and the CLI's read commands
+    need, so a mistyped path is an error, never a new empty store."""
+    if not state_dir.exists():
+        raise InvalidInputError(f"{field}: {str(state_dir)!r} does not exist")
+    if not state_dir.is_dir():
+        raise InvalidInputError(f"{field}: {str(state_dir)!r} is not a directory")
+    if not (state_dir / RECORDS_DB).exists() and not agents_on_disk(state_dir):
+        raise InvalidInputError(
+            f"{field}: {str(state_dir)!r} holds no activememory store "
+            f"(no {RECORDS_DB}, no agents/*/memory.db)"
+        )

@@ -376,7 +376,7 @@ class MemorySearchLocal(msgspec.Struct, frozen=True, kw_only=True, rename="camel
         NonEmptyStr | None,
         msgspec.Meta(
             description="An ONNX sentence encoder (a .onnx file with tokenizer.json beside it) "
-            "instead of the shipped all-MiniLM-L6-v2"
+            "instead of the shipped models"
         ),
     ] = None
 
@@ -467,7 +467,7 @@ class MemorySearchDefaults(msgspec.Struct, frozen=True, kw_only=True, rename="ca
     model: Annotated[
         NonEmptyStr | None,
         msgspec.Meta(
-            description="Embedding model; unset: all-MiniLM-L6-v2 (local), "
+            description="Embedding model; unset: all-mpnet-base-v2 (local; or all-MiniLM-L6-v2), "
             "text-embedding-3-small (openai), nomic-embed-text (ollama)"
         ),
     ] = None
@@ -599,6 +599,13 @@ class PrivateScope(msgspec.Struct, frozen=True, kw_only=True):
 
     peers: tuple[str, ...] | None  # direct chats by conversation id; None: every peer
     owner: bool  # the main and explicit sessions
+
+    def holds(self, key: SessionKey) -> bool:
+        """Whether `key` is one of these sessions (the Python twin of the SQL condition in
+        storage/search.py `_PRIVATE` and storage/userdata.py `_OWNED`)."""
+        if key.chat_type == "direct" and key.conversation_id is not None:
+            return self.peers is None or key.conversation_id in self.peers
+        return key.is_private and self.owner
 
 
 SINGLE_OWNER = PrivateScope(peers=None, owner=True)
@@ -734,6 +741,14 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
         links = dict.fromkeys((identity, *self.identity_links.get(identity, ())))
         peers = tuple(p for p in links if self._linked(p) == identity)
         return PrivateScope(peers=peers, owner=owners)
+
+    def sessions_of(self, identity: str) -> PrivateScope:
+        """The sessions whose identity (`identity_of`) is `identity`, as a selector: the
+        direct chats of the peers that resolve to it, and the main and explicit sessions
+        if it is the owner's (docs/design.md §2.6: a user's data)."""
+        links = dict.fromkeys((identity, *self.identity_links.get(identity, ())))
+        peers = tuple(p for p in links if self._linked(p) == identity)
+        return PrivateScope(peers=peers, owner=self.identity_of(_MAIN) == identity)
 
     def recall_agents(self) -> tuple[str, ...]:
         """The agents advanced Active Memory targets: `config.agents`, else every configured

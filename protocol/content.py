@@ -6,6 +6,7 @@ text of a string, or of text/input_text/output_text blocks. Everything else is s
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal, TypeAlias, TypeVar, cast
@@ -16,6 +17,12 @@ from .errors import InvalidInputError
 
 # Largest encoded content of one message. Bigger payloads belong in files, not transcripts.
 MAX_CONTENT_BYTES = 1_048_576
+
+# The times a message may carry, as epoch seconds: from 1970-01-01 up to, not including,
+# 10000-01-01 UTC — what a datetime, ISO 8601 and every reader of a transcript can show
+# (docs/design.md §2.2). NaN, infinities and 1e300 are refused where they come in.
+MAX_TIMESTAMP = 253_402_300_800
+TIMESTAMP_RANGE = "epoch seconds from 0 (1970-01-01) to below 253402300800 (year 10000)"
 
 ROLES = ("user", "assistant", "tool")
 Role: TypeAlias = Literal["user", "assistant", "tool"]
@@ -192,6 +199,17 @@ def check_text(where: str, value: str) -> str:
     return value
 
 
+def check_timestamp(where: str, value: object) -> float:
+    """`value` as float, if it is a time a transcript may hold (`MAX_TIMESTAMP`); else
+    `InvalidInputError` naming `where` and the range."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        raise InvalidInputError(f"{where}: expected a number of epoch seconds, got {value!r}")
+    # Compared before any float(): an int such as 10**400 has no float.
+    if (isinstance(value, float) and math.isnan(value)) or not 0 <= value < MAX_TIMESTAMP:
+        raise InvalidInputError(f"{where}: {value!r} is out of range ({TIMESTAMP_RANGE})")
+    return float(value)
+
+
 def check_nonblank(where: str, value: object, max_chars: int) -> str:
     """`value`, if it is a string, not blank, at most `max_chars` characters and valid
     Unicode; else `InvalidInputError` naming `where`."""
@@ -263,15 +281,9 @@ def message_from_mapping(value: Mapping[str, Any], where: str = "message") -> Me
         if name not in value:
             raise InvalidInputError(f"{where}: missing field {name!r}")
     timestamp = value.get("timestamp")
-    if timestamp is not None and (
-        not isinstance(timestamp, int | float) or isinstance(timestamp, bool)
-    ):
-        raise InvalidInputError(f"{where}.timestamp: expected a number, got {timestamp!r}")
+    if timestamp is not None:
+        timestamp = check_timestamp(f"{where}.timestamp", timestamp)
     try:
-        return Message(
-            role=value["role"],
-            content=value["content"],
-            timestamp=None if timestamp is None else float(timestamp),
-        )
+        return Message(role=value["role"], content=value["content"], timestamp=timestamp)
     except InvalidInputError as exc:
         raise InvalidInputError(f"{where}: {exc}") from None

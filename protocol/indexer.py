@@ -12,10 +12,12 @@ from typing import Literal, TypeAlias
 
 import msgspec
 
+from .config import PrivateScope
 from .content import Message
 from .recall import SessionSwitches, TraceMode
 from .session_key import SessionKey
 from .transcript import Event, ImportEntry
+from .userdata import AgentErasure
 
 
 class _Command(msgspec.Struct, frozen=True, kw_only=True, tag_field="op"):
@@ -58,18 +60,40 @@ class ArchiveSession(_Command, tag="archive", frozen=True, kw_only=True):
 
 
 class ImportTranscript(_Command, tag="import", frozen=True, kw_only=True):
-    """Importer → indexer: store pre-existing rows unindexed; the session is marked dirty."""
+    """Importer → indexer: store pre-existing rows unindexed; the session is marked dirty.
+
+    A session that already has messages is refused, unless `resume` and it already holds
+    exactly these entries first (docs/design.md §2.5): then nothing is written and the ack
+    says `skipped`.
+    """
 
     entries: tuple[ImportEntry, ...]
     leaf_id: str | None = None
     persistent: bool = True
     interactive: bool = True
+    # The entry ids are event ids to keep (an export, docs/design.md §2.6): kept when
+    # every one is a free positive integer, else the session gets fresh ids as usual.
+    keep_ids: bool = False
+
+    resume: bool = False
     at: float
 
 
 class RebuildIndex(msgspec.Struct, frozen=True, kw_only=True, tag_field="op", tag="rebuild"):
     """Facade → indexer: rebuild the index rows of dirty sessions (all, or one)."""
 
+    key: SessionKey | None = None
+
+
+class MarkDirty(msgspec.Struct, frozen=True, kw_only=True, tag_field="op", tag="mark_dirty"):
+    """Facade → indexer: have the reconciler rebuild sessions (`reindex`, docs/design.md §2.4).
+
+    One session (`key`), or every session of the agent database (`key` None), whose index
+    rows are then all removed at once, so a damaged index is rebuilt from nothing. The
+    sessions are dirty (hidden from search) and lose their vectors in this transaction.
+    """
+
+    agent: str
     key: SessionKey | None = None
 
 
@@ -188,6 +212,21 @@ class StoreVectors(msgspec.Struct, frozen=True, kw_only=True, tag_field="op", ta
             raise ValueError("vectors: expected float32 vectors of one dimension")
 
 
+class EraseIdentity(msgspec.Struct, frozen=True, kw_only=True, tag_field="op", tag="erase"):
+    """Facade (`mem.erase_identity`) → indexer: erase an identity's data (docs/design.md §2.6).
+
+    In one transaction: every session `sessions` selects and every session they spawned
+    (events, active branch, index rows, vectors, switches), the switch rows of its keys
+    that have no session, and the cached vectors of its texts no other row uses; the index
+    is merged so no deleted term stays in it. After the commit the writer rewrites the
+    file (VACUUM) and truncates the WAL, so the text is off the disk. Not a session
+    command, like `SyncNotes`.
+    """
+
+    agent: str
+    sessions: PrivateScope
+
+
 IndexerCommand: TypeAlias = (
     CreateSession
     | AppendMessage
@@ -196,10 +235,12 @@ IndexerCommand: TypeAlias = (
     | ArchiveSession
     | ImportTranscript
     | RebuildIndex
+    | MarkDirty
     | ReindexChunk
     | SetSwitches
     | SyncNotes
     | StoreVectors
+    | EraseIdentity
 )
 
 
@@ -241,10 +282,14 @@ class Archived(_Ack, tag="archived", frozen=True, kw_only=True):
 
 
 class Imported(_Ack, tag="imported", frozen=True, kw_only=True):
-    """Indexer → importer: the rows are stored; the session is dirty until rebuilt."""
+    """Indexer → importer: the rows are stored; the session is dirty until rebuilt.
+
+    `skipped`: a resumed import found the entries already stored; nothing was written.
+    """
 
     session_id: int
     events: int
+    skipped: bool = False
 
 
 class Rebuilt(_Ack, tag="rebuilt", frozen=True, kw_only=True):
@@ -252,6 +297,12 @@ class Rebuilt(_Ack, tag="rebuilt", frozen=True, kw_only=True):
 
     sessions: int
     index_rows: int
+
+
+class MarkedDirty(_Ack, tag="marked_dirty", frozen=True, kw_only=True):
+    """Indexer → facade: `sessions` are dirty, for the reconciler to rebuild."""
+
+    sessions: int
 
 
 class Reindexed(_Ack, tag="reindexed", frozen=True, kw_only=True):
@@ -295,6 +346,12 @@ class VectorsStored(_Ack, tag="vectors_stored", frozen=True, kw_only=True):
     skipped: int
 
 
+class Erased(_Ack, tag="erased", frozen=True, kw_only=True):
+    """Indexer → facade: what the erase removed, and whether the purge finished."""
+
+    erasure: AgentErasure
+
+
 RejectReason: TypeAlias = Literal["not_found", "invalid", "storage", "closed"]
 
 
@@ -313,9 +370,11 @@ IndexerAck: TypeAlias = (
     | Archived
     | Imported
     | Rebuilt
+    | MarkedDirty
     | Reindexed
     | SwitchesSet
     | NotesSynced
     | VectorsStored
+    | Erased
     | Rejected
 )

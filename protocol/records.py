@@ -22,6 +22,7 @@ import msgspec
 
 from .content import check_bool, check_choice, check_int
 from .errors import ActiveMemoryError, InvalidInputError
+from .userdata import RecordErasure
 
 if TYPE_CHECKING:
     from .record_results import RecordSearchResult
@@ -403,7 +404,26 @@ class DeleteRecord(_RecordCommand, tag="delete", frozen=True, kw_only=True):
     id: str
 
 
-RecordCommand: TypeAlias = AddRecord | LinkRecords | InvalidateRecord | DeleteRecord
+class RestoreRecord(_RecordCommand, tag="restore", frozen=True, kw_only=True):
+    """Importer → records keeper: store an exported record as it was (docs/design.md §2.6):
+    its id, status and times; rejected if the id exists."""
+
+    record: Record
+    created_at: float
+    invalidated_at: float | None = None
+
+
+class EraseUserRecords(_RecordCommand, tag="erase", frozen=True, kw_only=True):
+    """Facade (`mem.erase_identity`) → records keeper: delete every record whose `user_id`
+    is one of `user_ids`, its relations and index rows, in one transaction; the index is
+    merged and, after the commit, the file rewritten and the WAL truncated."""
+
+    user_ids: tuple[str, ...]
+
+
+RecordCommand: TypeAlias = (
+    AddRecord | LinkRecords | InvalidateRecord | DeleteRecord | RestoreRecord | EraseUserRecords
+)
 
 
 class _RecordAck(msgspec.Struct, frozen=True, kw_only=True, tag_field="ack"):
@@ -437,6 +457,12 @@ class RecordDeleted(_RecordAck, tag="deleted", frozen=True, kw_only=True):
     relations: int
 
 
+class RecordsErased(_RecordAck, tag="erased", frozen=True, kw_only=True):
+    """Records keeper → facade: what the erase removed, and whether the purge finished."""
+
+    erasure: RecordErasure
+
+
 RecordRejectReason: TypeAlias = Literal["not_found", "invalid", "storage", "closed"]
 
 
@@ -448,7 +474,7 @@ class RecordRejected(_RecordAck, tag="rejected", frozen=True, kw_only=True):
 
 
 RecordAck: TypeAlias = (
-    RecordAdded | RecordsLinked | RecordInvalidated | RecordDeleted | RecordRejected
+    RecordAdded | RecordsLinked | RecordInvalidated | RecordDeleted | RecordsErased | RecordRejected
 )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import urllib.parse
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Literal, TypeAlias
@@ -200,18 +201,26 @@ DURABILITY_LEVELS: tuple[Durability, ...] = ("crash", "power")
 _SYNCHRONOUS: dict[Durability, str] = {"crash": "NORMAL", "power": "FULL"}
 
 
-def configure(conn: apsw.Connection, durability: Durability = "crash") -> None:
+def configure(
+    conn: apsw.Connection, durability: Durability = "crash", *, readonly: bool = False
+) -> None:
     """Apply apsw's best practices to one of our connections.
 
     Applied per connection rather than through `apsw.bestpractice.apply()`, which would
-    change every apsw connection of the host process too.
+    change every apsw connection of the host process too. A read-only connection skips
+    what writes (the journal mode, `PRAGMA optimize`) and refuses every write itself
+    (`query_only`).
     """
     # First: `PRAGMA optimize` below may need a lock, and another writer may hold it.
     conn.set_busy_timeout(BUSY_TIMEOUT_MS)
-    apsw.bestpractice.connection_wal(conn)
+    if not readonly:
+        apsw.bestpractice.connection_wal(conn)
     apsw.bestpractice.connection_enable_foreign_keys(conn)
     apsw.bestpractice.connection_dqs(conn)
     apsw.bestpractice.connection_recursive_triggers(conn)
+    if readonly:
+        conn.pragma("query_only", True)
+        return
     apsw.bestpractice.connection_optimize(conn)
     conn.pragma("synchronous", _SYNCHRONOUS[durability])
 
@@ -229,6 +238,66 @@ def migrate(conn: apsw.Connection, migrations: tuple[Migration, ...] = MIGRATION
             step(conn)
             conn.pragma("user_version", target)
     return len(migrations)
+
+
+def check_schema(conn: apsw.Connection, migrations: tuple[Migration, ...] = MIGRATIONS) -> None:
+    """A read-only open's stand-in for `migrate`: the schema must be this code's, since a
+    reader may not migrate it (docs/design.md §1.6)."""
+    version = int(conn.pragma("user_version"))
+    if version < len(migrations):
+        raise StorageError(
+            f"{conn.filename}: schema version {version} is older than this activememory's "
+            f"({len(migrations)}) and readonly=True never migrates; open it once without "
+            "readonly (or with the activememory that wrote it)"
+        )
+    if version > len(migrations):
+        raise StorageError(
+            f"{conn.filename}: schema version {version} is newer than this activememory "
+            f"understands ({len(migrations)}); upgrade activememory"
+        )
+
+
+def readonly_error(state_dir: Path) -> StorageError:
+    """The one wording of a write asked of a read-only memory (docs/design.md §1.6)."""
+    return StorageError(
+        f"readonly: {str(state_dir)!r} was opened with open_memory(readonly=True), which "
+        "never writes; open it without readonly=True to write (one writer per state directory)"
+    )
+
+
+def _writable_dir(directory: Path) -> bool:
+    """Whether `directory` may be written: by us, and by its permission bits (a copy made
+    read-only with `chmod a-w` counts as read-only even for root, who could write it)."""
+    return os.access(directory, os.W_OK) and bool(directory.stat().st_mode & 0o222)
+
+
+def readonly_uri(path: Path) -> str:
+    """The SQLite URI that reads `path` without writing anything (docs/design.md §1.6).
+
+    - a `-shm` file exists (a writer has the database open, or this is a copy of one that
+      did): `mode=ro&readonly_shm=1`, which reads the WAL's committed pages through the
+      existing shared-memory index and never writes it;
+    - no `-wal` file: every committed page is in the main file. In a writable directory
+      `mode=ro` (SQLite makes the empty `-wal`/`-shm` any WAL reader needs, so a writer
+      that starts later is seen safely); in a read-only one `immutable=1`, which creates
+      nothing (no writer can start there either);
+    - a `-wal` without its `-shm` in a read-only directory cannot be read without writing:
+      a `StorageError` says so (copy the `-shm` file too, or checkpoint the original).
+    """
+    wal = path.with_name(path.name + "-wal")
+    shm = path.with_name(path.name + "-shm")
+    quoted = "file:" + urllib.parse.quote(str(path.resolve()))
+    if shm.exists():
+        return quoted + "?mode=ro&readonly_shm=1"
+    writable = _writable_dir(path.parent)
+    if writable:
+        return quoted + "?mode=ro"
+    if not wal.exists() or wal.stat().st_size == 0:
+        return quoted + "?immutable=1"
+    raise StorageError(
+        f"cannot open {str(path)!r} read-only: its write-ahead log has no {shm.name!r} "
+        "beside it and the directory is read-only; copy the -shm file too"
+    )
 
 
 def ensure_state_dir(state_dir: Path) -> Path:
@@ -282,23 +351,36 @@ def open_connection(
     durability: Durability = "crash",
     migrations: tuple[Migration, ...] = MIGRATIONS,
     reader_cache_kib: int | None = None,
+    readonly: bool = False,
 ) -> apsw.Connection:
     """Open and configure one database (an agent's unless `migrations` say otherwise); the
     writer also creates and migrates it, a reader keeps up to `reader_cache_kib` of pages.
 
     The directory must exist (the supervisor creates it before taking the writer lock).
+    `readonly` (a reader of `open_memory(readonly=True)`): opened through `readonly_uri`,
+    the schema checked, never migrated; a database that does not exist reads as an empty
+    one (a migrated in-memory database), and nothing is created on disk.
     """
     try:
-        flags = apsw.SQLITE_OPEN_READWRITE | (apsw.SQLITE_OPEN_CREATE if writer else 0)
-        conn = apsw.Connection(str(path), flags=flags)
+        if readonly and not path.exists():
+            conn = apsw.Connection(":memory:")
+            migrate(conn, migrations)
+        elif readonly:
+            flags = apsw.SQLITE_OPEN_READONLY | apsw.SQLITE_OPEN_URI
+            conn = apsw.Connection(readonly_uri(path), flags=flags)
+        else:
+            flags = apsw.SQLITE_OPEN_READWRITE | (apsw.SQLITE_OPEN_CREATE if writer else 0)
+            conn = apsw.Connection(str(path), flags=flags)
     except apsw.Error as exc:
         raise StorageError(f"cannot open {str(path)!r} ({describe(exc)})") from None
     try:
         with translate_errors(path):
-            configure(conn, durability)
+            configure(conn, durability, readonly=readonly)
             if writer:
                 migrate(conn, migrations)
-            elif reader_cache_kib is not None:
+            elif readonly:
+                check_schema(conn, migrations)
+            if not writer and reader_cache_kib is not None:
                 conn.pragma("cache_size", -reader_cache_kib)
     except BaseException:
         conn.close()

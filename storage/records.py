@@ -74,6 +74,7 @@ import msgspec
 from ..protocol.records import (
     AddRecord,
     DeleteRecord,
+    EraseUserRecords,
     InvalidateRecord,
     LinkRecords,
     Record,
@@ -84,15 +85,18 @@ from ..protocol.records import (
     RecordInvalidated,
     RecordRejected,
     RecordRelation,
+    RecordsErased,
     RecordsLinked,
     RecordStatus,
     RecordType,
+    RestoreRecord,
     SearchScope,
 )
 from .db import Migration, describe, open_connection
 from .fts_query import RANK, TOKENIZE, MatchPlan, index_columns
 from .search import TermStats, indexed_rows
 from .transcripts import write_transaction
+from .userdata import erase_records, purge
 
 RECORDS_DB = "records.db"
 BOOST = 0.5
@@ -218,20 +222,37 @@ class RecordWriter:
 
     def __init__(self, conn: apsw.Connection) -> None:
         self.conn = conn
+        self._purge_after_commit = False  # set by an erase (docs/design.md §2.6)
 
     def apply(self, commands: Sequence[RecordCommand]) -> list[RecordAck]:
         """Apply `commands` in one transaction; one ack per command, in order.
 
         If the transaction fails, it is rolled back whole and, unless another writer holds
         the lock, each command is retried alone so one bad command cannot sink the others.
+        After a batch with an erase commits, the file is purged (storage/userdata.py).
         """
         try:
             with write_transaction(self.conn):
-                return [self._apply_one(cmd) for cmd in commands]
+                acks = [self._apply_one(cmd) for cmd in commands]
         except apsw.Error as exc:
+            self._purge_after_commit = False
             if len(commands) == 1 or isinstance(exc, apsw.BusyError | apsw.LockedError):
                 return [RecordRejected(reason="storage", message=describe(exc)) for _ in commands]
-        return [ack for cmd in commands for ack in self.apply([cmd])]
+            return [ack for cmd in commands for ack in self.apply([cmd])]
+        if self._purge_after_commit:
+            self._purge_after_commit = False
+            problem = purge(self.conn)
+            acks = [
+                RecordsErased(
+                    erasure=msgspec.structs.replace(
+                        a.erasure, purged=problem is None, problem=problem
+                    )
+                )
+                if isinstance(a, RecordsErased)
+                else a
+                for a in acks
+            ]
+        return acks
 
     def _apply_one(self, cmd: RecordCommand) -> RecordAck:
         match cmd:
@@ -243,6 +264,11 @@ class RecordWriter:
                 return self._invalidate(cmd)
             case DeleteRecord():
                 return self._delete(cmd)
+            case RestoreRecord():
+                return self._restore(cmd)
+            case EraseUserRecords():
+                self._purge_after_commit = True
+                return RecordsErased(erasure=erase_records(self.conn, cmd.user_ids))
 
     def _seq(self, record_id: str) -> int | None:
         row = self.conn.execute("SELECT seq FROM records WHERE id = ?", (record_id,)).fetchone()
@@ -271,6 +297,18 @@ class RecordWriter:
         seq = self.conn.last_insert_rowid()
         self.conn.execute(_INSERT_FTS, (seq, *index_columns(r.content)))
         return RecordAdded(id=r.id)
+
+    def _restore(self, cmd: RestoreRecord) -> RecordAck:
+        """An exported record back as it was: `_add`, then its status and times."""
+        r = cmd.record
+        ack = self._add(AddRecord(record=r, at=cmd.created_at))
+        if isinstance(ack, RecordAdded) and r.status == RecordStatus.INVALID:
+            self.conn.execute(
+                "UPDATE records SET status = 'invalid', invalid_reason = ?, invalidated_at = ?"
+                " WHERE id = ?",
+                (r.invalid_reason, cmd.invalidated_at, r.id),
+            )
+        return ack
 
     def _link(self, cmd: LinkRecords) -> RecordAck:
         rel = cmd.relation

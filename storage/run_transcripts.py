@@ -25,8 +25,11 @@ _encode = msgspec.json.Encoder().encode
 class TranscriptPlace:
     """Where the transcripts of one `open_memory()` go: a private temp folder, or kept."""
 
-    def __init__(self, state_dir: Path) -> None:
+    def __init__(self, state_dir: Path, *, keep: bool = True) -> None:
         self.state_dir = state_dir
+        # False for a read-only memory (docs/design.md §1.6): nothing is kept in the store,
+        # whatever `persistTranscripts` says.
+        self.keep = keep
         self._temp: Path | None = None
 
     def temp_dir(self) -> Path:

@@ -16,6 +16,7 @@ from typing import cast
 
 import apsw
 import msgspec
+from msgspec.structs import replace
 
 from ..protocol.content import Content, Message
 from ..protocol.indexer import (
@@ -27,10 +28,14 @@ from ..protocol.indexer import (
     CreateSession,
     Deleted,
     DeleteSession,
+    Erased,
+    EraseIdentity,
     Imported,
     ImportTranscript,
     IndexerAck,
     IndexerCommand,
+    MarkDirty,
+    MarkedDirty,
     RebuildIndex,
     Rebuilt,
     ReindexChunk,
@@ -45,10 +50,11 @@ from ..protocol.indexer import (
 )
 from ..protocol.recall import SessionSwitches
 from ..protocol.session_key import SessionKey
-from ..protocol.transcript import Event, IndexStats, SessionInfo
+from ..protocol.transcript import Event, ImportEntry, IndexStats, SessionInfo
 from .db import describe
 from .fts_query import index_row
 from .notes import apply_sync_notes
+from .userdata import erase_extras, plan_erasure, purge
 from .vectors import apply_store_vectors, bump_vector_epoch, drop_session_vectors, pending_count
 
 _INSERT_MESSAGE = (
@@ -116,6 +122,7 @@ class TranscriptWriter:
         self._branch_rows: list[tuple[int, int, int]] = []
         self._index_rows: list[tuple[int, str, str | None, str | None]] = []
         self._next_event_id = self._load_next_event_id()
+        self._purge_after_commit = False  # set by an erase (docs/design.md §2.6)
 
     def _load_next_event_id(self) -> int:
         (max_id,) = self.conn.execute("SELECT coalesce(max(id), 0) FROM events").fetchone() or (0,)
@@ -133,12 +140,22 @@ class TranscriptWriter:
                 acks = [self._apply_one(cmd) for cmd in commands]
                 self._flush_rows()
                 self._flush_sessions()
-            return acks
         except apsw.Error as exc:
             self._forget_cache()
+            self._purge_after_commit = False
             if len(commands) == 1 or isinstance(exc, apsw.BusyError | apsw.LockedError):
                 return [Rejected(reason="storage", message=describe(exc)) for _ in commands]
-        return [ack for cmd in commands for ack in self.apply([cmd])]
+            return [ack for cmd in commands for ack in self.apply([cmd])]
+        if self._purge_after_commit:  # an erase committed: take its text off the disk
+            self._purge_after_commit = False
+            problem = purge(self.conn)
+            acks = [
+                Erased(erasure=replace(a.erasure, purged=problem is None, problem=problem))
+                if isinstance(a, Erased)
+                else a
+                for a in acks
+            ]
+        return acks
 
     def _forget_cache(self) -> None:
         self._sessions.clear()
@@ -167,6 +184,8 @@ class TranscriptWriter:
                 return self._import(cmd)
             case RebuildIndex():
                 return self._rebuild(cmd)
+            case MarkDirty():
+                return self._mark_dirty(cmd)
             case ReindexChunk():
                 return self._reindex_chunk(cmd)
             case SetSwitches():
@@ -176,6 +195,8 @@ class TranscriptWriter:
             case StoreVectors():
                 self._flush_sessions()  # its checks read `sessions.dirty`
                 return apply_store_vectors(self.conn, cmd)
+            case EraseIdentity():
+                return self._erase(cmd)
 
     def _flush_rows(self) -> None:
         """Write the rows appends have queued, a statement per table for the whole batch."""
@@ -384,6 +405,12 @@ class TranscriptWriter:
         state = self._session(key)
         if state is None:
             return Rejected(reason="not_found", message=f"session_key: no session {key!r}")
+        events, index_rows = self._delete_session(key, state)
+        bump_vector_epoch(self.conn)  # its event and session ids may be used again
+        return Deleted(events=events, index_rows=index_rows)
+
+    def _delete_session(self, key: str, state: _SessionState) -> tuple[int, int]:
+        """Delete a session's rows, index rows, vectors and switches; (events, index rows)."""
         index_rows = self._drop_index_rows(state)
         self.conn.execute("DELETE FROM active_branch WHERE session_id = ?", (state.id,))
         self.conn.execute("DELETE FROM events WHERE session_id = ?", (state.id,))
@@ -392,8 +419,20 @@ class TranscriptWriter:
         self.conn.execute("DELETE FROM session_switches WHERE key = ?", (key,))
         del self._sessions[key]
         self._touched.pop(key, None)
-        bump_vector_epoch(self.conn)  # its event and session ids may be used again
-        return Deleted(events=events, index_rows=index_rows)
+        return events, index_rows
+
+    def _erase(self, cmd: EraseIdentity) -> IndexerAck:
+        """Erase an identity's data (docs/design.md §2.6); the purge follows the commit."""
+        self._flush_sessions()  # the plan reads the session rows
+        plan = plan_erasure(self.conn, cmd.agent, cmd.sessions)
+        for key in plan.erasure.session_keys:
+            state = self._session(key)
+            assert state is not None
+            self._delete_session(key, state)
+        erase_extras(self.conn, plan)
+        bump_vector_epoch(self.conn)
+        self._purge_after_commit = True
+        return Erased(erasure=plan.erasure)
 
     def _set_switches(self, cmd: SetSwitches) -> IndexerAck:
         key = cmd.key.raw
@@ -418,33 +457,40 @@ class TranscriptWriter:
 
     def _import(self, cmd: ImportTranscript) -> IndexerAck:
         key = cmd.key.raw
-        state = self._session(key)
-        if state is not None and state.leaf_event_id is not None:
-            return Rejected(
-                reason="invalid",
-                message=f"session_key: {key!r} already has messages; import into a new session",
-            )
         depths: dict[str, int] = {}
         for i, entry in enumerate(cmd.entries):
             if entry.id in depths:
-                return Rejected(
-                    reason="invalid", message=f"entries[{i}].id: {entry.id!r} is repeated"
-                )
+                where = _entry_field(i, entry, "id")
+                return Rejected(reason="invalid", message=f"{where}: {entry.id!r} is repeated")
             if entry.parent_id is not None and entry.parent_id not in depths:
+                where = _entry_field(i, entry, "parent_id")
                 return Rejected(
                     reason="invalid",
-                    message=f"entries[{i}].parent_id: {entry.parent_id!r} names no earlier entry",
+                    message=f"{where}: {entry.parent_id!r} names no earlier entry",
                 )
             depths[entry.id] = depths[entry.parent_id] + 1 if entry.parent_id else 1
         leaf_import_id = cmd.leaf_id or (cmd.entries[-1].id if cmd.entries else None)
         if leaf_import_id is not None and leaf_import_id not in depths:
             return Rejected(reason="invalid", message=f"leaf_id: {leaf_import_id!r} names no entry")
+        state = self._session(key)
+        if state is not None and state.leaf_event_id is not None:
+            if not cmd.resume:
+                return Rejected(
+                    reason="invalid",
+                    message=f"session_key: {key!r} already has messages; import into a new session",
+                )
+            differs = self._differs_from_stored(state, cmd, leaf_import_id)
+            if differs is not None:
+                return Rejected(reason="invalid", message=differs)
+            return Imported(session_id=state.id, events=0, skipped=True)
 
         if state is None:
             state = self._insert_session(
                 cmd.key, cmd.at, persistent=cmd.persistent, interactive=cmd.interactive
             )
-        event_ids = {entry.id: self._next_event_id + i for i, entry in enumerate(cmd.entries)}
+        event_ids = (cmd.keep_ids and self._free_ids(cmd.entries)) or {
+            entry.id: self._next_event_id + i for i, entry in enumerate(cmd.entries)
+        }
         parents = {
             event_ids[e.id]: event_ids[e.parent_id] if e.parent_id else None for e in cmd.entries
         }
@@ -459,7 +505,7 @@ class TranscriptWriter:
                 for i, e in enumerate(cmd.entries)
             ],
         )  # fmt: skip
-        self._next_event_id += len(cmd.entries)
+        self._next_event_id = max([self._next_event_id, *(i + 1 for i in event_ids.values())])
         state.next_seq += len(cmd.entries)
         if leaf_import_id is not None:
             leaf_id, leaf_depth = event_ids[leaf_import_id], depths[leaf_import_id]
@@ -478,6 +524,74 @@ class TranscriptWriter:
         self._touch(key, state, cmd.at)
         return Imported(session_id=state.id, events=len(cmd.entries))
 
+    def _free_ids(self, entries: Sequence[ImportEntry]) -> dict[str, int] | None:
+        """The entries' ids as event ids, if each is a positive integer no event has yet
+        (an export imported again keeps its ids, docs/design.md §2.6); else None."""
+        if not all(e.id.isascii() and e.id.isdigit() and int(e.id) > 0 for e in entries):
+            return None
+        ids = {e.id: int(e.id) for e in entries}
+        taken = self.conn.execute(
+            "SELECT count(*) FROM events WHERE id IN (SELECT value FROM json_each(?))",
+            (msgspec.json.encode(list(ids.values())).decode(),),
+        ).fetchone()
+        if taken is None or taken[0] or len(set(ids.values())) != len(ids):
+            return None
+        return ids
+
+    def _differs_from_stored(
+        self, state: _SessionState, cmd: ImportTranscript, leaf_import_id: str | None
+    ) -> str | None:
+        """Why the session does not already hold `cmd`'s entries, or None if it does.
+
+        A resumed import (docs/design.md §2.5) skips a session whose first events, in write
+        order, are the entries: same parents (by position: the file's ids are not stored),
+        timestamps, roles and content. Events after them (the bot went on) are allowed; with
+        none, the leaf must be the import's too.
+        """
+        rows = cast(
+            list[tuple[int, int | None, str, float, str | None, bytes]],
+            self.conn.execute(
+                "SELECT id, parent_id, kind, ts, role, content FROM events"
+                " WHERE session_id = ? ORDER BY seq LIMIT ?",
+                (state.id, len(cmd.entries) + 1),
+            ).fetchall(),
+        )
+        position: dict[int, int] = {}  # stored event id -> its position
+        index = {entry.id: i for i, entry in enumerate(cmd.entries)}
+        for i, entry in enumerate(cmd.entries):
+            where = entry.source or f"entries[{i}]"
+            if i >= len(rows):
+                return (
+                    f"{where}: session {cmd.key.raw!r} holds the messages before this one,"
+                    " not this one; import into a new session"
+                )
+            event_id, parent_id, kind, ts, role, content = rows[i]
+            position[event_id] = i
+            parent = None if entry.parent_id is None else index[entry.parent_id]
+            what = None
+            stored_parent = None if parent_id is None else position.get(parent_id, -1)
+            if kind != "message" or stored_parent != parent:
+                what = "its place in the tree"
+            elif ts != entry.timestamp:
+                what = "its timestamp"
+            elif role != entry.message.role:
+                what = "its role"
+            elif bytes(content) != _encode_content(entry.message.content):
+                what = "its content"
+            if what is not None:
+                return (
+                    f"{where}: session {cmd.key.raw!r} already holds other messages (stored event"
+                    f" #{event_id} differs in {what}); import into a new session"
+                )
+        if len(rows) == len(cmd.entries) and leaf_import_id is not None:
+            leaf = rows[index[leaf_import_id]][0]
+            if state.leaf_event_id != leaf:
+                return (
+                    f"leaf_id: session {cmd.key.raw!r} holds these messages but its leaf is"
+                    f" event #{state.leaf_event_id}, not {leaf_import_id!r}"
+                )
+        return None
+
     def _rebuild(self, cmd: RebuildIndex) -> IndexerAck:
         if cmd.key is not None:
             state = self._session(cmd.key.raw)
@@ -493,6 +607,26 @@ class TranscriptWriter:
         for key in keys:
             index_rows += self.rebuild_session(key)
         return Rebuilt(sessions=len(keys), index_rows=index_rows)
+
+    def _mark_dirty(self, cmd: MarkDirty) -> IndexerAck:
+        if cmd.key is not None:
+            key = cmd.key.raw
+            state = self._session(key)
+            if state is None:
+                return Rejected(reason="not_found", message=f"session_key: no session {key!r}")
+            drop_session_vectors(self.conn, state.id)
+            state.dirty = True
+            self._touch(key, state, state.updated_at)  # the revision fences a running rebuild
+            return MarkedDirty(sessions=1)
+        self._flush_sessions()
+        # Every row goes at once: cheaper than per-session deletes, and it clears rows a
+        # damaged index may hold for no event. `indexed_seq = 0` says there is nothing to drop.
+        self.conn.execute("DELETE FROM message_vectors")
+        self.conn.execute("INSERT INTO message_fts(message_fts) VALUES ('delete-all')")
+        self.conn.execute("UPDATE sessions SET dirty = 1, revision = revision + 1, indexed_seq = 0")
+        sessions = self.conn.changes()
+        self._sessions.clear()  # the cached rows are stale now
+        return MarkedDirty(sessions=sessions)
 
     def _reindex_chunk(self, cmd: ReindexChunk) -> IndexerAck:
         key = cmd.key.raw
@@ -570,6 +704,11 @@ class TranscriptWriter:
         state.indexed_seq = state.next_seq - 1
         self._touched[key] = state
         return rows
+
+
+def _entry_field(i: int, entry: ImportEntry, field: str) -> str:
+    """How an error names a field of an import entry: by its source line if it has one."""
+    return f"{entry.source}: {field}" if entry.source else f"entries[{i}].{field}"
 
 
 _SESSION_COLUMNS = (

@@ -176,20 +176,23 @@ def cached_vectors(
 
 
 def apply_store_vectors(conn: apsw.Connection, cmd: StoreVectors) -> IndexerAck:
-    """The indexer's handler of `StoreVectors`: store what still holds, cache everything.
+    """The indexer's handler of `StoreVectors`: store what still holds, and cache every
+    vector whose text is still stored (a rebuild reuses it; the vector of a text deleted
+    or erased meanwhile is dropped, docs/design.md §2.6).
 
     The caller has flushed its session cache first, so `sessions.dirty` is current.
     """
-    conn.executemany(
-        "INSERT OR IGNORE INTO vector_cache(digest, name, vector) VALUES (?, ?, ?)",
-        [(row.digest, cmd.name, row.vector) for row in cmd.messages + cmd.notes],
-    )
+    cache = "INSERT OR IGNORE INTO vector_cache(digest, name, vector) VALUES (?, ?, ?)"
     messages = notes = skipped = 0
     for row in cmd.messages:
         found = conn.execute(_MESSAGE_ON_BRANCH, (row.id,)).fetchone()
         if found is None or text_digest(str(found[1])) != row.digest:
             skipped += 1
+            text = conn.execute("SELECT text FROM events WHERE id = ?", (row.id,)).fetchone()
+            if text is not None and text[0] is not None and text_digest(text[0]) == row.digest:
+                conn.execute(cache, (row.digest, cmd.name, row.vector))  # off the branch now
             continue
+        conn.execute(cache, (row.digest, cmd.name, row.vector))
         # Any other name's vector goes: two spaces never coexist for one message.
         conn.execute("DELETE FROM message_vectors WHERE event_id = ?", (row.id,))
         conn.execute(
@@ -202,6 +205,7 @@ def apply_store_vectors(conn: apsw.Connection, cmd: StoreVectors) -> IndexerAck:
         if found is None or text_digest(str(found[0])) != row.digest:
             skipped += 1
             continue
+        conn.execute(cache, (row.digest, cmd.name, row.vector))
         conn.execute("DELETE FROM note_vectors WHERE chunk_id = ?", (row.id,))
         conn.execute(
             "INSERT INTO note_vectors(name, chunk_id, vector) VALUES (?, ?, ?)",

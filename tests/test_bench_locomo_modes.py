@@ -23,7 +23,7 @@ def test_both_modes_in_one_run(capsys: pytest.CaptureFixture[str], locomo: Path)
     assert result["mode"] == "both" and list(result["modes"]) == ["text", "hybrid"]
     text, hybrid = result["modes"]["text"], result["modes"]["hybrid"]
     assert result["categories_1_4"] == text["categories_1_4"]  # the top level: text
-    assert text["categories_1_4"]["recall_at"]["20"] == 0.8333  # as test_import_locomo
+    assert text["categories_1_4"]["recall_at"]["20"] == 1.0  # as test_import_locomo
     assert hybrid["categories_1_4"]["questions"] == 3
     assert hybrid["fallback_answers"] == 0 and text["fallback_answers"] == 0
     assert hybrid["latency_ms"]["queries"] == 4

@@ -67,7 +67,12 @@ def test_import_then_history(capsys: pytest.CaptureFixture[str], tmp_path: Path)
         == 0
     )
     assert json.loads(capsys.readouterr().out) == [
-        {"path": str(transcript), "session_key": "agent:main:direct:z", "events": 2}
+        {
+            "path": str(transcript),
+            "session_key": "agent:main:direct:z",
+            "events": 2,
+            "skipped": False,
+        }
     ]
     assert main(["history", "agent:main:direct:z", "--state-dir", state, "--json"]) == 0
     events = json.loads(capsys.readouterr().out)

@@ -55,6 +55,13 @@ def test_doctor_counts_the_runs_abandoned_by_the_pool(tmp_path: Path) -> None:
 def test_the_cli_doctor_shows_the_recall_pool(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
+    async def store() -> None:  # doctor reads a store; an empty directory is an error
+        async with am.open_memory(
+            tmp_path, config={"agents": {"defaults": {"memorySearch": {"provider": "none"}}}}
+        ) as mem:
+            await mem.sessions.append("agent:main:main", am.Message(role="user", content="hi"))
+
+    trio.run(store)
     assert main(["doctor", "--state-dir", str(tmp_path)]) == 0
     assert "[ok  ] recall-pool: runs that ignored cancellation and outlived their budget: 0" in (
         capsys.readouterr().out.splitlines()

@@ -1,4 +1,5 @@
-"""For any mix of appends, rewinds, deletes, imports, rebuilds and re-appends, the index holds
+"""For any mix of appends, rewinds, deletes, imports, resumed re-imports, rebuilds, reindexes
+and re-appends, the index holds
 exactly the user/assistant text of the active branches (clean sessions at once; dirty ones
 after the rebuild). With an embedder: at every acknowledged point no vector belongs to a row
 off an active branch or of a dirty session, and once the embedder actor is idle the vectors
@@ -32,6 +33,10 @@ ops = st.one_of(
     st.tuples(st.just("delete"), st.sampled_from(KEYS)),
     st.tuples(st.just("import"), st.sampled_from(KEYS), st.lists(texts, min_size=1, max_size=4)),
     st.tuples(st.just("rebuild"), st.sampled_from(KEYS)),
+    # `reindex` through the reconciler: one session, or its whole agent (§2.4).
+    st.tuples(st.just("reindex"), st.sampled_from(KEYS), st.booleans()),
+    # The same import again, resumed: a session that holds it is left as it is (§2.5).
+    st.tuples(st.just("reimport"), st.sampled_from(KEYS)),
 )
 # With an embedder, also: let the embedder actor catch up before the next operation.
 vector_ops = st.one_of(ops, st.tuples(st.just("settle"), st.sampled_from(KEYS)))
@@ -43,6 +48,7 @@ class ModelSession:
     texts: dict[int, str | None] = field(default_factory=dict)
     leaf: int | None = None
     dirty: bool = False
+    imported: list[am.ImportEntry] = field(default_factory=list)
 
     def branch(self) -> list[int]:
         out, node = [], self.leaf
@@ -93,6 +99,15 @@ async def settle(mem: am.Memory) -> None:
             await anyio.sleep(0.001)
 
 
+async def no_dirty_sessions(mem: am.Memory, agent: str) -> None:
+    with anyio.fail_after(30):
+        while any(  # noqa: ASYNC110 - a count in the database, no event to wait on
+            s.agent == agent and s.dirty_sessions
+            for s in await mem.sessions.stats(check_integrity=False)
+        ):
+            await anyio.sleep(0.001)
+
+
 async def run_ops(
     state: Path, operations: list[tuple[object, ...]], embedder: FakeEmbedder | None = None
 ) -> None:
@@ -129,7 +144,7 @@ async def run_ops(
                 ]  # fmt: skip
                 await mem.sessions.import_transcript(key, entries)
                 history = await mem.sessions.history(key)
-                session = model[key] = ModelSession(dirty=True)
+                session = model[key] = ModelSession(dirty=True, imported=entries)
                 for event, entry in zip(history, entries, strict=True):
                     session.parents[event.id] = event.parent_id
                     session.texts[event.id] = entry.message.index_text
@@ -137,6 +152,19 @@ async def run_ops(
             elif kind == "rebuild" and session:
                 await mem.sessions.rebuild_index(key)
                 session.dirty = False
+            elif kind == "reindex" and session:
+                agent = am.parse_session_key(key).store_agent
+                if op[2]:
+                    await mem.sessions.reindex(agent=agent)
+                else:
+                    await mem.sessions.reindex(key)
+                    # The reconciler it poked rebuilds the agent's other dirty sessions too.
+                    await no_dirty_sessions(mem, agent)
+                for other, state_of in model.items():
+                    if am.parse_session_key(other).store_agent == agent:
+                        state_of.dirty = False
+            elif kind == "reimport" and session and session.imported:
+                assert await mem.sessions.import_transcript(key, session.imported, resume=True) == 0
             elif kind == "settle":
                 await settle(mem)
             if embedder is not None:  # at every acknowledged point: nothing off-branch

@@ -19,8 +19,10 @@ from hypothesis import strategies as st
 from activememory.protocol.recall import RecallRequest, ToolResult
 from activememory.recall.local_model import (
     NONE,
+    SEARCH_RESULTS,
     Candidate,
     LocalExtractiveModel,
+    about_others,
     asks_for_memory,
     candidates_of,
     conversation_tail,
@@ -417,7 +419,7 @@ async def test_the_search_query_is_what_the_tool_gets() -> None:
     tools = RecallTools({"memory_get": handler, "memory_search": handler})
     request = make_request("What is my favourite tea?", "balanced", search_query="favourite tea")
     await run_model(request, tools)
-    assert calls == [{"query": "favourite tea"}]
+    assert calls == [{"query": "favourite tea", "maxResults": SEARCH_RESULTS}]
 
 
 async def test_a_tool_error_gives_none() -> None:
@@ -658,3 +660,104 @@ async def test_one_shared_word_is_not_evidence_when_the_meaning_is_far() -> None
     tools = RecallTools({"memory_search": search})
     answer = await run_model(make_request("Which city am I based in?", "recall-heavy"), tools)
     assert answer == "NONE"
+
+
+# -- choosing by meaning: a clear lone memory, near ties, and words against meaning ---------
+
+
+@pytest.mark.parametrize(
+    ("style", "recalled"),
+    [("balanced", True), ("recall-heavy", True), ("strict", False), ("precision-heavy", False)],
+)
+async def test_a_lone_memory_below_the_threshold_answers_when_it_stands_clear(
+    style: str, recalled: bool
+) -> None:
+    # 0.33 is under balanced's 0.36, but no other memory comes near it.
+    search = meaning_search(
+        ("I collect frequent flyer points with TAP Miles&Go.", "user", 0.33),
+        ("My bike got stolen last month.", "user", 0.2),
+        ("Which airline is cheapest to Madrid?", "user", 0.55),  # a question: no memory
+    )
+    tools = RecallTools({"memory_search": search})
+    asked = make_request("Which airline loyalty programme do I belong to?", style)
+    answer = await run_model(asked, tools)
+    expected = "The user collects frequent flyer points with TAP Miles&Go."
+    assert answer == (expected if recalled else NONE)
+
+
+async def test_a_memory_below_the_threshold_among_others_alike_gives_none() -> None:
+    search = meaning_search(
+        ("I collect frequent flyer points with TAP Miles&Go.", "user", 0.33),
+        ("I fly to Porto every other month.", "user", 0.31),
+    )
+    tools = RecallTools({"memory_search": search})
+    asked = make_request("Which airline loyalty programme do I belong to?", "balanced")
+    assert await run_model(asked, tools) == NONE
+
+
+async def test_two_memories_equally_close_are_both_in_the_note() -> None:
+    search = meaning_search(
+        ("I am allergic to peanuts.", "user", 0.46),
+        ("Lactose makes me ill, so I buy oat milk.", "user", 0.42),
+        ("I like my tea green.", "user", 0.30),  # too far behind the best
+    )
+    tools = RecallTools({"memory_search": search})
+    answer = await run_model(make_request("What should I pour on my cereal?", "balanced"), tools)
+    assert answer == (
+        "The user is allergic to peanuts. Lactose makes the user ill, so the user buys oat milk."
+    )
+
+
+async def test_the_runner_up_joins_only_whole() -> None:
+    search = meaning_search(
+        ("I am allergic to peanuts.", "user", 0.46),
+        ("Lactose makes me ill, so I buy oat milk.", "user", 0.42),
+    )
+    tools = RecallTools({"memory_search": search})
+    asked = make_request("What should I pour on my cereal?", "balanced", max_summary_chars=60)
+    assert await run_model(asked, tools) == "The user is allergic to peanuts."
+
+
+async def test_a_near_tie_of_words_and_meaning_gives_both() -> None:
+    search = meaning_search(
+        # Shares "class" with the question; the other shares no word but is as close.
+        ("For my birthday I'd love a pottery class.", "user", 0.40),
+        ("I have Portuguese lessons every Thursday at 6pm.", "user", 0.43),
+    )
+    tools = RecallTools({"memory_search": search})
+    answer = await run_model(make_request("Which evening class do I go to?", "balanced"), tools)
+    assert answer == (
+        "The user has Portuguese lessons every Thursday at 6pm."
+        " For the user's birthday the user would love a pottery class."
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "asked", "others"),
+    [
+        ("My friend Marta just adopted a kitten.", "What is my kitty's name?", True),
+        ("My friend Marta just adopted a kitten.", "What did Marta adopt?", False),
+        ("My friend Marta just adopted a kitten.", "What did my friend adopt?", False),
+        ("My friend's boss makes everyone stay late.", "Who's my boss?", True),
+        ("my best friend lives in Rome", "Where do I live?", True),
+        ("Our neighbours had a party until 3am", "Did I sleep well?", True),
+        ("My colleague's sister lives in Porto.", "Where does my sister live?", True),
+        ("My husband Tiago is a nurse.", "What's my spouse's job?", False),
+        ("I keep a spare key with my neighbour Clara.", "Who has my key?", False),
+        ("We have a grumpy old cat called Pastel.", "What is my kitty's name?", False),
+    ],
+)
+def test_a_sentence_about_someone_outside_the_household(
+    text: str, asked: str, others: bool
+) -> None:
+    assert about_others(text, asked) is others
+
+
+async def test_a_friends_news_is_not_the_users_fact_even_when_closer_in_meaning() -> None:
+    search = meaning_search(
+        ("My friend Marta just adopted a kitten from the shelter", "user", 0.57),
+        ("We have a grumpy old cat called Pastel who hates the vet.", "user", 0.50),
+    )
+    tools = RecallTools({"memory_search": search})
+    answer = await run_model(make_request("What is my kitty's name?", "balanced"), tools)
+    assert answer == 'The user said: "We have a grumpy old cat called Pastel who hates the vet."'

@@ -274,8 +274,10 @@ async def test_past_the_deadline_fails_promptly(tools: Tools, step: Answer | Han
                 await model.recall(make_request(deadline=deadline), tools.tools)
             late = anyio.current_time() - deadline
             assert str(caught.value) == f"{REF}: no answer within the budget"
-    assert -0.005 <= late < 0.05
-    assert time.monotonic() - started < 0.3 + 0.05  # real time, not only the loop's clock
+    # Promptly: well before the 3 s answer (or never, for the hang). The slack is wide
+    # because a loaded 2-core machine delays the wake-up itself, not the deadline.
+    assert -0.005 <= late < 0.5
+    assert time.monotonic() - started < 0.3 + 0.5  # real time, not only the loop's clock
     assert len(server.requests) == 1
 
 

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from activememory.embed import SHIPPED_MODELS
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -83,11 +85,13 @@ def test_the_wheel_holds_every_package_and_the_sample_data(wheel: tuple[Path, st
     assert {"actors", "protocol", "storage", "simulations"}.isdisjoint(tops)
 
 
-def test_the_wheel_ships_the_embedding_model(wheel: tuple[Path, str]) -> None:
+@pytest.mark.parametrize("model", list(SHIPPED_MODELS))
+def test_the_wheel_ships_the_embedding_models(wheel: tuple[Path, str], model: str) -> None:
     path, _ = wheel
-    folder = "activememory/embed/models/all-MiniLM-L6-v2/"
+    folder = f"activememory/embed/models/{model}/"
+    files = {*SHIPPED_MODELS[model].sha256, "tokenizer.json", "LICENSE", "NOTICE"}
     with zipfile.ZipFile(path) as zf:
-        for name in ("model.onnx", "tokenizer.json", "LICENSE", "NOTICE"):
+        for name in sorted(files):
             shipped = zf.read(folder + name)
             assert shipped == (ROOT / folder / name).read_bytes(), name
         assert not any(n.startswith("tools/") for n in zf.namelist())

@@ -55,7 +55,7 @@ async def test_a_fact_is_found_by_a_question_sharing_none_of_its_words(tmp_path:
         allergy = await search(mem, "agent:main:explicit:ui", "Is there anything I must not eat?")
         city = await search(mem, "agent:main:explicit:ui", "Which city am I based in?")
     assert allergy["effectiveMode"] == "hybrid" and allergy["fallback"] is None
-    assert allergy["embedder"] == "local/all-MiniLM-L6-v2"
+    assert allergy["embedder"] == "local/all-mpnet-base-v2"
     assert texts(allergy)[0] == PEANUTS
     assert texts(city)[0] == LISBON
     top = allergy["results"][0]

@@ -94,10 +94,57 @@ async def test_host_errors_propagate_and_bad_replies_are_named(tmp_path: Path) -
     async with am.open_memory(tmp_path / "s") as mem:
         with pytest.raises(RuntimeError, match="main model down"):
             await mem.reply(turn(), raising)
-        with pytest.raises(am.InvalidInputError, match="^respond: returned int, expected str$"):
+        with pytest.raises(am.InvalidInputError, match="^respond: returned int, expected str; "):
             await mem.reply(turn(), wrong)
         with pytest.raises(am.InvalidInputError, match="^turn: expected am.Turn, got str$"):
             await mem.reply("hello", wrong)  # type: ignore[arg-type]
+
+
+async def test_a_respond_that_cannot_take_the_call_is_refused_before_anything_is_written(
+    tmp_path: Path,
+) -> None:
+    async def one_argument(prefix: str | None) -> str:
+        return "hi"
+
+    async with am.open_memory(tmp_path / "s") as mem:
+        for respond, why in [
+            (one_argument, "too many positional arguments"),
+            (lambda: "hi", "too many positional arguments"),
+            ("not a function", None),
+        ]:
+            with pytest.raises(am.InvalidInputError, match="^respond: ") as caught:
+                await mem.reply(turn(), respond)  # type: ignore[arg-type]
+            if why is not None:
+                assert str(caught.value) == (
+                    f"respond: cannot be called as respond(prompt_prefix, turn) ({why})"
+                )
+        with pytest.raises(am.SessionNotFoundError):
+            await mem.sessions.history(DM)  # nothing was written
+
+
+async def test_an_unusable_answer_says_exactly_what_was_stored(tmp_path: Path) -> None:
+    # What `respond` returns is only known after it ran, when the user message is stored.
+    async def returns_none(prefix: str | None, t: am.Turn) -> str:
+        return None  # type: ignore[return-value]
+
+    def not_async(prefix: str | None, t: am.Turn) -> str:
+        return "hi"
+
+    async with am.open_memory(tmp_path / "s") as mem:
+        with pytest.raises(am.InvalidInputError) as caught:
+            await mem.reply(turn(), returns_none)
+        assert str(caught.value) == (
+            "respond: returned NoneType, expected str; the user message is stored "
+            f"(event 1 of {DM!r}), no assistant message was"
+        )
+        with pytest.raises(am.InvalidInputError) as caught:
+            await mem.reply(turn(), not_async)  # type: ignore[arg-type]
+        assert str(caught.value) == (
+            "respond: returned str, not an awaitable (pass an async function); the user "
+            f"message is stored (event 2 of {DM!r}), no assistant message was"
+        )
+        history = await mem.sessions.history(DM)
+    assert [(e.id, e.message.role) for e in history if e.message] == [(1, "user"), (2, "user")]
 
 
 @pytest.mark.parametrize("backend", ["trio", "asyncio"])

@@ -81,7 +81,7 @@ def test_short_soak_under_faults_passes(soaked: tuple[Path, dict[str, Any]]) -> 
     # The workload runs the default config: the shipped embedder keeps vectors in step, and
     # its rate and lag are reported (acknowledged appends timed until their vector).
     embedder = report["embedder"]
-    assert embedder["on"] is True and embedder["name"] == "local/all-MiniLM-L6-v2"
+    assert embedder["on"] is True and embedder["name"] == "local/all-mpnet-base-v2"
     assert embedder["vectors_stored"] > 0 and embedder["vectors_per_s"] > 0
     assert embedder["wait_ms"]["count"] > 0 and embedder["wait_ms"]["max"] > 0
     assert embedder["pending_rows"]["samples"] > 0

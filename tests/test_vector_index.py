@@ -437,3 +437,14 @@ def test_searches_beside_a_writing_thread_match_the_scan_of_their_snapshot(
         thread.join(timeout=30)
         store.close()
     assert not failures and searches > 0
+
+
+@pytest.mark.anyio
+async def test_a_read_only_memory_gets_no_index(tmp_path: Path) -> None:
+    """Beside a live bot the writer is another process's: nothing here could feed one."""
+    state = tmp_path / "s"
+    async with am.open_memory(state, executor="inline") as mem:
+        await mem.sessions.append(KEYS[0], am.Message(role="user", content="tea"))
+    async with am.open_memory(state, executor="inline", readonly=True) as mem:
+        store = await mem._supervisor.agent("main")
+        assert attached(store.reader.conn) is None

@@ -119,3 +119,22 @@ async def test_stats_counts_above_the_watermark_and_is_exact_when_idle(tmp_path:
             "DELETE FROM message_vectors WHERE event_id = (SELECT min(event_id) FROM message_vectors)"
         )
         assert await store.read(counts) == (4, 3, 4)  # another epoch: everything again
+
+
+@pytest.mark.parametrize("executor", ["inline", "thread"])
+async def test_vectors_ready_waits_for_the_embedder_to_be_at_rest(
+    tmp_path: Path, executor: str
+) -> None:
+    # A poke with nothing to embed (a store opening, a write) still sets the embedder to
+    # work for a scan: memory_search would say vectorsPending. vectors_ready() must not
+    # return before that scan is done, or a caller that waited sees the flag anyway.
+    embedder = FakeEmbedder()
+    async with am.open_memory(tmp_path / "s", executor=executor, embedder=embedder) as mem:  # type: ignore[arg-type]
+        await mem.sessions.append(DIRECT, user("my sister lives in Lisbon"))
+        store = await store_of(mem)
+        for _ in range(20):
+            store.poke_embedder("write")
+            with anyio.fail_after(30):
+                assert await mem.sessions.vectors_ready()
+            assert not store.vectors_pending()
+            assert "vectorsPending" not in await search(mem, "lisbon")

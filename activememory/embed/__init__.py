@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Final
 from ..protocol.config import Config, EmbeddingProvider, MemorySearchDefaults, Provider
 from ..protocol.embeddings import Embedder, EmbeddingDeadlineError
 from ..protocol.errors import EmbeddingError
-from .local import SHIPPED_MODEL, LocalEmbedder, shipped_embedder
+from .local import SHIPPED_MODEL, SHIPPED_MODELS, LocalEmbedder, shipped_embedder
 from .openai import OpenAIEmbedder
 
 if TYPE_CHECKING:
@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     import numpy.typing as npt
 
 __all__ = [
+    "SHIPPED_MODELS",
     "FallbackEmbedder",
     "LocalEmbedder",
     "OpenAIEmbedder",
@@ -94,11 +95,7 @@ def _build(
     if provider == "local":
         if settings.local.model_path is not None:
             return LocalEmbedder.from_path(settings.local.model_path, model=model)
-        if model not in (None, SHIPPED_MODEL):
-            raise EmbeddingError(
-                f'model "{model}" is not shipped; set local.modelPath to its ONNX file'
-            )
-        return shipped_embedder()
+        return shipped_embedder(model or SHIPPED_MODEL)
     host = providers.get(provider)
     remote = settings.remote
     base_url = remote.base_url or (host.base_url if host else None) or DEFAULT_BASE_URLS[provider]

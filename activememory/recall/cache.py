@@ -22,6 +22,14 @@ class RecallCache(Generic[T]):
     def __init__(self, max_entries: int = CACHE_ENTRIES) -> None:
         self._entries: OrderedDict[str, tuple[float, T]] = OrderedDict()
         self.max_entries = max_entries
+        # Bumped by `clear`: a run that started before it must not put what it found.
+        self.generation = 0
+
+    def clear(self) -> None:
+        """Forget every entry, and refuse `put`s of runs that started before (an erase:
+        nothing found before it may be served after it, docs/design.md §2.6)."""
+        self._entries.clear()
+        self.generation += 1
 
     @staticmethod
     def key(*parts: object) -> str:
@@ -39,7 +47,13 @@ class RecallCache(Generic[T]):
         self._entries.move_to_end(key)
         return outcome
 
-    def put(self, key: str, outcome: T, *, now: float, ttl_s: float) -> None:
+    def put(
+        self, key: str, outcome: T, *, now: float, ttl_s: float, generation: int | None = None
+    ) -> None:
+        """Keep `outcome` for `ttl_s`, unless the cache was cleared since `generation` (the
+        `generation` read when the run started)."""
+        if generation is not None and generation != self.generation:
+            return
         self._entries[key] = (now + ttl_s, outcome)
         self._entries.move_to_end(key)
         while len(self._entries) > self.max_entries:

@@ -143,6 +143,7 @@ class Recaller:
         )
         now = anyio.current_time()
         breaker = (request.agent, request.model)
+        generation = self.cache.generation  # an erase during the run voids its findings
         cached = self.cache.get(cache_key, now)
         if cached is not None:
             return msgspec.structs.replace(cached, cached=True, details={"cached": "yes"})
@@ -172,7 +173,13 @@ class Recaller:
             cooldown_s=am.circuit_breaker_cooldown_ms / 1000,
         )
         if found.status == "ok":
-            self.cache.put(cache_key, found, now=anyio.current_time(), ttl_s=am.cache_ttl_ms / 1000)
+            self.cache.put(
+                cache_key,
+                found,
+                now=anyio.current_time(),
+                ttl_s=am.cache_ttl_ms / 1000,
+                generation=generation,
+            )
         return found
 
     async def _run_subagent(
@@ -267,7 +274,7 @@ class Recaller:
     def _open_transcript(
         self, am: ActiveMemoryConfig, run_id: str, request: RecallRequest
     ) -> SubAgentTranscript:
-        persist, path = am.persist_transcripts, None
+        persist, path = am.persist_transcripts and self._transcripts.keep, None
         if persist:
             path = self._transcripts.kept_path(request.agent, am.transcript_dir, run_id)
         keep = path is not None

@@ -2,8 +2,9 @@
 
 One recall is one memory-tool call and a pure function of what it returned:
 
-1. **Search.** `memory_search` if allowed, else `memory_recall`, else the first allowed tool,
-   with `{"query": request.search_query}`. An empty search query gives NONE without a call.
+1. **Search.** `memory_search` if allowed (with `maxResults` `SEARCH_RESULTS`), else
+   `memory_recall`, else the first allowed tool, with `{"query": request.search_query}`.
+   An empty search query gives NONE without a call.
 2. **Candidates.** Every result's text (`snippet`, `content` or `text`; a host tool's plain
    content line by line) is cut into lines and sentences; each piece keeps the search rank
    `r` (0 = best) of the result it came from. A failed or empty result gives no candidate.
@@ -41,7 +42,9 @@ One recall is one memory-tool call and a pure function of what it returned:
    Questions, bare greetings and thanks, and the assistant's own acknowledgements ("Got
    it, I'll remember that") are not memories and are never candidates (`is_memory`): an
    earlier "What is my cat's name?" must not come back as a note.
-4. **Gate.** The best score must reach `STYLE_THRESHOLDS[style]`. `preference-only` keeps
+4. **Gate.** The best score must reach `STYLE_THRESHOLDS[style]`. With similarities from
+   search, meaning is weighed too (`_by_meaning`, `_choose`; docs/design.md §4.8): the
+   closest memory may answer without a shared word, and a near tie writes both sentences. `preference-only` keeps
    only candidates stating a preference, habit or recurring personal fact and none naming a
    one-off event (`is_preference`). `strict` also needs the latest message to ask for memory
    (`asks_for_memory`: a question, a mention of the user, or of the past).
@@ -59,7 +62,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import NamedTuple
 
-from .._output import ELLIPSIS, summarize
+from .._output import ELLIPSIS, one_line, summarize
 from ..protocol.recall import RecallRequest, ToolResult
 from ..storage.fts_query import STOPWORDS, index_columns, index_tokens
 from .subagent_input import FULL_HEADING, LATEST_HEADING, RECENT_HEADING, STYLE_THRESHOLDS
@@ -69,6 +72,9 @@ from .tools import RecallTools
 NONE = "NONE"
 """What the model answers when no evidence passes its style's gate."""
 
+SEARCH_RESULTS = 20
+"""Results asked of `memory_search`: wider than a host's default, because most hits are not
+memories (questions, the assistant's replies, greetings) and are dropped here."""
 MEANING_THRESHOLDS = {
     "precision-heavy": 0.46,
     "strict": 0.42,
@@ -86,6 +92,21 @@ WORDS_MIN_SIMILARITY = 0.2
 search measured it: a sentence that shares one word but is about something else is not."""
 MEANING_MARGIN = 0.05
 """How much closer in meaning a candidate must be to win over the one chosen by words."""
+MEANING_FLOORS = {
+    "precision-heavy": 0.46,
+    "strict": 0.42,
+    "balanced": 0.3,
+    "preference-only": 0.3,
+    "contextual": 0.28,
+    "recall-heavy": 0.26,
+}
+"""Below its style's threshold, the closest memory still answers from this close when it
+stands clear of the rest… (the careful styles take no such exception)"""
+MEANING_CLEAR = 0.05
+"""…by at least this much cosine over the next memory."""
+MEANING_TIE = 0.06
+"""Two memories this close in meaning to each other's similarity are both written into the
+note (when both fit): the embedder cannot tell which one answers."""
 CONTEXT_WEIGHT = 0.5
 """How much a conversation-tail term counts against a latest-message term (`contextual`)."""
 RANK_WEIGHT = 0.1
@@ -207,6 +228,14 @@ _REQUEST = re.compile(
 )
 _SECOND_PERSON = re.compile(r"\b(?:you|your|yours|yourself|you're|you've|you'll)\b", re.I)
 _FIRST_PERSON = re.compile(r"\b(?:i|i'm|i've|i'd|i'll|me|my|mine|myself|we|our|us)\b", re.I)
+# A sentence whose subject is a friend, colleague or relative outside the household.
+_ABOUT_OTHERS = re.compile(
+    r"(?:my|our)\s+(?:(?:best|old|close|new)\s+)?"
+    r"(friend|colleague|coworker|co-worker|cousin|neighbou?r|classmate|roommate|flatmate)"
+    r"(?:'s|s)?\b(?:\s+((?-i:[A-Z])[\w-]*))?",
+    re.I,
+)
+_WORD = re.compile(r"[\w-]+")
 _SENTENCE_END = re.compile(
     r"(?<=[.!?])(?<!\b[A-Z]\.)(?<!\b(?:Mr|Dr|Ms|St)\.)(?<!\bMrs\.)\s+(?=[\"'“‘(]?[A-Z0-9])"
 )
@@ -243,7 +272,10 @@ class LocalExtractiveModel:
         name = search_tool(tools.names)
         if name is None:
             return NONE
-        result = await tools.call(name, {"query": request.search_query})
+        args: dict[str, object] = {"query": request.search_query}
+        if name == "memory_search":
+            args["maxResults"] = SEARCH_RESULTS
+        result = await tools.call(name, args)
         note = extract_note(request, candidates_of(result))
         if note is None:
             return NONE
@@ -347,6 +379,18 @@ def is_memory(candidate: Candidate) -> bool:
     return candidate.role == "user" or not _ASSISTANT_FILLER.match(text)
 
 
+def about_others(text: str, asked: str) -> bool:
+    """Whether `text` tells of someone outside the user's household — "My friend Marta just
+    adopted a kitten", "My colleague's sister lives in Porto" — and `asked` does not name
+    them (by relation or name). Such a sentence is not a fact about the user: "my kitty"
+    is not the friend's kitten, "my boss" not the friend's boss."""
+    found = _ABOUT_OTHERS.match(text.strip())
+    if found is None:
+        return False
+    named = {found.group(1).casefold()} | ({found.group(2).casefold()} if found.group(2) else set())
+    return named.isdisjoint(w.casefold() for w in _WORD.findall(asked))
+
+
 def terms(text: str) -> frozenset[str]:
     """The content terms of `text` as the index stems them (CJK runs as bigrams), without
     function words, chat filler and contraction fragments."""
@@ -417,7 +461,7 @@ def extract_note(request: RecallRequest, candidates: Sequence[Candidate]) -> str
     latest = request.latest.strip() or request.search_query.strip()
     if style == "strict" and not asks_for_memory(latest):
         return None
-    candidates = [c for c in candidates if is_memory(c)]
+    candidates = [c for c in candidates if is_memory(c) and not about_others(c.text, latest)]
     if style == "preference-only":
         candidates = [c for c in candidates if is_preference(c.text)]
     asked = terms(_GREETING.sub("", latest))
@@ -428,21 +472,33 @@ def extract_note(request: RecallRequest, candidates: Sequence[Candidate]) -> str
     held = [terms(c.text) for c in candidates]
     weight = _Idf(held)
     ranked = _rank(asked, context, candidates, held, weight, lift=style == "contextual")
-    chosen = _by_words(ranked, asked, weight, style, threshold)
-    by_meaning = _by_meaning(candidates, held, asked, style)
-    if by_meaning is not None and (
-        chosen is None
-        or (  # (a choice not embedded yet has no similarity: its words decide)
-            chosen.similarity is not None
-            and by_meaning.similarity is not None
-            and by_meaning.similarity > chosen.similarity + MEANING_MARGIN
-        )
-    ):
-        chosen = by_meaning
-    if chosen is None:
+    by_words = _by_words(ranked, asked, weight, style, threshold)
+    chosen = _choose(by_words, _by_meaning(candidates, held, asked, style))
+    if not chosen:
         return None
-    note = third_person(chosen.text, chosen.role)
-    return summarize(note, max(1, request.max_summary_chars))
+    cap = max(1, request.max_summary_chars)
+    note = third_person(chosen[0].text, chosen[0].role)
+    if len(chosen) > 1:  # the runner-up joins only whole
+        both = f"{note} {third_person(chosen[1].text, chosen[1].role)}"
+        note = both if len(one_line(both)) <= cap else note
+    return summarize(note, cap)
+
+
+def _choose(by_words: Candidate | None, by_meaning: Sequence[Candidate]) -> list[Candidate]:
+    """The evidence the note is written from, best first: the choice by words, unless the
+    best by meaning is clearly closer in meaning (`MEANING_MARGIN`); and the other one too
+    when neither is clearly closer (`MEANING_TIE`), so a near tie is not settled by a
+    guess. A choice not embedded yet has no similarity: its words decide alone."""
+    if by_words is None:
+        return list(by_meaning)
+    best = by_meaning[0] if by_meaning else None
+    if best is None or best.similarity is None or by_words.similarity is None:
+        return [by_words]
+    if best.text == by_words.text or best.similarity > by_words.similarity + MEANING_MARGIN:
+        return list(by_meaning)
+    if abs(best.similarity - by_words.similarity) <= MEANING_TIE:
+        return sorted([by_words, best], key=lambda c: -(c.similarity or 0.0))
+    return [by_words]
 
 
 def _by_words(
@@ -471,23 +527,38 @@ def _by_meaning(
     held: Sequence[frozenset[str]],
     asked: frozenset[str],
     style: str,
-) -> Candidate | None:
-    """The memory closest in meaning to the question — a note, or the user's own
-    first-person statement — if it is close enough for the style (`MEANING_THRESHOLDS`);
-    None without vectors. Sentences of one result share its similarity: among them, the
-    one sharing most words with the question speaks for it."""
+) -> list[Candidate]:
+    """The memories closest in meaning to the question — notes, or the user's own
+    first-person statements — best first: none, the best, or the best and the runner-up.
+
+    The best answers if it is close enough for the style (`MEANING_THRESHOLDS`), or if it is
+    at least its style's `MEANING_FLOORS` close and stands clear of every other memory
+    (`MEANING_CLEAR`): a lone close statement answers, one of several alike does not. The
+    runner-up joins when it is within `MEANING_TIE` of the best and close enough itself.
+    Nothing without vectors. Sentences of one result share its similarity: among them,
+    the one sharing most words with the question speaks for it."""
     needed = MEANING_THRESHOLDS.get(style, MEANING_THRESHOLDS["balanced"])
-    best: tuple[float, int] | None = None
-    chosen: Candidate | None = None
+    floor = MEANING_FLOORS.get(style, MEANING_FLOORS["balanced"])
+    ranked: list[tuple[float, int, Candidate]] = []
+    seen: set[str] = set()
     for candidate, its_terms in zip(candidates, held, strict=True):
         similarity = candidate.similarity
-        if similarity is None or similarity < needed or candidate.role == "assistant":
+        if similarity is None or candidate.role == "assistant" or candidate.text in seen:
             continue
         if candidate.role == "user" and not _FIRST_PERSON.search(candidate.text):
             continue  # about someone else: the user says a fact about themselves in the first person
-        key = (similarity, len(asked & its_terms))
-        if best is None or key > best:
-            best, chosen = key, candidate
+        seen.add(candidate.text)
+        ranked.append((similarity, len(asked & its_terms), candidate))
+    ranked.sort(key=lambda r: (-r[0], -r[1]))  # stable: equal keys keep the search order
+    if not ranked or ranked[0][0] < floor:
+        return []
+    best = ranked[0][0]
+    runner_up = ranked[1][0] if len(ranked) > 1 else 0.0
+    if best < needed and best - runner_up < MEANING_CLEAR:
+        return []
+    chosen = [ranked[0][2]]
+    if len(ranked) > 1 and runner_up >= max(floor, best - MEANING_TIE):
+        chosen.append(ranked[1][2])
     return chosen
 
 

@@ -152,19 +152,22 @@ class MemoryCore:
         """Bring the note index of `agent` up to date with its workspace, now.
 
         Returns how many note files changed (added, edited or removed). A missing workspace
-        holds no notes. Raises `StorageError` if the index cannot be written.
+        holds no notes. Raises `StorageError` if the index cannot be written, or naming
+        readonly on a read-only memory (docs/design.md §1.6).
 
         Cancellation: if cancelled during the scan nothing was sent; if cancelled while the
         `SyncNotes` command is queued it may still commit. Either way the index is whole,
         and the next scan compares the files with what did commit.
         """
         store = await self._store(agent)
+        store.writer()  # read-only: StorageError naming readonly, before any scan
         async with self._lock(agent):
             return await self._sync(store, settings or self._current())
 
     async def _refresh(self, store: AgentStore, settings: Settings) -> None:
-        """`sync_notes` unless the workspace was scanned less than `RESCAN_S` ago."""
-        if not self._stale(store.agent):
+        """`sync_notes` unless the workspace was scanned less than `RESCAN_S` ago, or the
+        memory is read-only (it searches the notes as the writer last indexed them)."""
+        if store.readonly or not self._stale(store.agent):
             return
         async with self._lock(store.agent):
             if self._stale(store.agent):  # another search may have scanned while we waited

@@ -252,8 +252,8 @@ async def append_all(mem: Memory, corpus: Corpus) -> RunResult:
     return RunResult(
         seconds=seconds,
         messages=corpus.messages,
-        batches=store.actor.batches,
-        commands=store.actor.commands,
+        batches=store.writer().batches,
+        commands=store.writer().commands,
     )
 
 

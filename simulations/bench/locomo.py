@@ -66,16 +66,18 @@ def _speaker(turn: LocomoTurn, speaker: str) -> str:
     return f"{speaker}: {turn.text}"
 
 
-def _speaker_photo(turn: LocomoTurn, speaker: str) -> str:
-    return f"{speaker}: {locomo_turn_text(turn, speaker)}"
+def _photo(turn: LocomoTurn, speaker: str) -> str:
+    if turn.blip_caption:
+        return f"{turn.text} [shares a photo: {turn.blip_caption}]"
+    return turn.text
 
 
 # Ways of writing a turn as a message, compared when tuning `locomo_turn_text`.
 TURN_TEXTS: dict[str, Callable[[LocomoTurn, str], str]] = {
-    "default": locomo_turn_text,
+    "default": locomo_turn_text,  # speaker + photo
     "plain": _plain,
     "speaker": _speaker,
-    "speaker+photo": _speaker_photo,
+    "photo": _photo,
 }
 
 
