@@ -58,6 +58,7 @@ from ..storage.records import (
     records_db_path,
 )
 from ..storage.transcripts import TranscriptReader, TranscriptWriter, agent_db_path
+from ..storage.vector_index import VectorFeed, VectorIndexes, attach, detach
 from .embedder import EmbedderActor
 from .embedder import open_inbox as embedder_inbox
 from .group_commit import MAX_BATCH, A, C, GroupCommit, StorageWriter
@@ -184,6 +185,7 @@ class AgentStore(Database[TranscriptReader, IndexerCommand, IndexerAck]):
         await self.embedder_stopped.wait()
         if self.embedder_reader is not None and self.embedder_read_executor is not None:
             await self.embedder_read_executor.run(self.embedder_reader.conn.close)
+        detach(self.reader.conn)  # its vector index goes now, not when collected
         await super().close()
 
     async def submit(self, command: IndexerCommand) -> IndexerAck:
@@ -402,8 +404,13 @@ class Supervisor:
                 pokes=None,
             )
             store.embedder_stopped.set()
-            return store
+            return store  # no vector index: a writer in another process feeds nothing here
         assert lock is not None
+        # The in-memory vector index of the reader's searches, fed by the writer's commits
+        # (storage/vector_index.py, docs/design.md §2.3); installed before the first write.
+        feed = VectorFeed()
+        await actor.executor.run(lambda: feed.install(actor.writer.conn))
+        attach(reader, VectorIndexes(feed))
         embedder_reader: TranscriptReader | None = None
         embedder_executor: Executor | None = None
         if self.embedder is not None:  # before any task starts: a failure leaves nothing

@@ -12,11 +12,15 @@ session and its text is the one embedded (`apply_store_vectors`), and it deletes
 session's vectors in the transaction that makes it dirty or deletes it. So a vector exists
 only for an active-branch message of a clean session, at every committed point.
 
-Search: a plain BLOB table scored with numpy over the visible rows only (read through the
-(session, name) index), so visibility applies before `k` and the cost follows the rows the
-caller may see, not the agent's size. sqlite-vec's `vec0` was measured against it
-(`activememory bench vectors`): faster over every row of an agent, but it scans its whole
-table whatever the filter, so one identity's 2,000 rows cost 7x more at 100k messages.
+Search: on the agent's reader, the in-memory vector index (`storage/vector_index.py`, fed
+by the writer's commits, its candidates verified in SQL); elsewhere, and as the reference
+the index is tested against, the plain scan (`scan_message_rows`, `scan_note_rows`): the
+BLOBs of the visible rows only (read through the (session, name) index), so visibility
+applies before `k`. Both rank by float32 products and order the rows within a rounding
+margin of the k-th by float64 ones (`vector_index.pick`), so they return the same rows
+with the same numbers. sqlite-vec's `vec0` was measured against the scan (`activememory
+bench vectors`): faster over every row of an agent, but it scans its whole table whatever
+the filter, so one identity's 2,000 rows cost 7x more at 100k messages.
 """
 
 from __future__ import annotations
@@ -30,6 +34,9 @@ import apsw
 import numpy
 
 from ..protocol.indexer import IndexerAck, StoreVectors, VectorsStored
+from .vector_index import Near, attached, pick, products
+
+__all__ = ["Near"]  # defined with the index, which shares the plain path's ranking
 
 VectorParams = Sequence[object] | Mapping[str, object]
 
@@ -225,14 +232,6 @@ def drop_note_vectors(conn: apsw.Connection, path: str) -> None:
 # -- search (reader connection) -----------------------------------------------------------
 
 
-class Near(NamedTuple):
-    """One of the `k` nearest rows: its id, its cosine to the query, its stored vector."""
-
-    id: int
-    similarity: float
-    vector: numpy.ndarray
-
-
 def nearest_messages(
     conn: apsw.Connection,
     query_vec: numpy.ndarray,
@@ -266,7 +265,33 @@ def nearest_message_rows(
     `:vector_name` is taken). Only vectors of `name` are ranked, and dirty
     sessions never. Ties: newest event first. Each row keeps its vector, so a caller that
     needs it (hybrid fusion, MMR) does not read it again.
+
+    Served by the agent's in-memory vector index when one is attached to `conn`
+    (storage/vector_index.py), else by `scan_message_rows`; both give the same rows.
     """
+    index = attached(conn)
+    if index is not None:
+        found = index.nearest_messages(
+            conn, query_vec, name=name, visible_sql=visible_sql, visible_params=visible_params, k=k
+        )
+        if found is not None:
+            return found
+    return scan_message_rows(
+        conn, query_vec, name=name, visible_sql=visible_sql, visible_params=visible_params, k=k
+    )
+
+
+def scan_message_rows(
+    conn: apsw.Connection,
+    query_vec: numpy.ndarray,
+    *,
+    name: str,
+    visible_sql: str,
+    visible_params: VectorParams,
+    k: int,
+) -> list[Near]:
+    """`nearest_message_rows` the plain way, the reference of the index: every visible
+    vector read from SQLite and scored."""
     if isinstance(visible_params, Mapping):
         params: VectorParams = {**visible_params, "vector_name": name}
         name_param = ":vector_name"
@@ -299,7 +324,20 @@ def nearest_note_rows(
     """The `k` note chunks most similar to `query_vec`, best first, with their vectors.
 
     Notes belong to the agent's workspace: every chunk is visible to the agent's recall.
+    Served by the in-memory vector index when one is attached to `conn`, like messages.
     """
+    index = attached(conn)
+    if index is not None:
+        found = index.nearest_notes(conn, query_vec, name=name, k=k)
+        if found is not None:
+            return found
+    return scan_note_rows(conn, query_vec, name=name, k=k)
+
+
+def scan_note_rows(
+    conn: apsw.Connection, query_vec: numpy.ndarray, *, name: str, k: int
+) -> list[Near]:
+    """`nearest_note_rows` the plain way: every vector of `name` read and scored."""
     rows = cast(
         list[tuple[int, bytes]],
         conn.execute(
@@ -317,12 +355,7 @@ def _top_k(rows: list[tuple[int, bytes]], query_vec: numpy.ndarray, k: int) -> l
     matrix = from_blobs([r[1] for r in rows], len(rows[0][1]) // 4)
     if matrix.shape[1] != query.shape[0]:
         raise ValueError(f"query_vec: expected {matrix.shape[1]} dimensions, got {query.shape[0]}")
-    scores = matrix @ query
-    keep = min(k, len(rows))
-    part = numpy.argpartition(-scores, keep - 1)[:keep]
-    # Best first; ties newest (largest id) first. int()/float(): plain Python numbers out.
-    order = sorted(part.tolist(), key=lambda i: (-float(scores[i]), -int(ids[i])))
-    return [Near(int(ids[i]), float(scores[i]), matrix[i]) for i in order]
+    return pick(ids, products(matrix, query), matrix, query, k)
 
 
 def message_vectors_of(

@@ -99,6 +99,7 @@ def test_both_benchmarks_report_their_structure_through_the_cli(
         "tool_text_ms",
         "tool_meaning_ms",
         "vector_reads_ms",
+        "vector_scan_ms",
     ):
         assert set(meaning[key]) == PERCENTILES
     bound = meaning["recall_text_ms"]["p50"] + 1.2 * meaning["embed_ms"]["p50"]

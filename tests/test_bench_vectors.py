@@ -25,6 +25,7 @@ def test_the_vectors_benchmark_runs_and_reuses_its_database(
     assert (first["messages"], first["dim"], first["k"]) == (600, 16, 10)
     assert first["identity"]["rows"] == 200 and first["all"]["rows"] == 600
     assert set(first["identity"]["numpy"]) == {"p50", "p90", "p99", "max", "mean"}
+    assert set(first["all"]["index"]) == {"p50", "p90", "p99", "max", "mean"}  # same rows
     assert first["build_s"] > 0
     assert main(args) == 0
     assert json.loads(capsys.readouterr().out)["build_s"] == 0  # reused

@@ -3,7 +3,9 @@ search, and its fusion with the full-text side.
 
 The vector side reads only what the text side may read: the agent's note chunks, and —
 only with a privacy scope — the messages of the sessions `storage/search.py::_PRIVATE`
-admits for the caller, in the same SQL, before any `k`. Every candidate of either side gets
+admits for the caller, in the same SQL, before any `k` (scored in the agent's in-memory
+vector index when the reader has one, its candidates re-checked in SQL: storage/
+vector_index.py). Every candidate of either side gets
 its stored vector, so a row the text side found is also scored by meaning (and the other
 way round), then `storage/hybrid.fuse` orders them. A failing, slow or missing embedder
 means the text side alone, said in the result's `fallback` field; the search never fails

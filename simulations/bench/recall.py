@@ -57,7 +57,8 @@ with the default config (the shipped embedder, hybrid memory_search), after
 `vectors_ready()`. At concurrency 1, per query and in rotating order: a recall text only
 (the same memory with memory_search's query embedder set aside for the call), a recall by
 meaning, the embedder alone (`embed([q])`), the memory_search tool each way, and the vector
-side's reads (`vector_side` on the bench's own connection). Each side recalls its own probe
+side's reads (`vector_side` on the bench's own connection, through an in-memory vector index
+as the library's reader does, and again as a plain scan of the stored vectors). Each side recalls its own probe
 (a repeated turn would be a cache hit). The raw-floor checks apply to the text-only
 benchmark above; here a by-meaning search that fell back to text, or had vectors pending,
 fails the run. Target (the issue's): recall p50 by meaning <= text-only p50 + 1.2 x the
@@ -114,6 +115,7 @@ from ...storage.fts_query import plan_match
 from ...storage.notes import search_notes
 from ...storage.search import TermStats, indexed_rows, search_scope
 from ...storage.transcripts import agent_db_path
+from ...storage.vector_index import VectorFeed, VectorIndexes, attach
 from ..adversaries import HangForever, IgnoresCancellation
 from . import runner
 from .runner import BenchmarkError, percentiles
@@ -578,7 +580,9 @@ def _meaning_config() -> dict[str, Any]:
 # -- benchmark 1b: recall by meaning ----------------------------------------------------
 
 
-Meaning = Literal["text", "meaning", "embed", "tool_text", "tool_meaning", "vector_reads"]
+Meaning = Literal[
+    "text", "meaning", "embed", "tool_text", "tool_meaning", "vector_reads", "vector_scan"
+]
 MEANING_SIDES: tuple[Meaning, ...] = (
     "text",
     "meaning",
@@ -586,6 +590,7 @@ MEANING_SIDES: tuple[Meaning, ...] = (
     "tool_text",
     "tool_meaning",
     "vector_reads",
+    "vector_scan",
 )
 EMBED_FACTOR = 1.2  # the issue's target: by meaning <= text only + 1.2 x the embedder alone
 VECTORS_READY_S = 3600.0  # the longest wait for the embedder to catch up with the corpus
@@ -613,7 +618,8 @@ async def run_meaning(
     that call, so both sides share the process, the caches and the reader. Each side
     recalls a probe of its own (a probe recalled twice would be a cache hit). Also timed:
     the memory_search tool each way, and the vector side's reads (`vector_side`) on the
-    bench's own reader connection: where the time by meaning goes.
+    bench's own reader connection, with an index and as a plain scan: where the time by
+    meaning goes.
 
     Cancellation: recalls write nothing; a cancelled run leaves the corpus as it was.
     """
@@ -634,6 +640,11 @@ async def run_meaning(
             raise BenchmarkError("the embedder did not catch up with the corpus")
         await mem.notes.sync_notes(AGENT)
         conn = open_connection(agent_db_path(library, AGENT), writer=False)
+        # The vector side as the library runs it: through an in-memory vector index (its
+        # feed stays empty: nothing writes while the recalls run), loaded before timing;
+        # and the plain scan of the stored vectors on a connection without one.
+        attach(conn, VectorIndexes(VectorFeed.unwritten()))
+        scan = open_connection(agent_db_path(library, AGENT), writer=False)
         try:
             row = conn.execute(
                 "SELECT (SELECT count(*) FROM message_vectors WHERE name = ?1)"
@@ -675,7 +686,7 @@ async def run_meaning(
                         query = await embed_query(embedder, probe.query)
                         begin = time.perf_counter()  # the reads alone
                         vector_side(
-                            conn,
+                            conn if side == "vector_reads" else scan,
                             query,
                             pool=LIMIT * 4,
                             text_notes=[],
@@ -697,6 +708,7 @@ async def run_meaning(
                     timings.seconds.setdefault(name, []).append(value)
         finally:
             conn.close()
+            scan.close()
     return timings
 
 
@@ -741,6 +753,7 @@ def meaning_report(t: MeaningTimings) -> dict[str, Any]:
         "tool_text_ms": p["tool_text"],
         "tool_meaning_ms": p["tool_meaning"],
         "vector_reads_ms": p["vector_reads"],
+        "vector_scan_ms": p["vector_scan"],
         "bound_p50_ms": round(bound, 4),
         "pass": meaning <= bound,
         # Where the extra time goes, from the p50s (not paired): the query's embedding, the
@@ -1163,6 +1176,7 @@ def _meaning_lines(meaning: dict[str, Any] | None) -> list[str]:
         _row("memory_search tool, text only", meaning["tool_text_ms"]),
         _row("memory_search tool, by meaning", meaning["tool_meaning_ms"]),
         _row("vector side's reads (vector_side, own conn)", meaning["vector_reads_ms"]),
+        _row("  the same without the vector index (a scan)", meaning["vector_scan_ms"]),
         f"    target: recall p50 by meaning <= text only p50 + {EMBED_FACTOR:g} x embedder p50"
         f" = {meaning['bound_p50_ms']:.3f} ms",
         "    extra by meaning, from the p50s: recall {recall:+.3f} ms, memory_search tool "

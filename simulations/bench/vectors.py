@@ -9,11 +9,15 @@ of the text search, as SQL) and every row of the agent:
 
 - library: `nearest_messages` (storage/vectors.py): the scope's vectors read by their
   primary key range, scored with numpy, top k;
+- index: the same call on a connection with the agent's in-memory vector index attached
+  (storage/vector_index.py; nothing writes during the benchmark, so its feed stays empty):
+  one matrix-vector product masked to the scope, the candidates re-read from SQLite; its
+  first query (the load of every vector) is reported apart, as `index_load_s`;
 - sqlite-vec (only when the `sqlite_vec` package is installed): a `vec0` table of the same
   vectors (`float[DIM]`, cosine), KNN with `rowid IN (SELECT ...)` of the scope's events,
   so visibility applies before k.
 
-It prints p50/p90/p99/max per side and checks that both return the same top k.
+It prints p50/p90/p99/max per side and checks that all return the same top k.
 
     activememory bench vectors [--messages N] [--dim D] [--json] ...
 """
@@ -37,7 +41,8 @@ from ...protocol.session_key import parse_session_key
 from ...storage.db import open_connection
 from ...storage.search import _PRIVATE
 from ...storage.transcripts import TranscriptWriter
-from ...storage.vectors import nearest_messages, to_blob
+from ...storage.vector_index import VectorFeed, VectorIndexes, attach
+from ...storage.vectors import nearest_message_rows, nearest_messages, to_blob
 from . import runner
 from .runner import BenchmarkError
 
@@ -137,17 +142,24 @@ def run(args: argparse.Namespace, run_dir: Path, kept: bool) -> runner.Report:
         partial.rename(path)
     conn = open_connection(path, writer=False)
     has_vec0 = load_vec0(conn, args.dim)
+    indexed = open_connection(path, writer=False)
+    index = VectorIndexes(VectorFeed.unwritten())
+    attach(indexed, index)
     private = {"agent": "main", "caller": CALLER, "peers": '["alice"]', "owner": False}
     scopes = {"identity": (IDENTITY_SQL, private), "all": (ALL_SQL, {})}
     rng = random.Random(args.seed)
     result: runner.Report = {"messages": args.messages, "dim": args.dim, "k": args.k}
     result["build_s"] = round(build_s, 3)
     result["vec0"] = has_vec0
+    t0 = time.perf_counter()
+    nearest_message_rows(indexed, numpy.ones(args.dim), name=NAME, visible_sql=ALL_SQL,
+                         visible_params={}, k=1)  # fmt: skip
+    result["index_load_s"] = round(time.perf_counter() - t0, 3)
     for scope, (sql, params) in scopes.items():
         visible = conn.execute(
             f"SELECT count(*) FROM message_vectors WHERE session_id IN ({sql})", params
         ).fetchone()
-        times: dict[str, list[float]] = {"numpy": [], "vec0": []}
+        times: dict[str, list[float]] = {"numpy": [], "index": [], "vec0": []}
         for _ in range(args.queries):
             q = numpy.array([rng.gauss(0, 1) for _ in range(args.dim)], dtype=numpy.float32)
             q /= numpy.linalg.norm(q)
@@ -156,6 +168,13 @@ def run(args: argparse.Namespace, run_dir: Path, kept: bool) -> runner.Report:
                 conn, q, name=NAME, visible_sql=sql, visible_params=params, k=args.k
             )
             times["numpy"].append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            fast = nearest_messages(
+                indexed, q, name=NAME, visible_sql=sql, visible_params=params, k=args.k
+            )
+            times["index"].append(time.perf_counter() - t0)
+            if fast != ours:
+                raise BenchmarkError(f"{scope}: the index and the plain scan disagree")
             if has_vec0:
                 t0 = time.perf_counter()
                 theirs = vec0_nearest(conn, q, sql, params, args.k)
@@ -166,18 +185,22 @@ def run(args: argparse.Namespace, run_dir: Path, kept: bool) -> runner.Report:
             "rows": int(visible[0]) if visible else 0,
             **{side: runner.percentiles(t) for side, t in times.items() if t},
         }
+    if index.loads != 1 or index.fallbacks:
+        raise BenchmarkError(f"the index loaded {index.loads} times, fell back {index.fallbacks}")
     conn.close()
+    indexed.close()
     return result
 
 
 def format_table(result: runner.Report) -> str:
     lines = [
         f"{result['messages']} messages, {result['dim']} dims, k={result['k']},"
-        f" built in {result['build_s']} s (0: reused)"
+        f" built in {result['build_s']} s (0: reused);"
+        f" the index loaded in {result['index_load_s']} s"
     ]
     for scope in ("identity", "all"):
         part = result[scope]
-        for side in ("numpy", "vec0"):
+        for side in ("numpy", "index", "vec0"):
             if side in part:
                 p = part[side]
                 lines.append(
