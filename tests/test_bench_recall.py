@@ -27,6 +27,7 @@ TINY = [
     "--runs", "3",
     "--runs-ignoring", "1",
     "--meaning-recalls", "4",
+    "--embedder", "all-MiniLM-L6-v2",  # the small shipped model: quick to embed the corpus
 ]  # fmt: skip
 PERCENTILES = {"p50", "p90", "p99", "max", "mean"}
 
@@ -90,7 +91,7 @@ def test_both_benchmarks_report_their_structure_through_the_cli(
 
     meaning = overhead["meaning"]
     assert meaning["recalls"] == 4 and meaning["statuses"] == {"ok": 8}
-    assert meaning["embedder"] == "local/all-mpnet-base-v2"
+    assert meaning["embedder"] == "local/all-MiniLM-L6-v2"
     assert meaning["vectors"] >= 600  # every message and note chunk has its vector
     for key in (
         "recall_text_ms",
@@ -148,7 +149,7 @@ def test_the_state_dir_is_reused_and_the_report_ends_with_verdicts(
     assert tail[0] == "Verdicts"
     assert tail[1].startswith(("  PASS recall overhead, concurrency 1", "  MISS recall overhead"))
     assert tail[2].startswith(("  PASS recall by meaning", "  MISS recall by meaning"))
-    assert "by meaning (default config: embedder local/all-mpnet-base-v2, hybrid;" in second
+    assert "by meaning (default config: embedder local/all-MiniLM-L6-v2, hybrid;" in second
     assert "Recall budget overshoot" not in second
 
 

@@ -101,6 +101,7 @@ import trio
 
 import activememory as am
 
+from ...embed import SHIPPED_MODELS
 from ...protocol.config import SINGLE_OWNER
 from ...protocol.recall import RecallRequest, ToolResult
 from ...recall.budget import FINALIZE_S
@@ -261,7 +262,9 @@ async def load_library(state_dir: Path, params: Params, zipf: Zipf) -> LoadTimes
     the next run discards (its parameters file says it is incomplete).
     """
     sizes = session_sizes(params.messages, params.sessions)
-    async with am.open_memory(state_dir, executor="thread") as mem:
+    # Text only: the vectors are made (and timed) by `run_meaning`, with its embedder.
+    no_vectors = {"agents": {"defaults": {"memorySearch": {"provider": "none"}}}}
+    async with am.open_memory(state_dir, config=no_vectors, executor="thread") as mem:
         start = time.perf_counter()
         await import_all(mem, zipf, params.seed, sizes)
         stored = time.perf_counter()
@@ -570,10 +573,11 @@ def _overhead_config() -> dict[str, Any]:
     }
 
 
-def _meaning_config() -> dict[str, Any]:
-    # The overhead config with the shipped embedder and the default hybrid settings.
+def _meaning_config(model: str | None = None) -> dict[str, Any]:
+    # The overhead config with a shipped embedder (the default, or `--embedder`) and the
+    # default hybrid settings.
     config = _overhead_config()
-    del config["agents"]
+    config["agents"]["defaults"]["memorySearch"] = {} if model is None else {"model": model}
     return config
 
 
@@ -626,7 +630,7 @@ async def run_meaning(
     model = ZeroThinkModel()
     timings = MeaningTimings()
     async with am.open_memory(
-        library, config=_meaning_config(), models={MODEL: model}, executor="thread"
+        library, config=_meaning_config(args.embedder), models={MODEL: model}, executor="thread"
     ) as mem:
         embedder = mem.notes.embedder
         if embedder is None:
@@ -1268,6 +1272,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--runs-ignoring", type=int, default=50, help="IgnoresCancellation runs (1.75 s each)"
     )
     parser.add_argument("--only", choices=("overhead", "overshoot"))
+    parser.add_argument(
+        "--embedder",
+        choices=list(SHIPPED_MODELS),
+        help="the shipped model recall by meaning uses (default: the config's default)",
+    )
     parser.add_argument(
         "--profile", action="store_true", help="cProfile a concurrency-1 recall loop"
     )
