@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import builtins  # `Sessions.list` shadows `list` inside the class
 import contextlib
+import functools
 import os
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
@@ -14,6 +15,7 @@ import anyio
 
 from ._commands import Commands
 from ._config import load_config
+from ._control import serve_request
 from ._doctor import DoctorReport, diagnose
 from ._importers import IdentityExport
 from ._records import Records
@@ -716,6 +718,8 @@ async def open_memory(
             )
             memory.notes.embedder = embedder
             memory._search.embedder = embedder
+            # Other processes' erase requests run through this memory's writers (§1.7).
+            supervisor.serve_control(functools.partial(serve_request, memory))
             yield memory
     finally:
         # After the recall pool has stopped: no run uses a model or writes a transcript.
