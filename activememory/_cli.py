@@ -97,6 +97,9 @@ def _parser() -> argparse.ArgumentParser:
     reindex.add_argument("--json", action="store_true")
     reindex.set_defaults(run=_reindex)
     _add_userdata_parsers(commands)
+    from ._records_cli import add_records_parser  # records add|search|link|invalidate
+
+    add_records_parser(commands)
 
     search = commands.add_parser("search", help="full-text search of stored conversations")
     search.add_argument("query")
