@@ -38,14 +38,16 @@ class Spool:
 
     def serve(self) -> bool:
         """Create the folders (0700) and take `serve.lock`; False when another process
-        serves this state directory already (it answers; this one stays quiet)."""
+        serves this state directory already (it answers; this one stays quiet), or the
+        folder cannot be made (a state directory we cannot write: the first write says
+        so, as before; an operator's erase then finds nobody serving)."""
         try:
             for folder in (self.root, self.requests, self.results):
                 folder.mkdir(mode=0o700, exist_ok=True)
             os.chmod(self.root, 0o700)  # the umask may have widened it
             fd = os.open(self.root / "serve.lock", os.O_RDWR | os.O_CREAT, 0o600)
-        except OSError as exc:
-            raise StorageError(f"cannot create {str(self.root)!r} ({exc.strerror})") from None
+        except OSError:
+            return False
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
