@@ -81,6 +81,11 @@ def test_erase_runs_in_the_running_bot_and_it_keeps_serving(
     bot: Bot, capsys: pytest.CaptureFixture[str]
 ) -> None:
     state = ["--state-dir", str(bot.state)]
+    dana = ["records", "search", "zebra", "--user", "dana", *state]
+    code, out, _ = run_cli(capsys, *dana)  # read-only: beside the bot
+    assert code == 0 and "dana's locker: zebra-4471" in out
+    code, _, err = run_cli(capsys, "records", "add", "x", "--user", "dana", *state)
+    assert code == 2 and "already open for writing" in err  # a write: the bot's alone
     code, out, err = run_cli(capsys, "erase", "--identity", "dana", *state, "--json")
     assert code == 0, err
     summary = json.loads(out)
@@ -96,6 +101,7 @@ def test_erase_runs_in_the_running_bot_and_it_keeps_serving(
     assert code == 0 and out == "" and "exported 0 sessions" in err
     code, out, _ = run_cli(capsys, "sessions", *state)
     assert code == 0 and DANA not in out and ALICE in out
+    assert run_cli(capsys, *dana)[:2] == (0, "no matches\n")
     # Not in the files either (the bot's VACUUM and truncated WAL).
     for path in bot.state.rglob("*"):
         if path.is_file():
