@@ -63,16 +63,17 @@ class Spool:
             self._lock_fd = None
 
     def pending(self) -> list[str]:
-        """Ids of the waiting requests, oldest first."""
+        """Ids of the waiting requests, oldest first (none when the folder cannot be read:
+        the bot goes on, and the asker's timeout says nobody answered)."""
+        found = []
         try:
-            entries = list(os.scandir(self.requests))
-        except FileNotFoundError:
+            with os.scandir(self.requests) as entries:
+                for e in entries:
+                    if e.name.endswith(".json") and not e.name.startswith("."):
+                        with contextlib.suppress(FileNotFoundError):  # withdrawn meanwhile
+                            found.append((e.stat().st_mtime_ns, e.name[: -len(".json")]))
+        except OSError:
             return []
-        found = [
-            (e.stat().st_mtime_ns, e.name[: -len(".json")])
-            for e in entries
-            if e.name.endswith(".json") and not e.name.startswith(".")
-        ]
         return [name for _, name in sorted(found)]
 
     def take(self, request_id: str) -> bytes | None:
@@ -92,8 +93,8 @@ class Spool:
             os.close(fd)
         try:
             path.unlink()
-        except FileNotFoundError:
-            return None  # the asker withdrew it first
+        except OSError:
+            return None  # the asker withdrew it first (or it cannot be removed: not served)
         return data
 
     def answer(self, request_id: str, data: bytes) -> None:

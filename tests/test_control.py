@@ -130,6 +130,9 @@ MALFORMED = [
 def test_a_malformed_request_is_answered_with_an_error_and_the_bot_serves_on(bot: Bot) -> None:
     spool = Spool(bot.state)
     assert spool.served()
+    # Not requests: a folder and a symlink are passed over (never followed, never answered).
+    (spool.requests / "folder.json").mkdir()
+    (spool.requests / "link.json").symlink_to(bot.state / "records.db")
     asked = [(spool.ask(request_bytes), error) for request_bytes, error in MALFORMED]
     for request_id, error in asked:
         result = trio.run(wait_for_result, spool, request_id)
@@ -137,6 +140,8 @@ def test_a_malformed_request_is_answered_with_an_error_and_the_bot_serves_on(bot
         assert result.error.startswith(error), result.error
         assert result.served_by == bot.proc.pid
         assert bot.append("still here").startswith("APPENDED ")
+    assert not (spool.requests / "link.json").exists()  # dropped unanswered
+    assert (bot.state / "records.db").exists()
 
 
 async def wait_for_result(spool: Spool, request_id: str) -> ControlResult:
