@@ -682,6 +682,11 @@ async def open_memory(
     sub-agent transcript goes to a private temporary folder, never into the store
     (`persistTranscripts` is ignored).
 
+    A writer open with the thread executor also serves other processes' control requests
+    (docs/design.md §1.7): `activememory erase` beside the running bot asks it, and the
+    erase runs through this memory's writers, with this memory's config. It creates
+    `state_dir/control/` (mode 0700) for them; a read-only open never serves.
+
     Raises `InvalidInputError` if `state_dir` is a file (or, read-only, missing or holding
     no store) or `executor` is unknown, and `StorageError` if the directory cannot be
     created or is open in another process.
