@@ -17,6 +17,7 @@ import anyio
 import msgspec
 import trio
 
+from ._control import bot_serves, erase_through_bot
 from ._doctor import DoctorReport
 from ._importers import (
     IdentityExport,
@@ -43,6 +44,7 @@ SAMPLES = ("sample-alice.jsonl", "sample-team.jsonl")
 IMPORT_FORMATS = ("jsonl", "locomo")
 T = TypeVar("T")
 WAIT_FOR_INDEX_SECONDS = 60
+ERASE_TIMEOUT_SECONDS = 60  # a running bot's erase: its VACUUM of every database
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -95,6 +97,9 @@ def _parser() -> argparse.ArgumentParser:
     reindex.add_argument("--json", action="store_true")
     reindex.set_defaults(run=_reindex)
     _add_userdata_parsers(commands)
+    from ._records_cli import add_records_parser  # records add|search|link|invalidate
+
+    add_records_parser(commands)
 
     search = commands.add_parser("search", help="full-text search of stored conversations")
     search.add_argument("query")
@@ -748,6 +753,12 @@ def _add_userdata_parsers(commands: argparse._SubParsersAction[argparse.Argument
     erase.add_argument("--config", type=Path, help="JSON5 config file (session.identityLinks)")
     erase.add_argument("--identity", required=True)
     erase.add_argument("--dry-run", action="store_true", help="only list what would go")
+    erase.add_argument(
+        "--timeout",
+        type=float,
+        default=ERASE_TIMEOUT_SECONDS,
+        help="beside a running bot: seconds to wait for its answer (default %(default)g)",
+    )
     erase.add_argument("--json", action="store_true")
     erase.set_defaults(run=_erase)
 
@@ -806,8 +817,19 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _erase(args: argparse.Namespace) -> int:
+    if not args.timeout > 0:
+        raise InvalidInputError(f"--timeout: expected seconds > 0, got {args.timeout:g}")
+
     async def run() -> ErasureSummary:
         state_dir = _existing_state_dir(args.state_dir)  # a dry run only reads: beside a bot
+        if not args.dry_run and bot_serves(state_dir):
+            # A bot holds the writers: it erases through them (docs/design.md §1.7).
+            if args.config is not None:
+                print("note: the running bot erases with its own config (its identityLinks);"
+                      " --config is not used", file=sys.stderr)  # fmt: skip
+            summary, pid = await erase_through_bot(state_dir, args.identity, within=args.timeout)
+            print(f"erased by the running bot (pid {pid})", file=sys.stderr)
+            return summary
         async with open_memory(state_dir, config=args.config, readonly=args.dry_run) as mem:
             return await mem.erase_identity(args.identity, dry_run=args.dry_run)
 

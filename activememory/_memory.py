@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import builtins  # `Sessions.list` shadows `list` inside the class
 import contextlib
+import functools
 import os
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
@@ -14,6 +15,7 @@ import anyio
 
 from ._commands import Commands
 from ._config import load_config
+from ._control import serve_request
 from ._doctor import DoctorReport, diagnose
 from ._importers import IdentityExport
 from ._records import Records
@@ -680,6 +682,11 @@ async def open_memory(
     sub-agent transcript goes to a private temporary folder, never into the store
     (`persistTranscripts` is ignored).
 
+    A writer open with the thread executor also serves other processes' control requests
+    (docs/design.md §1.7): `activememory erase` beside the running bot asks it, and the
+    erase runs through this memory's writers, with this memory's config. It creates
+    `state_dir/control/` (mode 0700) for them; a read-only open never serves.
+
     Raises `InvalidInputError` if `state_dir` is a file (or, read-only, missing or holding
     no store) or `executor` is unknown, and `StorageError` if the directory cannot be
     created or is open in another process.
@@ -716,6 +723,8 @@ async def open_memory(
             )
             memory.notes.embedder = embedder
             memory._search.embedder = embedder
+            # Other processes' erase requests run through this memory's writers (§1.7).
+            supervisor.serve_control(functools.partial(serve_request, memory))
             yield memory
     finally:
         # After the recall pool has stopped: no run uses a model or writes a transcript.

@@ -41,6 +41,7 @@ from ..protocol.indexer import (
 from ..protocol.reconciler import Poke
 from ..protocol.records import RecordAck, RecordCommand
 from ..protocol.transcript import IndexStats
+from ..storage.control import Spool
 from ..storage.db import (
     Durability,
     WriterLock,
@@ -59,6 +60,7 @@ from ..storage.records import (
 )
 from ..storage.transcripts import TranscriptReader, TranscriptWriter, agent_db_path
 from ..storage.vector_index import VectorFeed, VectorIndexes, attach, detach
+from .control import ControlActor, Handle
 from .embedder import EmbedderActor
 from .embedder import open_inbox as embedder_inbox
 from .group_commit import MAX_BATCH, A, C, GroupCommit, StorageWriter
@@ -288,6 +290,27 @@ class Supervisor:
         self.recall_pool = RecallPool(recall_receive)
         self._recall_pool_stopped = anyio.Event()
         task_group.start_soon(self._run_recall_pool, name="recall-pool")
+        self._control_scope = anyio.CancelScope()
+        self._control_stopped = anyio.Event()
+        self._control_stopped.set()  # until `serve_control` starts the actor
+
+    def serve_control(self, handle: Handle) -> None:
+        """Serve other processes' control requests with `handle` (docs/design.md §1.7):
+        only a writer open with the thread executor (virtual time has no timers to spare),
+        and only the first such open of the state directory (`serve.lock`)."""
+        if self.readonly or self.executor_kind != "thread":
+            return
+        spool = Spool(self.state_dir)
+        if spool.serve():
+            self._control_stopped = anyio.Event()
+            self._tg.start_soon(self._run_control, ControlActor(spool, handle), name="control")
+
+    async def _run_control(self, actor: ControlActor) -> None:
+        try:
+            with self._control_scope:
+                await actor.run()
+        finally:
+            self._control_stopped.set()
 
     async def _run_recall_pool(self) -> None:
         try:
@@ -491,6 +514,9 @@ class Supervisor:
         """
         async with self._opening:
             self._closed = True
+        # A control request uses every writer: it ends first (answered with an error).
+        self._control_scope.cancel()
+        await self._control_stopped.wait()
         # Recall runs read the agent databases: they end first (cancelled if still running).
         await self.recall_inbox.aclose()
         await self._recall_pool_stopped.wait()

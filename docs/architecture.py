@@ -28,6 +28,8 @@ BOXES: dict[str, tuple[int, int, int, int, str, str, str]] = {
     "embedding": (790, 240, 170, 60, "embedding model", "Embedder: texts to vectors", "outside"),
     "records_db": (790, 340, 170, 60, "records.db", "scoped records", "store"),
     "model": (790, 440, 170, 60, "recall model", "local or OpenAI-compatible", "outside"),
+    "operator": (20, 300, 150, 60, "operator's CLI", "another process", "outside"),
+    "control": (20, 420, 150, 60, "control actor", "actors/control.py", "actor"),
 }
 # (from, to, label, dashed): solid arrows are bounded inboxes of tagged Structs.
 ARROWS: list[tuple[str, str, str, bool]] = [
@@ -46,6 +48,8 @@ ARROWS: list[tuple[str, str, str, bool]] = [
     ("indexer", "memory_db", "one writer", True),
     ("records", "records_db", "one writer", True),
     ("recall_pool", "model", "runs, tools", True),
+    ("operator", "control", "spool files", True),
+    ("control", "memory", "erase_identity", True),
 ]
 SUPERVISED = ("indexer", "reconciler", "embedder", "records", "recall_pool")
 FILL = {"outside": "#f3f3f3", "face": "#e6f0fa", "actor": "#fdf3dc", "store": "#e8f5e9"}

@@ -87,8 +87,9 @@ def test_read_commands_run_beside_a_running_bot(
     )
     assert main(["import", str(transcript), *state, "--session-key", "agent:main:main"]) == 2
     assert "already open for writing" in capsys.readouterr().err
-    assert main(["erase", *state, "--identity", "alice"]) == 2
-    assert "already open for writing" in capsys.readouterr().err
+    # An erase is no second writer: the bot runs it through its own (docs/design.md §1.7).
+    assert main(["erase", *state, "--identity", "alice"]) == 0
+    assert "erased by the running bot" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

@@ -406,18 +406,18 @@ async def test_a_vector_embedded_before_an_erase_and_stored_after_is_not_cached(
     assert agent_db(tmp_path / "s").execute("SELECT count(*) FROM vector_cache").fetchone() == (0,)
 
 
-async def test_the_cli_cannot_erase_under_a_running_bot(
+async def test_the_cli_erases_through_a_running_bot(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # The erase goes through the writers, which the bot's process holds: the CLI says so
-    # and erases nothing (README "A user's data": erase from inside the bot, or stop it).
+    # The bot holds the writers: the CLI asks it, and it erases through them with its own
+    # config (its identity links make `dana-tg` dana's; docs/design.md §1.7).
     state = tmp_path / "s"
     async with am.open_memory(state, config=CONFIG) as mem:
         await mem.sessions.append(DANA_TG, user(f"my secret word is {TOKEN}"))
-        args = ["erase", "--state-dir", str(state), "--identity", "dana-tg"]
-        assert await anyio.to_thread.run_sync(main, args) == 2
-        assert "already open for writing by another open_memory()" in capsys.readouterr().err
-        assert [s.key for s in await mem.sessions.list()] == [DANA_TG]
+        args = ["erase", "--state-dir", str(state), "--identity", "dana"]
+        assert await anyio.to_thread.run_sync(main, args) == 0
+        assert "erased by the running bot" in capsys.readouterr().err
+        assert [s.key for s in await mem.sessions.list()] == []
 
 
 async def test_bad_record_lines_are_errors_naming_file_line_and_field(tmp_path: Path) -> None:
