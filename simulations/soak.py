@@ -83,6 +83,7 @@ import apsw
 import trio
 
 import activememory as am
+from activememory.embed import SHIPPED_MODELS
 from activememory.storage.fts_query import index_row, index_tokens
 from activememory.storage.transcripts import agent_db_path
 
@@ -136,8 +137,9 @@ VOCAB = (
 # -- the workload (child process) ---------------------------------------------------------
 
 
-def soak_config(timeout_ms: int) -> dict[str, Any]:
-    """The plugin config of the soak: the chaos model, a short budget, a visible breaker."""
+def soak_config(timeout_ms: int, embedder: str | None = None) -> dict[str, Any]:
+    """The plugin config of the soak: the chaos model, a short budget, a visible breaker;
+    the default `memorySearch`, or the shipped `embedder` model named."""
     settings = {
         "model": MODEL,
         "timeoutMs": timeout_ms,
@@ -145,7 +147,10 @@ def soak_config(timeout_ms: int) -> dict[str, Any]:
         "circuitBreakerMaxTimeouts": 3,
         "circuitBreakerCooldownMs": COOLDOWN_MS,
     }
-    return {"plugins": {"entries": {"active-memory": {"config": settings}}}}
+    config: dict[str, Any] = {"plugins": {"entries": {"active-memory": {"config": settings}}}}
+    if embedder is not None:
+        config["agents"] = {"defaults": {"memorySearch": {"model": embedder}}}
+    return config
 
 
 def session_keys(sessions: int) -> tuple[list[str], list[str]]:
@@ -562,7 +567,7 @@ async def run_child(args: argparse.Namespace) -> int:
     acks = AckLog(state_dir / ACK_LOG, fsync=args.fsync_acks)
     try:
         async with am.open_memory(
-            state_dir, config=soak_config(args.timeout_ms), models={MODEL: model}
+            state_dir, config=soak_config(args.timeout_ms, args.embedder), models={MODEL: model}
         ) as mem:
             workload = Workload(mem, args, acks, model)
             # Open the agent database (and recover it after a kill) before saying READY.
@@ -766,6 +771,7 @@ def child_argv(args: argparse.Namespace, state_dir: Path, inc: int, until: float
     argv += ["--sessions", str(args.sessions), "--append-rate", str(args.append_rate)]
     argv += ["--recall-rate", str(args.recall_rate), "--seed", str(args.seed)]
     argv += ["--timeout-ms", str(args.timeout_ms), "--faults" if args.faults else "--no-faults"]
+    argv += ["--embedder", args.embedder] if args.embedder else []
     return argv + (["--fsync-acks"] if args.fsync_acks else [])
 
 
@@ -1773,6 +1779,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="keep the state here (default: a temporary directory, removed afterwards)",
     )
     parser.add_argument("--fsync-acks", action="store_true", help="fsync each ack-log line")
+    parser.add_argument(
+        "--embedder",
+        choices=list(SHIPPED_MODELS),
+        help="the shipped embedding model (default: the config's default)",
+    )
     parser.add_argument("--progress", action="store_true", help="a live progress line on stderr")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     # The soak's own processes.
