@@ -425,7 +425,8 @@ class _Chat:
     # -- background tasks -------------------------------------------------------------------
 
     async def _watch_config(self, mem: Memory, watched: _Watched) -> None:
-        """Poll the config file; on a change, reload it (a bad edit keeps the old config)."""
+        """Poll the config file; on a change, reload it (a bad edit or a deleted file keeps the
+        old config, said once)."""
         loaded_from = polled = watched.signature
         while True:
             await trio.sleep(self.options.watch_interval)
@@ -437,6 +438,13 @@ class _Chat:
             if polled is not None and polled[1] == 0:
                 continue  # an empty file is a write in progress (truncate, then write)
             loaded_from = polled
+            if polled is None and not watched.path.exists():
+                # Said once: the signature stays None until the file comes back.
+                self._status(
+                    f"[config file {watched.path} is gone: keeping the last config that loaded]"
+                )
+                self._emit({"type": "config", "reloaded": False, "errors": ["the file is gone"]})
+                continue
             try:
                 # Loaded on the event loop, like `mem.reload_config`: a config file is small.
                 loaded = _load_quietly(watched.path)

@@ -147,8 +147,7 @@ class Message(msgspec.Struct, frozen=True, kw_only=True):
             raise
         if size > MAX_CONTENT_BYTES:
             raise InvalidInputError(
-                f"Message.content: {size} bytes is over the limit of "
-                f"{MAX_CONTENT_BYTES} bytes"
+                f"Message.content: {size} bytes is over the limit of {MAX_CONTENT_BYTES} bytes"
             )
 
     @property

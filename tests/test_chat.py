@@ -330,3 +330,35 @@ def test_ctrl_c_ends_the_chat_cleanly_and_keeps_what_was_said(tmp_path: Path) ->
         {"role": "user", "text": FACT},
         {"role": "assistant", "text": f'You said: "{FACT}"'},
     ]
+
+
+def test_a_deleted_config_file_is_said_once_and_the_last_good_config_kept(
+    tmp_path: Path,
+) -> None:
+    config = tmp_path / "activememory.json5"
+    config.write_text(CONFIG.replace("timeoutMs: 15000", "enabled: false"))
+    stdout, stderr = io.StringIO(), io.StringIO()
+    polls = 10  # the file stays gone for many polls: the notice must not repeat
+
+    def wait_polls() -> None:
+        time.sleep(polls * 0.02)
+
+    stdin = ScriptedStdin(
+        [
+            config.unlink,
+            wait_for(stderr, "[config file "),
+            wait_polls,
+            "hello",
+            wait_for(stderr, "[recall skipped"),
+            lambda: config.write_text(CONFIG),
+            wait_for(stderr, "[config reloaded]"),
+        ]
+    )
+    options = ChatOptions(state_dir=tmp_path / "state", config=config, watch_interval=0.02)
+    assert run_chat(options, stdin=stdin, stdout=stdout, stderr=stderr) == 0
+    notes = [line for line in stderr.getvalue().splitlines() if not line.startswith("[activ")]
+    assert notes == [
+        f"[config file {config} is gone: keeping the last config that loaded]",
+        "[recall skipped: Active Memory is off globally (config.enabled)]",
+        "[config reloaded]",
+    ]
