@@ -124,8 +124,8 @@ def run_chat(
     0 at the end of the conversation, 1 when the conversation could not be stored (a
     message not written, the memory closed: the chat stops at once, the error on stderr),
     2 for a bad config, session key or state directory (the error on stderr, nothing
-    started), 130 after Ctrl-C. The streams default to the
-    process's own, looked up at call time.
+    started), 130 after Ctrl-C. The streams default to the process's own, looked up at
+    call time.
 
     Cancellation: Ctrl-C (SIGINT, when run on the main thread) cancels the turn in flight
     (its user message may already be stored, see `Memory.reply`), then the memory closes
