@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import json5
+import json5.parser
 import msgspec
 import msgspec.inspect as mi
 
@@ -151,13 +152,41 @@ def _read_json5(path: str, source: str) -> object:
     try:
         return json5.loads(text)
     except ValueError as exc:
-        raise ConfigError(f"{path}: invalid JSON5{_where(str(exc), text)}", source=source) from None
+        where = _where(_located(text) or str(exc), text)
+        raise ConfigError(f"{path}: invalid JSON5{where}", source=source) from None
     except RecursionError:
         raise ConfigError(f"{path}: invalid JSON5: nested too deeply", source=source) from None
 
 
 # json5's syntax errors: `<string>:3 Unexpected "}" at column 5` (or `end of input`).
 _JSON5_SYNTAX = re.compile(r'<string>:(\d+) Unexpected (end of input|"(.)") at column (\d+)', re.S)
+
+
+_Json5Parser: Any = json5.parser.Parser  # generated code without type hints
+
+
+class _ErrorLocator(_Json5Parser):  # type: ignore[misc]
+    """json5's own parser, used only to place an error: its identifier and whitespace rules
+    read a character and then test its Unicode class, so a refused character was reported
+    one place late (`{abc}` at the end, not at `}`). Here the test gives the character back
+    before the rule fails; any rule that fails rewinds anyway, so only the place changes."""
+
+    def _is_unicat(self, var: str, cat: str) -> bool:
+        ok = bool(super()._is_unicat(var, cat))
+        if not ok:
+            self.pos -= 1
+        return ok
+
+
+def _located(text: str) -> str | None:
+    """json5's error message for `text`, placed by `_ErrorLocator`; None if it finds none."""
+    try:
+        _, error, _ = _ErrorLocator(text, "<string>").parse(
+            global_vars={"_strict": True, "_consume_trailing": True}
+        )
+    except Exception:  # another json5 release: fall back to the message json5.loads gave
+        return None
+    return error if isinstance(error, str) else None
 
 
 # json5 stops where a misspelt keyword stops matching (`tru}` fails at the `}`): the word

@@ -963,6 +963,11 @@ def test_a_json5_syntax_error_names_the_line_and_column(tmp_path: Path) -> None:
     assert errors_of(path) == (f'{path}: invalid JSON5 at line 4, column 5: unexpected "e"',)
     path = write(tmp_path, '{ a: "x\n" }', "newline.json5")
     assert errors_of(path) == (f'{path}: invalid JSON5 at line 1, column 8: unexpected "\\n"',)
+    # A character json5 reads, then refuses by its Unicode class, is the place (not the next).
+    path = write(tmp_path, "{\n  plugins: {},\n  agents}\n", "colon.json5")
+    assert errors_of(path) == (f'{path}: invalid JSON5 at line 3, column 9: unexpected "}}"',)
+    path = write(tmp_path, "{a: 1,, b: 2}", "commas.json5")
+    assert errors_of(path) == (f'{path}: invalid JSON5 at line 1, column 7: unexpected ","',)
     # A misspelt keyword: json5 stops where it stops matching; the error shows the word.
     path = write(tmp_path, "{\n  a: [1, tru],\n}\n", "word.json5")
     assert errors_of(path) == (f'{path}: invalid JSON5 at line 2, column 10: unexpected "tru"',)
