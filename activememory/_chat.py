@@ -32,7 +32,13 @@ from ._memory import Memory, open_memory
 from ._output import PREFIX_CLOSE, PREFIX_OPEN
 from .protocol.config import Config
 from .protocol.content import Message
-from .protocol.errors import ActiveMemoryError, InvalidInputError, SessionNotFoundError
+from .protocol.errors import (
+    ActiveMemoryError,
+    InvalidInputError,
+    MemoryClosedError,
+    SessionNotFoundError,
+    StorageError,
+)
 from .protocol.recall import Reply, Sender, Turn
 from .protocol.session_key import parse_session_key
 
@@ -49,6 +55,7 @@ HELP = (
     "/session [KEY], /history, /status, /help, /quit"
 )
 EXIT_OK = 0
+EXIT_FAILED = 1  # the conversation could not be stored: the chat stopped
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130  # the shell's convention for a SIGINT
 
@@ -114,9 +121,11 @@ def run_chat(
 ) -> int:
     """Run the chat until `/quit`, end of input or Ctrl-C; return the exit status.
 
-    0 at the end of the conversation, 2 for a bad config, session key or state directory
-    (the error on stderr, nothing started), 130 after Ctrl-C. The streams default to the
-    process's own, looked up at call time.
+    0 at the end of the conversation, 1 when the conversation could not be stored (a
+    message not written, the memory closed: the chat stops at once, the error on stderr),
+    2 for a bad config, session key or state directory (the error on stderr, nothing
+    started), 130 after Ctrl-C. The streams default to the process's own, looked up at
+    call time.
 
     Cancellation: Ctrl-C (SIGINT, when run on the main thread) cancels the turn in flight
     (its user message may already be stored, see `Memory.reply`), then the memory closes
@@ -227,6 +236,7 @@ class _Chat:
         self._tty = _isatty(stdin)
         self._at_prompt = False
         self.interrupted = False
+        self.fatal: str | None = None  # why the chat stopped early, if it did
 
     async def run(self, config: Config | None, watched: _Watched | None) -> int:
         async with open_memory(self.options.state_dir, config=config) as mem:
@@ -245,6 +255,9 @@ class _Chat:
                 self._write(self._stdout, "")  # off the line the terminal echoed ^C on
             self._status("[interrupted]")
             return EXIT_INTERRUPTED
+        if self.fatal is not None:
+            self._status(f"[stopped: the conversation cannot be stored: {self.fatal}]")
+            return EXIT_FAILED
         return EXIT_OK
 
     # -- the conversation -------------------------------------------------------------------
@@ -263,10 +276,16 @@ class _Chat:
                         return
                 else:
                     await self._turn(mem, text)
+            except (StorageError, MemoryClosedError) as exc:
+                # The store is unusable: going on would pretend to remember (docs/design.md §6).
+                self._emit({"type": "error", "session": self.session, "error": str(exc)})
+                self.fatal = str(exc)
             except ActiveMemoryError as exc:
-                # Bad input or storage trouble ends the line, not the chat.
+                # Bad input or an unknown session ends the line, not the chat.
                 self._status(f"[error: {exc}]")
                 self._emit({"type": "error", "session": self.session, "error": str(exc)})
+            if self.fatal is not None:
+                return
 
     async def _read_line(self) -> str | None:
         if self._tty:
@@ -294,6 +313,8 @@ class _Chat:
         self._status(_status_note(reply))
         for problem in reply.problems:
             self._status(f"[memory problem: {problem}]")
+        if reply.user_event_id is None or (reply.text.strip() and reply.assistant_event_id is None):
+            self.fatal = next((p for p in reply.problems if p.startswith("persist ")), "not stored")
         outcome = reply.outcome
         self._emit(
             {
@@ -425,7 +446,8 @@ class _Chat:
     # -- background tasks -------------------------------------------------------------------
 
     async def _watch_config(self, mem: Memory, watched: _Watched) -> None:
-        """Poll the config file; on a change, reload it (a bad edit keeps the old config)."""
+        """Poll the config file; on a change, reload it (a bad edit or a deleted file keeps the
+        old config, said once)."""
         loaded_from = polled = watched.signature
         while True:
             await trio.sleep(self.options.watch_interval)
@@ -437,6 +459,13 @@ class _Chat:
             if polled is not None and polled[1] == 0:
                 continue  # an empty file is a write in progress (truncate, then write)
             loaded_from = polled
+            if polled is None and not watched.path.exists():
+                # Said once: the signature stays None until the file comes back.
+                self._status(
+                    f"[config file {watched.path} is gone: keeping the last config that loaded]"
+                )
+                self._emit({"type": "config", "reloaded": False, "errors": ["the file is gone"]})
+                continue
             try:
                 # Loaded on the event loop, like `mem.reload_config`: a config file is small.
                 loaded = _load_quietly(watched.path)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.metadata
 import importlib.resources
 import json
+import os
 import sys
 import tempfile
 import time
@@ -49,6 +51,20 @@ ERASE_TIMEOUT_SECONDS = 60  # a running bot's erase: its VACUUM of every databas
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `activememory` / `python -m activememory`."""
+    try:
+        status = _main(argv)
+        sys.stdout.flush()  # a reader that went away shows here, not at interpreter exit
+    except (BrokenPipeError, BaseExceptionGroup) as exc:
+        if isinstance(exc, BaseExceptionGroup) and exc.split(BrokenPipeError)[1] is not None:
+            raise
+        # `activememory … | head`: the reader has all it wanted. Python docs, "Note on
+        # SIGPIPE": point stdout at devnull so the exit's flush cannot fail again; exit 1.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    return status
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     try:
@@ -60,8 +76,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
+def _version() -> str:
+    try:
+        return importlib.metadata.version("activememory")
+    except importlib.metadata.PackageNotFoundError:  # run from a checkout, not installed
+        return "unknown (not installed)"
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="activememory", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"activememory {_version()}")
     commands = parser.add_subparsers(required=True, metavar="COMMAND")
 
     demo = commands.add_parser("demo", help="import the bundled sample and show what is stored")

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import json5
+import json5.parser
 import msgspec
 import msgspec.inspect as mi
 
@@ -34,7 +35,7 @@ from .protocol.config import (
     ConfigFile,
 )
 from .protocol.errors import InvalidInputError
-from .protocol.search import SearchSettings, search_settings
+from .protocol.search import SearchSettings
 
 __all__ = ["ConfigError", "ConfigWarning", "load_config"]
 
@@ -109,17 +110,13 @@ def load_config(
     except RecursionError:
         raise ConfigError("config: nested too deeply", source=name) from None
     errors = list(walker.errors)
-    try:
-        search = search_settings(expanded) if isinstance(expanded, Mapping) else None
-    except InvalidInputError as exc:  # the same words, collected with the others
-        errors.append(str(exc))
-        search = None
-    if search is not None:
+    patterns = _redact_patterns(expanded)
+    if patterns is not None:
         try:
-            Redactor(search.redact_patterns)  # a pattern that does not compile is bad config
+            Redactor(patterns)  # a pattern that does not compile is bad config
         except InvalidInputError as exc:
             errors.append(f"logging.{exc}")
-    if errors or search is None:
+    if errors:
         raise ConfigError(dict.fromkeys(errors), source=name)  # fromkeys: drop repeats, keep order
     try:
         shape = msgspec.convert(expanded, ConfigFile)
@@ -130,7 +127,6 @@ def load_config(
         warnings.warn(text, ConfigWarning, stacklevel=2)
     return _resolve(
         shape,
-        search=search,
         source=name,
         raw=_plain(data),
         warnings=tuple(walker.warnings),
@@ -156,7 +152,8 @@ def _read_json5(path: str, source: str) -> object:
     try:
         return json5.loads(text)
     except ValueError as exc:
-        raise ConfigError(f"{path}: invalid JSON5{_where(str(exc))}", source=source) from None
+        where = _where(_located(text) or str(exc), text)
+        raise ConfigError(f"{path}: invalid JSON5{where}", source=source) from None
     except RecursionError:
         raise ConfigError(f"{path}: invalid JSON5: nested too deeply", source=source) from None
 
@@ -165,22 +162,92 @@ def _read_json5(path: str, source: str) -> object:
 _JSON5_SYNTAX = re.compile(r'<string>:(\d+) Unexpected (end of input|"(.)") at column (\d+)', re.S)
 
 
-def _where(message: str) -> str:
+_Json5Parser: Any = json5.parser.Parser  # generated code without type hints
+
+
+class _ErrorLocator(_Json5Parser):  # type: ignore[misc]
+    """json5's own parser, used only to place an error: its identifier and whitespace rules
+    read a character and then test its Unicode class, so a refused character was reported
+    one place late (`{abc}` at the end, not at `}`). Here the test gives the character back
+    before the rule fails; any rule that fails rewinds anyway, so only the place changes."""
+
+    def _is_unicat(self, var: str, cat: str) -> bool:
+        ok = bool(super()._is_unicat(var, cat))
+        if not ok:
+            self.pos -= 1
+        return ok
+
+
+def _located(text: str) -> str | None:
+    """json5's error message for `text`, placed by `_ErrorLocator`; None if it finds none."""
+    try:
+        _, error, _ = _ErrorLocator(text, "<string>").parse(
+            global_vars={"_strict": True, "_consume_trailing": True}
+        )
+    except Exception:  # another json5 release: fall back to the message json5.loads gave
+        return None
+    return error if isinstance(error, str) else None
+
+
+# json5 stops where a misspelt keyword stops matching (`tru}` fails at the `}`): the word
+# that holds that point is what to show.
+_KEYWORDS = ("true", "false", "null", "Infinity", "NaN")
+_WORD = re.compile(r"[A-Za-z0-9_$]*")
+
+
+def _where(message: str, text: str) -> str:
     """json5's error as ` at line L, column C: unexpected "x"` (the character JSON-escaped,
-    so a newline cannot split the error line)."""
+    so a newline cannot split the error line); a misspelt keyword is shown whole, from its
+    first character."""
     match = _JSON5_SYNTAX.fullmatch(message)
     if match is None:
         return f": {message}"
     line, what, char, column = match.groups()
     if char is not None:
         what = json.dumps(char, ensure_ascii=False)
+        row = text.splitlines()[int(line) - 1] if text else ""
+        at = int(column) - 1
+        start = at
+        while start > 0 and _WORD.fullmatch(row[start - 1]):
+            start -= 1
+        head = row[start:at]
+        if head and any(k.startswith(head) for k in _KEYWORDS) and not _in_string(row[:start]):
+            word = _WORD.match(row, start)
+            assert word is not None  # it matches at least `head`
+            what = json.dumps(word.group(), ensure_ascii=False)
+            column = str(start + 1)
     return f" at line {line}, column {column}: unexpected {what}"
+
+
+def _in_string(prefix: str) -> bool:
+    """Whether a line that starts with `prefix` is inside a string after it (a JSON5 string
+    cannot span lines unescaped, so the line alone decides)."""
+    quote: str | None = None
+    escaped = False
+    for char in prefix:
+        if escaped:
+            escaped = False
+        elif quote is not None and char == "\\":
+            escaped = True
+        elif char == quote:
+            quote = None
+        elif quote is None and char in "\"'":
+            quote = char
+    return quote is not None
+
+
+def _redact_patterns(expanded: object) -> list[str] | None:
+    """`logging.redactPatterns` when it is a list of strings (the walk judged its shape)."""
+    logging = expanded.get("logging") if isinstance(expanded, Mapping) else None
+    patterns = logging.get("redactPatterns") if isinstance(logging, Mapping) else None
+    if isinstance(patterns, list) and all(isinstance(p, str) for p in patterns):
+        return patterns
+    return None
 
 
 def _resolve(
     shape: ConfigFile,
     *,
-    search: SearchSettings,
     source: str | None,
     raw: Any,
     warnings: tuple[str, ...],
@@ -206,7 +273,12 @@ def _resolve(
             Binding(agent_id=b.agent_id, dm_scope=b.session.dm_scope) for b in shape.bindings
         ),
         providers=dict(shape.models.providers),
-        search=search,
+        search=SearchSettings(
+            visibility=shape.tools.sessions.visibility,
+            agent_to_agent=shape.tools.agent_to_agent.enabled,
+            sandbox_visibility=shape.agents.defaults.sandbox.session_tools_visibility,
+            redact_patterns=shape.logging.redact_patterns,
+        ),
         memory_search=shape.agents.defaults.memory_search,
         source=source,
         raw=raw,
@@ -404,7 +476,10 @@ class _Walker:
     def walk(self, t: mi.Type, value: object, path: str) -> object:
         """Check `value` against `t`; return it with `${ENV}` expanded."""
         if isinstance(value, str):
+            known = len(self.errors)
             value = self._expand(path, value)  # once, here: `$${X}` must not expand twice
+            if len(self.errors) > known:  # an unset variable: its value is unknown, not wrong
+                return value
         return self._check(t, value, path)
 
     def _check(self, t: mi.Type, value: object, path: str) -> object:

@@ -24,7 +24,7 @@ from typing import Annotated, Any, Literal, TypeAlias
 
 import msgspec
 
-from .search import SearchSettings
+from .search import SandboxVisibility, SearchSettings, Visibility
 from .session_key import AGENT_ID, SessionKey, parse_session_key
 
 ChatKind: TypeAlias = Literal["direct", "group", "channel", "explicit"]
@@ -486,12 +486,24 @@ class MemorySearchDefaults(msgspec.Struct, frozen=True, kw_only=True, rename="ca
     )
 
 
+class SandboxSection(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """`agents.defaults.sandbox`: only what `sessions_search` reads; the rest is the host's."""
+
+    session_tools_visibility: Annotated[
+        SandboxVisibility,
+        msgspec.Meta(description='What a sandboxed caller may search; "spawned": held to tree'),
+    ] = "spawned"
+
+
 class AgentDefaults(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
-    """`agents.defaults`: other host keys (sandbox, compaction, ...) pass through."""
+    """`agents.defaults`: other host keys (compaction, ...) pass through."""
 
     memory_search: Annotated[
         MemorySearchDefaults, msgspec.Meta(description="Embeddings and hybrid search")
     ] = MemorySearchDefaults()
+    sandbox: Annotated[SandboxSection, msgspec.Meta(description="Sandboxed callers")] = (
+        SandboxSection()
+    )
 
 
 class AgentsSection(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
@@ -573,6 +585,44 @@ class ModelsSection(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     ] = {}
 
 
+# --- `tools` and `logging`: the `sessions_search` settings (docs/design.md §3) --------------
+# Typed here like every other key read, so the walk reports their problems with the rest.
+
+
+class ToolsSessions(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """`tools.sessions`."""
+
+    visibility: Annotated[
+        Visibility, msgspec.Meta(description="Which sessions sessions_search may show a caller")
+    ] = "tree"
+
+
+class ToolsAgentToAgent(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """`tools.agentToAgent`."""
+
+    enabled: Annotated[
+        bool, msgspec.Meta(description="Callers may search other agents' sessions")
+    ] = False
+
+
+class ToolsSection(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """`tools`: other host keys pass through."""
+
+    sessions: Annotated[ToolsSessions, msgspec.Meta(description="Session tools")] = ToolsSessions()
+    agent_to_agent: Annotated[ToolsAgentToAgent, msgspec.Meta(description="Cross-agent access")] = (
+        ToolsAgentToAgent()
+    )
+
+
+class LoggingSection(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """`logging`: other host keys pass through."""
+
+    redact_patterns: Annotated[
+        tuple[str, ...],
+        msgspec.Meta(description="Regular expressions redacted like built-in secrets"),
+    ] = ()
+
+
 class ConfigFile(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     """The whole config file, as far as activememory reads it; other keys are the host's."""
 
@@ -585,6 +635,8 @@ class ConfigFile(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
         tuple[BindingEntry, ...], msgspec.Meta(description="Channel-to-agent bindings")
     ] = ()
     models: Annotated[ModelsSection, msgspec.Meta(description="Model providers")] = ModelsSection()
+    tools: Annotated[ToolsSection, msgspec.Meta(description="Tool settings")] = ToolsSection()
+    logging: Annotated[LoggingSection, msgspec.Meta(description="Logging")] = LoggingSection()
 
 
 # --- The resolved view ---------------------------------------------------------------------

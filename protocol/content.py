@@ -15,7 +15,9 @@ import msgspec
 
 from .errors import InvalidInputError
 
-# Largest encoded content of one message. Bigger payloads belong in files, not transcripts.
+# Largest content of one message: a string's UTF-8 bytes, or a list of blocks as JSON (the
+# quotes and escapes of a string are not counted; docs/design.md §2.2). Bigger payloads belong
+# in files, not transcripts.
 MAX_CONTENT_BYTES = 1_048_576
 
 # The times a message may carry, as epoch seconds: from 1970-01-01 up to, not including,
@@ -125,7 +127,7 @@ class Message(msgspec.Struct, frozen=True, kw_only=True):
     `content` is a string or a list of blocks (mappings or block Structs; mappings are
     validated and converted on construction). Construction raises `InvalidInputError` naming
     the field for an unknown role, an unknown block type, a lone surrogate, or content larger
-    than `MAX_CONTENT_BYTES` encoded.
+    than `MAX_CONTENT_BYTES` (a string's UTF-8 bytes; a list of blocks as JSON).
     """
 
     role: Role
@@ -139,14 +141,13 @@ class Message(msgspec.Struct, frozen=True, kw_only=True):
             content = _convert_blocks(content)
             msgspec.structs.force_setattr(self, "content", content)
         try:
-            size = len(_encode(content))
+            size = len(content.encode()) if isinstance(content, str) else len(_encode(content))
         except UnicodeEncodeError:
             _check_unicode("Message.content", content)  # finds and names the bad string
             raise
         if size > MAX_CONTENT_BYTES:
             raise InvalidInputError(
-                f"Message.content: {size} bytes encoded is over the limit of "
-                f"{MAX_CONTENT_BYTES} bytes"
+                f"Message.content: {size} bytes is over the limit of {MAX_CONTENT_BYTES} bytes"
             )
 
     @property

@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, Literal, TypeAlias
+from typing import Literal, TypeAlias
 
 import msgspec
-
-from .content import check_choice
-from .errors import InvalidInputError
 
 Visibility: TypeAlias = Literal["self", "tree", "agent", "all"]
 VISIBILITIES: tuple[Visibility, ...] = ("self", "tree", "agent", "all")
@@ -73,53 +69,3 @@ class SearchSettings(msgspec.Struct, frozen=True, kw_only=True):
     agent_to_agent: bool = False
     sandbox_visibility: SandboxVisibility = "spawned"
     redact_patterns: tuple[str, ...] = ()
-
-
-def search_settings(config: Mapping[str, Any] | None) -> SearchSettings:
-    """Read the search settings out of a configuration mapping (docs/design.md §3 key names)."""
-    if not config:
-        return SearchSettings()
-
-    def get(path: str) -> object:
-        node: object = config
-        for part in path.split("."):
-            if not isinstance(node, Mapping) or part not in node:
-                return None
-            node = node[part]
-        return node
-
-    def choice(path: str, allowed: tuple[str, ...], default: str) -> str:
-        value = get(path)
-        if value is None:
-            return default
-        check_choice(path, value, allowed)
-        return str(value)
-
-    enabled = get("tools.agentToAgent.enabled")
-    if enabled is not None and not isinstance(enabled, bool):
-        raise InvalidInputError(
-            f"tools.agentToAgent.enabled: expected true or false, got {enabled!r}"
-        )
-    patterns = get("logging.redactPatterns")
-    if patterns is None:
-        patterns = ()
-    if not isinstance(patterns, list | tuple):
-        raise InvalidInputError(
-            f"logging.redactPatterns: expected a list of regular expressions, got {patterns!r}"
-        )
-    for i, pattern in enumerate(patterns):
-        if not isinstance(pattern, str):
-            raise InvalidInputError(
-                f"logging.redactPatterns[{i}]: expected a string, got {type(pattern).__name__}"
-            )
-    return msgspec.convert(
-        {
-            "visibility": choice("tools.sessions.visibility", VISIBILITIES, "tree"),
-            "agent_to_agent": bool(enabled),
-            "sandbox_visibility": choice(
-                "agents.defaults.sandbox.sessionToolsVisibility", ("spawned", "all"), "spawned"
-            ),
-            "redact_patterns": tuple(patterns),
-        },
-        SearchSettings,
-    )

@@ -44,7 +44,7 @@ async def test_rejected_appends_change_nothing(mem: am.Memory) -> None:
         (
             KEY,
             {"role": "user", "content": "x" * (am.MAX_CONTENT_BYTES + 1)},
-            "message: Message.content: 1048579 bytes",
+            "message: Message.content: 1048577 bytes is over",
         ),
         (KEY, "just text", "message: expected am.Message, got str"),
     ]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import json
+import resource
 import signal
 import subprocess
 import sys
@@ -330,3 +331,64 @@ def test_ctrl_c_ends_the_chat_cleanly_and_keeps_what_was_said(tmp_path: Path) ->
         {"role": "user", "text": FACT},
         {"role": "assistant", "text": f'You said: "{FACT}"'},
     ]
+
+
+def test_a_deleted_config_file_is_said_once_and_the_last_good_config_kept(
+    tmp_path: Path,
+) -> None:
+    config = tmp_path / "activememory.json5"
+    config.write_text(CONFIG.replace("timeoutMs: 15000", "enabled: false"))
+    stdout, stderr = io.StringIO(), io.StringIO()
+    polls = 10  # the file stays gone for many polls: the notice must not repeat
+
+    def wait_polls() -> None:
+        time.sleep(polls * 0.02)
+
+    stdin = ScriptedStdin(
+        [
+            config.unlink,
+            wait_for(stderr, "[config file "),
+            wait_polls,
+            "hello",
+            wait_for(stderr, "[recall skipped"),
+            lambda: config.write_text(CONFIG),
+            wait_for(stderr, "[config reloaded]"),
+        ]
+    )
+    options = ChatOptions(state_dir=tmp_path / "state", config=config, watch_interval=0.02)
+    assert run_chat(options, stdin=stdin, stdout=stdout, stderr=stderr) == 0
+    notes = [line for line in stderr.getvalue().splitlines() if not line.startswith("[activ")]
+    assert notes == [
+        f"[config file {config} is gone: keeping the last config that loaded]",
+        "[recall skipped: Active Memory is off globally (config.enabled)]",
+        "[config reloaded]",
+    ]
+
+
+def test_a_conversation_that_cannot_be_stored_stops_with_a_failure_status(tmp_path: Path) -> None:
+    # A real write failure: the chat process may not grow any file past 400 kB (RLIMIT_FSIZE,
+    # with SIGXFSZ ignored, so a write past it fails with EFBIG as on a full disk).
+    def limit_file_size() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (400_000, 400_000))
+
+    config = tmp_path / "text-only.json5"
+    config.write_text('{agents: {defaults: {memorySearch: {provider: "none"}}}}\n')
+    big = "words " * 60_000  # 360 kB: its transaction cannot fit under the limit
+    command = ["chat", "--state-dir", str(tmp_path / "s"), "--config", str(config)]
+    done = subprocess.run(
+        [sys.executable, "-m", "activememory", *command],
+        input=f"hello\n{big}\nnever read\n",
+        capture_output=True,
+        text=True,
+        preexec_fn=limit_file_size,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 1, done.stderr
+    assert done.stdout.count("bot> ") == 2  # hello, and the turn whose message was lost
+    notes = done.stderr.splitlines()
+    assert notes[-1].startswith(
+        "[stopped: the conversation cannot be stored: persist user message: "
+    )
+    assert "never read" not in done.stdout

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -155,3 +159,40 @@ def test_help_reads_without_a_document_outside_the_package(
     text = capsys.readouterr().out
     assert text.startswith("usage: activememory")
     assert "§" not in text and "SPEC" not in text and "design.md" not in text
+
+
+def run_into_a_closed_pipe(*args: str) -> subprocess.CompletedProcess[str]:
+    """Run `activememory ARGS` with stdout a pipe whose reader is already gone (`| head`)."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        return subprocess.run(
+            [sys.executable, "-m", "activememory", *args],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    finally:
+        os.close(write_end)
+
+
+def test_a_closed_pipe_ends_quietly(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    transcript = tmp_path / "t.jsonl"
+    transcript.write_text(
+        '{"type": "message", "id": "1", "timestamp": 5, "message": {"role": "user", "content": "hello"}}\n'
+    )
+    state = str(tmp_path / "state")
+    key = "agent:main:direct:z"
+    assert main(["import", str(transcript), "--state-dir", state, "--session-key", key]) == 0
+    capsys.readouterr()
+    done = run_into_a_closed_pipe("history", key, "--state-dir", state)
+    assert (done.returncode, done.stderr) == (1, "")  # no traceback; 1 is Python's EPIPE status
+
+
+def test_version_is_the_installed_package_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0
+    assert capsys.readouterr().out == f"activememory {importlib.metadata.version('activememory')}\n"

@@ -963,6 +963,18 @@ def test_a_json5_syntax_error_names_the_line_and_column(tmp_path: Path) -> None:
     assert errors_of(path) == (f'{path}: invalid JSON5 at line 4, column 5: unexpected "e"',)
     path = write(tmp_path, '{ a: "x\n" }', "newline.json5")
     assert errors_of(path) == (f'{path}: invalid JSON5 at line 1, column 8: unexpected "\\n"',)
+    # A character json5 reads, then refuses by its Unicode class, is the place (not the next).
+    path = write(tmp_path, "{\n  plugins: {},\n  agents}\n", "colon.json5")
+    assert errors_of(path) == (f'{path}: invalid JSON5 at line 3, column 9: unexpected "}}"',)
+    path = write(tmp_path, "{a: 1,, b: 2}", "commas.json5")
+    assert errors_of(path) == (f'{path}: invalid JSON5 at line 1, column 7: unexpected ","',)
+    # A misspelt keyword: json5 stops where it stops matching; the error shows the word.
+    path = write(tmp_path, "{\n  a: [1, tru],\n}\n", "word.json5")
+    assert errors_of(path) == (f'{path}: invalid JSON5 at line 2, column 10: unexpected "tru"',)
+    path = write(tmp_path, '{a: "x", b: -Infinty}', "infinity.json5")
+    assert errors_of(path) == (f'{path}: invalid JSON5 at line 1, column 14: unexpected "Infinty"',)
+    path = write(tmp_path, '{a: "tr\n"}', "string.json5")  # in a string: the newline
+    assert errors_of(path) == (f'{path}: invalid JSON5 at line 1, column 8: unexpected "\\n"',)
     path = write(tmp_path, "{\n  a: 1,\n", "short.json5")
     assert errors_of(path) == (
         f"{path}: invalid JSON5 at line 3, column 1: unexpected end of input",
@@ -1093,10 +1105,39 @@ def test_every_problem_is_reported_in_document_order(monkeypatch: pytest.MonkeyP
         f'{CFG}.allowedChatTypes[1]: "dm" is not one of "direct", "group", "channel", "explicit"',
         'session.dmScope: 3 is not one of "main", "per-peer", "per-channel-peer", '
         '"per-account-channel-peer"',
-        "tools.sessions.visibility: 'everyone' is not one of 'self', 'tree', 'agent', 'all'",
+        'tools.sessions.visibility: "everyone" is not one of "self", "tree", "agent", "all"',
     )
     assert info.value.errors == expected
     assert str(info.value) == "\n".join(expected)
+
+
+def test_every_search_setting_problem_is_reported_with_the_rest() -> None:
+    # The sessions_search keys are walked like every other key: no problem hides another.
+    source = {
+        "tools": {"agentToAgent": {"enabled": "yes"}, "sessions": {"visibility": "everyone"}},
+        "agents": {"defaults": {"sandbox": {"sessionToolsVisibility": "some"}}},
+        "logging": {"redactPatterns": ["ok", 3]},
+        "plugins": {"entries": {"active-memory": {"enabled": "no"}}},
+    }
+    with pytest.raises(ConfigError) as info:
+        load_config(source)
+    assert info.value.errors == (
+        'tools.agentToAgent.enabled: expected true or false, got "yes"',
+        'tools.sessions.visibility: "everyone" is not one of "self", "tree", "agent", "all"',
+        'agents.defaults.sandbox.sessionToolsVisibility: "some" is not one of "spawned", "all"',
+        "logging.redactPatterns[1]: expected a string, got 3",
+        f'{AM}.enabled: expected true or false, got "no"',
+    )
+
+
+def test_an_unset_variable_is_the_only_problem_of_its_key() -> None:
+    source = with_config(model="${AM_UNSET_MODEL}", timeoutMs="${AM_UNSET_MS}")
+    with pytest.raises(ConfigError) as info:
+        load_config(source, env={})
+    assert info.value.errors == (
+        f"{CFG}.model: environment variable AM_UNSET_MODEL is not set",
+        f"{CFG}.timeoutMs: environment variable AM_UNSET_MS is not set",
+    )
 
 
 def test_config_error_is_an_invalid_input_error_and_pickles() -> None:

@@ -103,7 +103,7 @@ def test_messages_round_trip_through_json() -> None:
         ),
         (
             {"role": "user", "content": "x" * (am.MAX_CONTENT_BYTES + 1)},
-            f"Message.content: {am.MAX_CONTENT_BYTES + 3} bytes encoded is over the limit of "
+            f"Message.content: {am.MAX_CONTENT_BYTES + 1} bytes is over the limit of "
             f"{am.MAX_CONTENT_BYTES} bytes",
         ),
     ],
@@ -115,4 +115,16 @@ def test_bad_messages_name_the_field(kwargs: dict[str, object], error: str) -> N
 
 
 def test_content_at_the_limit_is_accepted() -> None:
-    am.Message(role="user", content="x" * (am.MAX_CONTENT_BYTES - 2))  # two bytes of JSON quotes
+    # The limit counts the content, not its JSON encoding: no quotes, no escapes.
+    am.Message(role="user", content="x" * am.MAX_CONTENT_BYTES)
+    am.Message(role="user", content='"' * am.MAX_CONTENT_BYTES)
+    am.Message(role="user", content="é" * (am.MAX_CONTENT_BYTES // 2))  # two UTF-8 bytes each
+
+
+def test_content_limit_counts_utf8_bytes() -> None:
+    with pytest.raises(am.InvalidInputError) as info:
+        am.Message(role="user", content="é" * (am.MAX_CONTENT_BYTES // 2) + "x")
+    assert str(info.value) == (
+        f"Message.content: {am.MAX_CONTENT_BYTES + 1} bytes is over the limit of "
+        f"{am.MAX_CONTENT_BYTES} bytes"
+    )

@@ -95,3 +95,14 @@ def test_the_wheel_ships_the_embedding_models(wheel: tuple[Path, str], model: st
             shipped = zf.read(folder + name)
             assert shipped == (ROOT / folder / name).read_bytes(), name
         assert not any(n.startswith("tools/") for n in zf.namelist())
+
+
+def test_the_license_file_is_the_declared_license() -> None:
+    import tomllib
+
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["license"]
+    assert declared == "Apache-2.0"
+    text = (ROOT / "LICENSE").read_text(encoding="utf-8")
+    assert text.split()[:4] == ["Apache", "License", "Version", "2.0,"]
+    assert "END OF TERMS AND CONDITIONS" in text
+    assert (ROOT / "CHANGELOG.md").read_text(encoding="utf-8").startswith("# Changelog\n")
