@@ -4,8 +4,9 @@ It owns the task group of every actor. Agent databases are opened lazily, the fi
 session of that agent is used; each gets its writer lock, an indexer actor with its bounded
 inbox, and a reader connection (and, with an embedder, an embedder actor with its own
 reader). The records store (`records.db`, one for all agents) is
-opened the same way on its first use, with the records keeper as its single writer; both are
-a `Database` handle. A crashed actor is never silently lost: its exception propagates out of
+opened the same way on its first use, with the records keeper as its single writer (and,
+with an embedder, its own embedder actor, docs/design.md §5.7); both are a `Database`
+handle. A crashed actor is never silently lost: its exception propagates out of
 `open_memory()`.
 
 Read-only (`open_memory(readonly=True)`, docs/design.md §1.6): each database is only a
@@ -343,6 +344,16 @@ class Supervisor:
             if self._records is None:
                 self._records = await self._open_records()
         return self._records
+
+    async def records_with_vectors(self) -> RecordsDatabase | None:
+        """The records store when it has an embedder actor (opening it if `records.db`
+        exists); None when there is nothing to embed there: no embedder, read-only, or no
+        records store yet (never creates one)."""
+        if self.embedder is None or self.readonly:
+            return None
+        if self._records is None and not records_db_path(self.state_dir).exists():
+            return None
+        return await self.records()
 
     async def _open_records(self) -> RecordsDatabase:
         path = records_db_path(self.state_dir)

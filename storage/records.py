@@ -530,11 +530,20 @@ class RecordReader:
         found = {seq: (score, rec) for score, seq, rec in text}
         only = self._records({row.id for row in near if row.id not in found})
         records = {seq: rec for seq, (_, rec) in found.items()} | only
+        boosted = [
+            (dim, value)
+            for dim, value, exact in _dimensions(query.scope)
+            if not exact and dim in query.boosts
+        ]
+
+        def boost(rec: Record) -> float:  # as the text side's SQL (`_matches`)
+            return 1.0 + BOOST * sum(bool(getattr(rec, dim) == value) for dim, value in boosted)
+
         candidates = [
-            Candidate(seq, max(0.0, -score), vectors.get(seq), rec.timestamp)
+            Candidate(seq, max(0.0, -score), vectors.get(seq), rec.timestamp, boost=boost(rec))
             for seq, (score, rec) in found.items()
         ] + [
-            Candidate(row.id, None, row.vector, records[row.id].timestamp)
+            Candidate(row.id, None, row.vector, records[row.id].timestamp, boost=boost(only[row.id]))
             for row in near
             if row.id not in found
         ]
