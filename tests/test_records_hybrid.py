@@ -197,6 +197,8 @@ async def test_records_are_embedded_in_the_background(tmp_path: Path) -> None:
         )
         assert tool.data is not None and tool.data["vectorsPending"] is True
         assert rid not in stored_vectors(state)
+        [check] = [c for c in (await mem.doctor()).checks if c.name == "records:vectors"]
+        assert (check.level, check.detail) == ("ok", f"1 waiting for a vector of {embedder.name}")
 
 
 async def test_the_content_hash_cache_embeds_a_text_once(tmp_path: Path) -> None:
