@@ -543,7 +543,9 @@ class RecordReader:
             Candidate(seq, max(0.0, -score), vectors.get(seq), rec.timestamp, boost=boost(rec))
             for seq, (score, rec) in found.items()
         ] + [
-            Candidate(row.id, None, row.vector, records[row.id].timestamp, boost=boost(only[row.id]))
+            Candidate(
+                row.id, None, row.vector, records[row.id].timestamp, boost=boost(only[row.id])
+            )
             for row in near
             if row.id not in found
         ]
