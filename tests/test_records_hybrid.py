@@ -311,3 +311,17 @@ async def test_a_failing_query_embedding_never_fails_the_search(tmp_path: Path) 
         )
         assert tool.data is not None and tool.evidence
         assert tool.data["fallback"] == "the embedder failed: RuntimeError"
+
+
+async def test_a_model_change_re_embeds_records_and_never_mixes_names(tmp_path: Path) -> None:
+    state = tmp_path / "s"
+    async with am.open_memory(state, executor="inline", embedder=FakeEmbedder()) as mem:
+        a = await mem.records.add("aisle seat", user_id=U1)
+        b = await mem.records.add("window seat", user_id=U1)
+        assert await mem.sessions.vectors_ready()
+    assert stored_vectors(state) == {a: "fake/bag-of-words", b: "fake/bag-of-words"}
+    other = FakeEmbedder(name="fake/other")
+    async with am.open_memory(state, executor="inline", embedder=other) as mem:
+        assert await mem.sessions.vectors_ready()
+        assert stored_vectors(state) == {a: "fake/other", b: "fake/other"}
+        assert sorted(other.texts) == ["aisle seat", "window seat"]
