@@ -9,6 +9,7 @@ no word can mean the same thing, and what the vector side finds is known exactly
 from __future__ import annotations
 
 import itertools
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,9 @@ import anyio.lowlevel
 import apsw
 import numpy
 import pytest
+import trio
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 from test_visibility_hybrid import NeedleEmbedder
 
 import activememory as am
@@ -52,6 +56,8 @@ class MeaningEmbedder(FakeEmbedder):
 
 def stored_vectors(state: Path) -> dict[str, str]:
     """record id -> the name of its stored vector, read straight from records.db."""
+    if not records_db_path(state).exists():
+        return {}
     conn = apsw.Connection(str(records_db_path(state)), flags=apsw.SQLITE_OPEN_READONLY)
     try:
         rows = conn.execute(
@@ -325,3 +331,58 @@ async def test_a_model_change_re_embeds_records_and_never_mixes_names(tmp_path: 
         assert await mem.sessions.vectors_ready()
         assert stored_vectors(state) == {a: "fake/other", b: "fake/other"}
         assert sorted(other.texts) == ["aisle seat", "window seat"]
+
+
+# -- property: the vectors equal the live records --------------------------------------------
+
+record_ops = st.lists(
+    st.tuples(
+        st.sampled_from(["add", "delete", "newest", "invalidate", "settle"]), st.integers(0, 3)
+    ),
+    min_size=1,
+    max_size=30,
+)
+
+
+async def _run_record_ops(state: Path, operations: list[tuple[str, int]]) -> None:
+    texts = ["aisle seat", "window seat", "peanut allergy", "aisle seat"]  # one text twice
+    async with am.open_memory(state, executor="inline", embedder=FakeEmbedder()) as mem:
+        live: list[str] = []
+        contents: dict[str, str] = {}
+        for op, n in operations:
+            if op == "add":
+                rid = await mem.records.add(texts[n], user_id=U1)
+                live.append(rid)
+                contents[rid] = texts[n]
+            elif op == "delete" and live:
+                await mem.records.delete(live.pop(n % len(live)))
+            elif op == "newest" and live:  # the next record will take its seq
+                await mem.records.delete(live.pop())
+            elif op == "invalidate" and live:
+                await mem.records.invalidate(live[n % len(live)], reason="changed")
+            elif op == "settle":
+                assert await mem.sessions.vectors_ready()
+            # At every acknowledged point: no vector of a record that is gone.
+            assert set(stored_vectors(state)) <= set(live)
+        assert await mem.sessions.vectors_ready()
+        assert set(stored_vectors(state)) == set(live)  # none missing once idle
+        if not live:
+            return
+        conn = apsw.Connection(str(records_db_path(state)), flags=apsw.SQLITE_OPEN_READONLY)
+        try:
+            rows = conn.execute(
+                "SELECT r.id, v.vector FROM record_vectors v JOIN records r ON r.seq = v.seq"
+            ).fetchall()
+        finally:
+            conn.close()
+        for rid, blob in rows:  # each vector is its record's content's
+            vector = numpy.frombuffer(blob, dtype="<f4")
+            assert numpy.allclose(vector, embed_text(contents[str(rid)]), atol=1e-6)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(record_ops)
+@example([("add", 0), ("settle", 0), ("newest", 0), ("add", 1)])  # a seq reused
+def test_record_vectors_equal_the_live_records(operations: list[tuple[str, int]]) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        trio.run(_run_record_ops, Path(tmp) / "s", operations)
