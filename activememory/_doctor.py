@@ -114,6 +114,15 @@ async def diagnose(memory: Memory) -> DoctorReport:
                     level = "warn"
                     fix = f"check agents.defaults.memorySearch in {where}; the vectors follow"
         add(f"index:{stats.agent}", level, detail, fix)
+    records = await memory._supervisor.records_with_vectors()
+    if records is not None and records.embedder is not None:  # docs/design.md §5.7
+        pending, error = await records.vector_lag()
+        detail = f"{pending} waiting for a vector of {records.embedder.name}"
+        if error is None:
+            add("records:vectors", "ok", detail)
+        else:
+            fix = f"check agents.defaults.memorySearch in {where}; the vectors follow"
+            add("records:vectors", "warn", f"{detail} (embedder failing: {error})", fix)
     for info in memory.breaker_states():
         level = "ok" if info.state == "closed" else "warn"
         detail = f"{info.state}, {info.consecutive_timeouts} consecutive timeouts"

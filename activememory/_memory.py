@@ -420,8 +420,9 @@ class Sessions:
 
     async def vectors_ready(self) -> bool:
         """Wait until the embedder has caught up: every indexed message and note chunk of
-        every agent database has its vector (docs/design.md §2.3), and no embedder is at
-        work (so memory_search does not say `vectorsPending`). True when it has; False
+        every agent database, and every record of `records.db` (if it exists), has its
+        vector (docs/design.md §2.3, §5.7), and no embedder is at work (so memory_search
+        does not say `vectorsPending`). True when it has; False
         as soon as an embedder is failing (recall then falls back to text). At once True
         without an embedder. Bound the wait with a cancel scope (`anyio.move_on_after`).
 
@@ -434,11 +435,17 @@ class Sessions:
             stats = await self.stats(check_integrity=False)
             if any(s.embedder_error for s in stats):
                 return False
+            # Records too (docs/design.md §5.7), when records.db exists.
+            records = await self._supervisor.records_with_vectors()
+            lag, error = (0, None) if records is None else await records.vector_lag()
+            if error is not None:
+                return False
             # No row waits, and the embedder is not at work either: its first scan after a
             # store opens (or a write's poke) is what memory_search reports as vectorsPending.
-            if all(s.vectors_pending == 0 for s in stats):
+            if lag == 0 and all(s.vectors_pending == 0 for s in stats):
                 stores = [await self._supervisor.agent(s.agent) for s in stats]
-                if not any(store.vectors_pending() for store in stores):
+                busy = records is not None and records.vectors_pending()
+                if not busy and not any(store.vectors_pending() for store in stores):
                     return True
             await anyio.sleep(0.05)
 
@@ -473,7 +480,9 @@ class Memory:
         self.sessions = Sessions(supervisor, clock, search, lambda: self._settings)
         self._commands = Commands(supervisor, self._swap_config)
         self.notes = MemoryCore(supervisor, search, lambda: self._settings)
-        self.records = Records(supervisor, clock)
+        self.records = Records(
+            supervisor, clock, lambda: self._settings.config.memory_search.query.hybrid
+        )
         self._composer = Composer(self.sessions.append, self.recall)
         self._transcripts = transcripts or TranscriptPlace(supervisor.state_dir)
         self._recaller = Recaller(
@@ -723,6 +732,7 @@ async def open_memory(
             )
             memory.notes.embedder = embedder
             memory._search.embedder = embedder
+            memory.records.embedder = embedder
             # Other processes' erase requests run through this memory's writers (§1.7).
             supervisor.serve_control(functools.partial(serve_request, memory))
             yield memory

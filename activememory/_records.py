@@ -21,14 +21,16 @@ import math
 import re
 import uuid
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, ClassVar, Final, Literal, TypeAlias, TypeVar
+from typing import Any, ClassVar, Final, Literal, NamedTuple, TypeAlias, TypeVar
 
 import msgspec
 
 from ._record_search import refine
 from ._redaction import DEFAULT_REDACTOR, Redactor
 from .actors.supervisor import Supervisor
+from .protocol.config import HybridQuery
 from .protocol.content import check_bool, check_choice, check_int, check_nonblank, check_text
+from .protocol.embeddings import Embedder
 from .protocol.errors import InvalidInputError, raise_rejected
 from .protocol.recall import ToolResult
 from .protocol.record_results import RecordSearchResult
@@ -58,10 +60,11 @@ from .protocol.records import (
     is_finite_number,
 )
 from .protocol.tools import MemoryRecallArgs
+from .recall.hybrid import MIN_SIMILARITY, embed_query, weights_of
 from .recall.tools import MAX_TOOL_CONTENT_CHARS, tool_arguments
 from .storage.fts_query import check_query as _query
 from .storage.fts_query import plan_match
-from .storage.records import LinkedNode, RecordHit, RecordQuery
+from .storage.records import LinkedNode, RecordHit, RecordMeaning, RecordQuery
 
 MAX_CONTENT_CHARS: Final = 100_000
 """The longest record content accepted."""
@@ -94,6 +97,18 @@ Layer: TypeAlias = Literal["thread", "client", "store"]
 ScopeValue: TypeAlias = str | NotSetType | None
 ExactFlag: TypeAlias = bool | NotSetType
 A = TypeVar("A", bound=RecordAck)
+
+
+class SearchInfo(NamedTuple):
+    """How a records search ran (docs/design.md §5.7), for `memory_recall`'s data: `mode`
+    "hybrid" (text and vectors fused) or "text"; `fallback` why it is text only although
+    an embedder is configured; `vectors_pending` whether the records embedder is at work
+    (new records may not be found by meaning yet); `embedder` the vector space's name."""
+
+    mode: Literal["hybrid", "text"] = "text"
+    fallback: str | None = None
+    vectors_pending: bool = False
+    embedder: str | None = None
 
 
 class _Layer:
@@ -136,12 +151,56 @@ class _Layer:
         (`MemorySearchConfig` and subclasses; default: at most 10 results). `format_config`
         becomes each result's `format_config`, which budgets count with.
 
+        By meaning too (docs/design.md §5.7): when the memory has an embedder, records are
+        found by their vectors as well (the same scope and filters, in SQL), fused with the
+        text matches under `agents.defaults.memorySearch.query.hybrid`; a result's
+        `distance` is then 1 - the cosine similarity of the record's vector to the query's
+        (Oracle's COSINE distance, 0 to 2), and stays `1 / (1 + BM25 relevance)` for a
+        record without a vector yet. An embedder that fails or is slow means text alone.
+
         Raises `InvalidInputError` naming the argument for bad input, `RankingError` when a
         reranker or judge fails.
 
         Cancellation: nothing is written; a read that has started finishes on its worker,
-        and a reranker or judge call is cancelled with the search.
+        and a query embedding, reranker or judge call is cancelled with the search.
         """
+        results, _ = await self._search(
+            query,
+            user_id=user_id,
+            agent_id=agent_id,
+            thread_id=thread_id,
+            exact_user_match=exact_user_match,
+            exact_agent_match=exact_agent_match,
+            exact_thread_match=exact_thread_match,
+            include_invalid_results=include_invalid_results,
+            num_hops=num_hops,
+            max_linked_results=max_linked_results,
+            record_types=record_types,
+            metadata_filter=metadata_filter,
+            config=config,
+            format_config=format_config,
+        )
+        return results
+
+    async def _search(
+        self,
+        query: str,
+        *,
+        user_id: ScopeValue = NOT_SET,
+        agent_id: ScopeValue = NOT_SET,
+        thread_id: ScopeValue = NOT_SET,
+        exact_user_match: ExactFlag = NOT_SET,
+        exact_agent_match: ExactFlag = NOT_SET,
+        exact_thread_match: ExactFlag = NOT_SET,
+        include_invalid_results: ExactFlag = NOT_SET,
+        num_hops: int = 0,
+        max_linked_results: int = 100,
+        record_types: Iterable[RecordType | str] | None = None,
+        metadata_filter: Mapping[str, Any] | None = None,
+        config: MemorySearchConfig | None = None,
+        format_config: SearchResultFormatConfig | None = None,
+    ) -> tuple[list[RecordSearchResult], SearchInfo]:
+        """`search`, and how it ran."""
         _query(query)
         records, thread = self._records, self if isinstance(self, RecordThread) else None
         flags = (exact_user_match, exact_agent_match, exact_thread_match)
@@ -175,11 +234,13 @@ class _Layer:
         )
         plan = plan_match(query)
         if plan is None:
-            return []  # nothing searchable in the query (only punctuation, say)
+            return [], SearchInfo()  # nothing searchable in the query (only punctuation, say)
         db = await records._supervisor.records()
-        hits = await db.read(lambda reader: reader.search(plan, request))
+        meaning, info = await records._meaning(query)
+        info = info._replace(vectors_pending=db.vectors_pending())
+        hits = await db.read(lambda reader: reader.search(plan, request, meaning))
         results = [_result(hit, format_config) for hit in hits]
-        return await refine(query, results, config)
+        return await refine(query, results, config), info
 
 
 class Records(_Layer):
@@ -193,11 +254,35 @@ class Records(_Layer):
 
     _layer = "client"
 
-    def __init__(self, supervisor: Supervisor, clock: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        supervisor: Supervisor,
+        clock: Callable[[], float],
+        hybrid: Callable[[], HybridQuery] = HybridQuery,
+    ) -> None:
         self._supervisor = supervisor
         self._clock = clock
+        self._hybrid = hybrid  # read once per search: the current config's fusion settings
         self._records = self
         self._store = RecordStore(self)
+        # The query side of the hybrid search; the embedder the embedder actors use.
+        self.embedder: Embedder | None = None
+
+    async def _meaning(self, query: str) -> tuple[RecordMeaning | None, SearchInfo]:
+        """The vector side of a search (docs/design.md §5.7): the query's vector within its
+        deadline (`recall.hybrid.embed_query`), or why the search is text only."""
+        found = await embed_query(self.embedder, query)
+        if found.vector is None or found.name is None:
+            return None, SearchInfo(fallback=found.fallback)
+        hybrid = self._hybrid()
+        meaning = RecordMeaning(
+            vector=found.vector,
+            name=found.name,
+            weights=weights_of(hybrid),
+            multiplier=hybrid.candidate_multiplier,
+            min_similarity=MIN_SIMILARITY,
+        )
+        return meaning, SearchInfo(mode="hybrid", embedder=found.name)
 
     @property
     def store(self) -> RecordStore:
@@ -653,14 +738,16 @@ async def recall_tool(
     are redacted (`redactor`, default: the built-in formats); invalid linked branches are
     left out of the text. `content` is `<memory_records>` holding each result's
     `<record>`, at most 16 000 characters (the worst results go first); `data` has
-    `results` (id, content, distance, record_type, status of each direct result) and
-    `hits`; evidence when there is at least one hit.
+    `results` (id, content, distance, record_type, status of each direct result), `hits`,
+    `effectiveMode` ("hybrid" or "text"), `fallback` (why text only, or None), and
+    `embedder`/`vectorsPending` as memory_search has them (docs/design.md §5.7); evidence
+    when there is at least one hit.
 
     Cancellation: nothing is written; a read that has started finishes on its worker.
     """
     parsed = tool_arguments(MemoryRecallArgs, args)
     thread = records.thread(user_id=user_id, agent_id=agent_id, thread_id=thread_id)
-    found = await thread.search(
+    found, info = await thread._search(
         parsed.query,
         include_invalid_results=False,
         num_hops=1,
@@ -687,7 +774,13 @@ async def recall_tool(
             for r in results
         ],
         "hits": len(results),
+        "effectiveMode": info.mode,
+        "fallback": info.fallback,
     }
+    if info.embedder is not None:
+        data["embedder"] = info.embedder
+    if info.vectors_pending:  # the embedder is behind: by meaning may miss new records
+        data["vectorsPending"] = True
     if len(results) < len(found):
         data["truncated"] = True
     return ToolResult(name="memory_recall", content=content, data=data, evidence=bool(results))

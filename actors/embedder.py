@@ -1,16 +1,20 @@
-"""The embedder actor: keeps an agent database's vectors in step, in the background
-(docs/design.md §2.3).
+"""The embedder actor: keeps a database's vectors in step, in the background
+(docs/design.md §2.3, §5.7).
+
+One actor, two feeds ("what needs vectors, and who stores them"): `AgentFeed` for an agent
+database (messages and note chunks, stored by its indexer) and `RecordFeed` for
+`records.db` (records, stored by the records keeper). Each database has its own actor.
 
 Inbox: `EmbedPoke`s (protocol/embedder.py), bounded to one: a poke that finds one already
-waiting is dropped, since both mean "look for work". Loop: on a poke, read a batch of
-indexed rows lacking a vector of the embedder's `name` (on its own reader connection;
-above a watermark of event ids, unless the writer's `vector_epoch` says older messages
-may need vectors again, so an idle check costs only the new rows), take
-what the content-hash cache already has, embed the rest with the embedder's own `embed`
-(never on the writer's path: appends are acknowledged without waiting for it), and hand
-the vectors to the indexer, the single writer, as one `StoreVectors`. The indexer keeps
-only rows that are still on an active branch of a clean session, so a rewind between the
-read and the write never leaves an off-branch vector. Repeat until nothing is missing.
+waiting is dropped, since both mean "look for work". Loop: on a poke, read a batch of rows
+lacking a vector of the embedder's `name` through the feed (on the database's embedder
+reader; above the feed's watermark, so an idle check costs only the new rows), take what
+the content-hash cache already has, embed the rest with the embedder's own `embed` (never
+on the writer's path: writes are acknowledged without waiting for it), and hand the vectors
+to the database's single writer. The writer keeps only rows that still hold the text
+embedded (for messages: still on an active branch of a clean session), so a rewind, a
+delete or an erase between the read and the write never leaves a stale vector. Repeat
+until nothing is missing.
 
 A failing embedder (error or past its deadline) is retried after a pause that doubles up
 to `MAX_BACKOFF` seconds, on the event loop's clock; the last error is kept for stats and
@@ -21,7 +25,7 @@ without it.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Protocol, TypeVar
+from typing import Generic, NamedTuple, Protocol, TypeVar
 
 import anyio
 import numpy
@@ -38,8 +42,23 @@ from ..protocol.indexer import (
     VectorRow,
     VectorsStored,
 )
+from ..protocol.records import (
+    RecordAck,
+    RecordCommand,
+    RecordRejected,
+    RecordVectorsStored,
+    StoreRecordVectors,
+)
+from ..storage.record_vectors import (
+    RecordMark,
+    cached_record_vectors,
+    pending_record_count,
+    pending_records,
+)
+from ..storage.records import RecordReader
 from ..storage.transcripts import TranscriptReader
 from ..storage.vectors import (
+    PendingBatch,
     cached_vectors,
     pending_batch,
     text_digest,
@@ -54,12 +73,19 @@ MAX_BACKOFF = 300.0
 
 T = TypeVar("T")
 Submit = Callable[[IndexerCommand], Awaitable[IndexerAck]]
+SubmitRecord = Callable[[RecordCommand], Awaitable[RecordAck]]
 
 
 class Read(Protocol):
     """Runs a function on the agent database's reader (`Database.read`)."""
 
     def __call__(self, fn: Callable[[TranscriptReader], T], /) -> Awaitable[T]: ...
+
+
+class ReadRecords(Protocol):
+    """Runs a function on `records.db`'s embedder reader."""
+
+    def __call__(self, fn: Callable[[RecordReader], T], /) -> Awaitable[T]: ...
 
 
 def open_inbox() -> tuple[MemoryObjectSendStream[EmbedPoke], MemoryObjectReceiveStream[EmbedPoke]]:
@@ -71,11 +97,140 @@ class EmbedderFailed(Exception):
     """The embedder failed, returned malformed vectors, or the store refused them."""
 
 
-class EmbedderActor(PokedActor):
-    """Owns the background embedding of one agent database.
+class FeedBatch(NamedTuple):
+    """Rows lacking a vector, as a feed read them: `rows` are (key, text); `state` is the
+    feed's own (what it stores them with, its watermark once they are stored)."""
+
+    rows: list[tuple[int, str]]
+    state: object
+
+
+class VectorFeed(Protocol):
+    """What needs vectors in one database, and how they are stored (module docstring)."""
+
+    async def pending(self, name: str, limit: int) -> FeedBatch:
+        """Up to `limit` rows lacking a vector of `name`; with none, the feed's watermark
+        moves to what was scanned."""
+        ...
+
+    async def cached(self, name: str, digests: list[bytes]) -> dict[bytes, bytes]:
+        """The content-hash cache's vectors of `name` for these text digests."""
+        ...
+
+    async def store(self, name: str, batch: FeedBatch, rows: list[VectorRow]) -> tuple[int, int]:
+        """Hand `rows` (of `batch`, in its order) to the single writer; (stored, skipped).
+        Raises `EmbedderFailed` if refused, `MemoryClosedError` if the writer has closed;
+        on success the watermark moves past the batch."""
+        ...
+
+
+F = TypeVar("F", bound=VectorFeed)
+
+
+class AgentFeed:
+    """An agent database's messages and note chunks; stored by its indexer.
+
+    The watermark: messages up to an event id were considered under a `vector_epoch`
+    (None: never read, so the first scan starts from the first message).
+    """
+
+    def __init__(self, *, agent: str, submit: Submit, read: Read) -> None:
+        self.agent = agent
+        self._submit = submit
+        self._read = read
+        self._after = 0
+        self._epoch: int | None = None
+
+    def watermark(self) -> tuple[int, int | None]:
+        """(event id, `vector_epoch`): every message up to that id has been given its vector
+        (or needs none) under that epoch; None: nothing read yet. `stats` counts only the
+        messages above it (`storage.vectors.pending_count`)."""
+        return self._after, self._epoch
+
+    async def pending(self, name: str, limit: int) -> FeedBatch:
+        after, epoch = self._after, self._epoch
+        batch = await self._read(
+            lambda r: pending_batch(r.conn, name, after=after, epoch=epoch, limit=limit)
+        )
+        if not batch.messages and not batch.notes:
+            self._after, self._epoch = batch.scanned_to, batch.epoch
+        return FeedBatch(batch.messages + batch.notes, batch)
+
+    async def cached(self, name: str, digests: list[bytes]) -> dict[bytes, bytes]:
+        return await self._read(lambda r: cached_vectors(r.conn, name, digests))
+
+    async def store(self, name: str, batch: FeedBatch, rows: list[VectorRow]) -> tuple[int, int]:
+        pending = batch.state
+        assert isinstance(pending, PendingBatch)
+        split = len(pending.messages)
+        ack = await self._submit(
+            StoreVectors(
+                agent=self.agent,
+                name=name,
+                messages=tuple(rows[:split]),
+                notes=tuple(rows[split:]),
+            )
+        )
+        if isinstance(ack, Rejected):
+            if ack.reason == "closed":
+                raise MemoryClosedError(ack.message)
+            raise EmbedderFailed(f"storing vectors: {ack.message}")
+        assert isinstance(ack, VectorsStored), ack
+        # Rows skipped here changed: they come back through the epoch if they need a vector.
+        self._after, self._epoch = pending.scanned_to, pending.epoch
+        return ack.messages + ack.notes, ack.skipped
+
+
+class RecordFeed:
+    """`records.db`'s records; stored by the records keeper (docs/design.md §5.7).
+
+    The watermark (`RecordMark`): records up to a seq were considered; a scan starts over
+    when the record at it is gone (storage/record_vectors.py).
+    """
+
+    def __init__(self, *, submit: SubmitRecord, read: ReadRecords) -> None:
+        self._submit = submit
+        self._read = read
+        self._mark = RecordMark()
+
+    def watermark(self) -> RecordMark:
+        """Every record up to it has its vector or has changed since; `pending_count`
+        counts above it."""
+        return self._mark
+
+    async def pending_count(self, name: str) -> int:
+        """How many records wait for a vector of `name` (exact once the actor is idle)."""
+        mark = self._mark
+        return await self._read(lambda r: pending_record_count(r.conn, name, mark=mark))
+
+    async def pending(self, name: str, limit: int) -> FeedBatch:
+        mark = self._mark
+        found = await self._read(lambda r: pending_records(r.conn, name, mark=mark, limit=limit))
+        if not found.rows:
+            self._mark = found.mark
+        return FeedBatch(found.rows, found.mark)
+
+    async def cached(self, name: str, digests: list[bytes]) -> dict[bytes, bytes]:
+        return await self._read(lambda r: cached_record_vectors(r.conn, name, digests))
+
+    async def store(self, name: str, batch: FeedBatch, rows: list[VectorRow]) -> tuple[int, int]:
+        assert isinstance(batch.state, RecordMark)
+        ack = await self._submit(StoreRecordVectors(name=name, rows=tuple(rows)))
+        if isinstance(ack, RecordRejected):
+            if ack.reason == "closed":
+                raise MemoryClosedError(ack.message)
+            raise EmbedderFailed(f"storing vectors: {ack.message}")
+        assert isinstance(ack, RecordVectorsStored), ack
+        # A skipped record was deleted (its seq maybe reused): the mark's check rescans.
+        self._mark = batch.state
+        return ack.stored, ack.skipped
+
+
+class EmbedderActor(PokedActor, Generic[F]):
+    """Owns the background embedding of one database, through its `feed`.
 
     Cancellation of `run`: stops at once (the supervisor cancels it at shutdown, so a
-    hanging embedder cannot hold the memory open); a `StoreVectors` already queued may still
+    hanging embedder cannot hold the memory open); a store command already queued may still
     commit, and anything not stored is simply missing until the next start.
     """
 
@@ -83,27 +238,19 @@ class EmbedderActor(PokedActor):
         self,
         inbox: MemoryObjectReceiveStream[EmbedPoke],
         *,
-        agent: str,
         embedder: Embedder,
-        submit: Submit,
-        read: Read,
+        feed: F,
         batch: int = BATCH,
         timeout: float = EMBED_TIMEOUT,
     ) -> None:
         self.inbox = inbox
-        self.agent = agent
+        self.feed = feed
         self.embedder = embedder
         self.name = embedder.name
-        self._submit = submit
-        self._read = read
         self.batch = batch
         self.timeout = timeout
         self.busy = False
         self.last_error: str | None = None
-        # The watermark: messages up to `_after` were considered under `vector_epoch`
-        # `_epoch` (None: never read, so the first scan starts from the first message).
-        self._after = 0
-        self._epoch: int | None = None
         # Counters for tests and benchmarks.
         self.embed_calls = 0
         self.texts_embedded = 0
@@ -124,11 +271,9 @@ class EmbedderActor(PokedActor):
         a query: cheap enough for the recall path."""
         return not self.idle()
 
-    def watermark(self) -> tuple[int, int | None]:
-        """(event id, `vector_epoch`): every message up to that id has been given its vector
-        (or needs none) under that epoch; None: nothing read yet. `stats` counts only the
-        messages above it (`storage.vectors.pending_count`)."""
-        return self._after, self._epoch
+    def watermark(self: EmbedderActor[AgentFeed]) -> tuple[int, int | None]:
+        """The agent feed's watermark (`AgentFeed.watermark`)."""
+        return self.feed.watermark()
 
     async def _work(self) -> None:
         backoff = FIRST_BACKOFF
@@ -153,17 +298,13 @@ class EmbedderActor(PokedActor):
 
     async def _one_batch(self) -> tuple[int, int]:
         """Embed and store one batch; (rows read, rows stored)."""
-        name, limit, after, epoch = self.name, self.batch, self._after, self._epoch
-        batch = await self._read(
-            lambda r: pending_batch(r.conn, name, after=after, epoch=epoch, limit=limit)
-        )
-        messages, notes = batch.messages, batch.notes
-        if not messages and not notes:
-            self._after, self._epoch = batch.scanned_to, batch.epoch
+        name = self.name
+        batch = await self.feed.pending(name, self.batch)
+        if not batch.rows:
             return 0, 0
-        texts = [t for _, t in messages] + [t for _, t in notes]
+        texts = [t for _, t in batch.rows]
         digests = [text_digest(t) for t in texts]
-        vectors = await self._read(lambda r: cached_vectors(r.conn, name, digests))
+        vectors = await self.feed.cached(name, digests)
         self.cache_hits += sum(d in vectors for d in digests)
         missing = {d: t for d, t in zip(digests, texts, strict=True) if d not in vectors}
         if missing:
@@ -171,26 +312,12 @@ class EmbedderActor(PokedActor):
             vectors.update(zip(missing, embedded, strict=True))
         rows = [
             VectorRow(id=i, digest=d, vector=vectors[d])
-            for (i, _), d in zip(messages + notes, digests, strict=True)
+            for (i, _), d in zip(batch.rows, digests, strict=True)
         ]
-        ack = await self._submit(
-            StoreVectors(
-                agent=self.agent,
-                name=name,
-                messages=tuple(rows[: len(messages)]),
-                notes=tuple(rows[len(messages) :]),
-            )
-        )
-        if isinstance(ack, Rejected):
-            if ack.reason == "closed":
-                raise MemoryClosedError(ack.message)
-            raise EmbedderFailed(f"storing vectors: {ack.message}")
-        assert isinstance(ack, VectorsStored), ack
-        # Rows skipped here changed: they come back through the epoch if they need a vector.
-        self._after, self._epoch = batch.scanned_to, batch.epoch
-        self.stored += ack.messages + ack.notes
-        self.skipped += ack.skipped
-        return len(messages) + len(notes), ack.messages + ack.notes
+        stored, skipped = await self.feed.store(name, batch, rows)
+        self.stored += stored
+        self.skipped += skipped
+        return len(rows), stored
 
     async def _embed(self, texts: Sequence[str]) -> list[bytes]:
         """The embedder's vectors as stored BLOBs; any failure is `EmbedderFailed`."""

@@ -4,8 +4,9 @@ It owns the task group of every actor. Agent databases are opened lazily, the fi
 session of that agent is used; each gets its writer lock, an indexer actor with its bounded
 inbox, and a reader connection (and, with an embedder, an embedder actor with its own
 reader). The records store (`records.db`, one for all agents) is
-opened the same way on its first use, with the records keeper as its single writer; both are
-a `Database` handle. A crashed actor is never silently lost: its exception propagates out of
+opened the same way on its first use, with the records keeper as its single writer (and,
+with an embedder, its own embedder actor, docs/design.md §5.7); both are a `Database`
+handle. A crashed actor is never silently lost: its exception propagates out of
 `open_memory()`.
 
 Read-only (`open_memory(readonly=True)`, docs/design.md §1.6): each database is only a
@@ -18,7 +19,7 @@ import contextlib
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Generic, Literal, Protocol, TypeVar
+from typing import Any, Generic, Literal, Protocol, TypeVar
 
 import anyio
 import apsw
@@ -39,7 +40,7 @@ from ..protocol.indexer import (
     Reindexed,
 )
 from ..protocol.reconciler import Poke
-from ..protocol.records import RecordAck, RecordCommand
+from ..protocol.records import RecordAck, RecordAdded, RecordCommand
 from ..protocol.transcript import IndexStats
 from ..storage.control import Spool
 from ..storage.db import (
@@ -61,7 +62,7 @@ from ..storage.records import (
 from ..storage.transcripts import TranscriptReader, TranscriptWriter, agent_db_path
 from ..storage.vector_index import VectorFeed, VectorIndexes, attach, detach
 from .control import ControlActor, Handle
-from .embedder import EmbedderActor
+from .embedder import AgentFeed, EmbedderActor, RecordFeed
 from .embedder import open_inbox as embedder_inbox
 from .group_commit import MAX_BATCH, A, C, GroupCommit, StorageWriter
 from .indexer import Indexer
@@ -148,27 +149,20 @@ class Database(Generic[R, C, A]):
 
 
 @dataclass(kw_only=True)
-class AgentStore(Database[TranscriptReader, IndexerCommand, IndexerAck]):
-    """Everything open for one agent database, with the reconciler of its index."""
+class VectorDatabase(Database[R, C, A]):
+    """A database whose rows get vectors in the background: its embedder actor (None: no
+    embedder configured, or read-only) and the actor's own reader (docs/design.md §2.3)."""
 
-    agent: str
-    # None when read-only: nothing rebuilds; a dirty session stays hidden from this
-    # memory's searches until the writer's reconciler has rebuilt it.
-    reconciler: Reconciler | None
-    pokes: MemoryObjectSendStream[Poke] | None
-    reconciler_stopped: anyio.Event = field(default_factory=anyio.Event)
-
-    # The embedder actor of this database (None: no embedder configured, no vectors).
-    embedder: EmbedderActor | None = None
+    embedder: EmbedderActor[Any] | None = None
     embed_pokes: MemoryObjectSendStream[EmbedPoke] | None = None
     embedder_scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
     embedder_stopped: anyio.Event = field(default_factory=anyio.Event)
     # The embedder actor's own reader: its scans for missing vectors (tens of ms at 100k
-    # messages) never queue in front of a recall's reads on `reader`.
-    embedder_reader: TranscriptReader | None = None
+    # rows) never queue in front of a recall's reads on `reader`.
+    embedder_reader: R | None = None
     embedder_read_executor: Executor | None = None
 
-    async def read_for_embedder(self, fn: Callable[[TranscriptReader], T]) -> T:
+    async def read_for_embedder(self, fn: Callable[[R], T]) -> T:
         """Run `fn` on the embedder actor's reader; SQLite errors become `StorageError`.
 
         Cancellation: as for `read`.
@@ -190,14 +184,6 @@ class AgentStore(Database[TranscriptReader, IndexerCommand, IndexerAck]):
         detach(self.reader.conn)  # its vector index goes now, not when collected
         await super().close()
 
-    async def submit(self, command: IndexerCommand) -> IndexerAck:
-        """Queue `command` for the indexer and wait for its ack; a write that may have
-        added indexed rows pokes the embedder actor (after its commit, never waiting)."""
-        ack = await self.writer().submit(command)
-        if self.embed_pokes is not None and _may_need_vectors(ack):
-            self.poke_embedder("write")
-        return ack
-
     def poke_embedder(self, reason: Literal["start", "write"]) -> None:
         """Tell the embedder actor vectors may be missing; never blocks (one slot)."""
         if self.embed_pokes is not None:
@@ -206,6 +192,32 @@ class AgentStore(Database[TranscriptReader, IndexerCommand, IndexerAck]):
                 anyio.WouldBlock, anyio.ClosedResourceError, anyio.BrokenResourceError
             ):
                 self.embed_pokes.send_nowait(EmbedPoke(reason=reason))
+
+    def vectors_pending(self) -> bool:
+        """Whether the embedder actor is at work or has work queued (docs/design.md §2.3):
+        a field read, for memory_search's `vectorsPending`. False without an embedder."""
+        return self.embedder is not None and self.embedder.working()
+
+
+@dataclass(kw_only=True)
+class AgentStore(VectorDatabase[TranscriptReader, IndexerCommand, IndexerAck]):
+    """Everything open for one agent database, with the reconciler of its index."""
+
+    agent: str
+    # None when read-only: nothing rebuilds; a dirty session stays hidden from this
+    # memory's searches until the writer's reconciler has rebuilt it.
+    reconciler: Reconciler | None
+    pokes: MemoryObjectSendStream[Poke] | None
+    reconciler_stopped: anyio.Event = field(default_factory=anyio.Event)
+    embedder: EmbedderActor[AgentFeed] | None = None
+
+    async def submit(self, command: IndexerCommand) -> IndexerAck:
+        """Queue `command` for the indexer and wait for its ack; a write that may have
+        added indexed rows pokes the embedder actor (after its commit, never waiting)."""
+        ack = await self.writer().submit(command)
+        if self.embed_pokes is not None and _may_need_vectors(ack):
+            self.poke_embedder("write")
+        return ack
 
     async def index_stats(self, *, check_integrity: bool = True) -> IndexStats:
         """The database's `IndexStats`, with the embedder's lag and last error."""
@@ -223,11 +235,6 @@ class AgentStore(Database[TranscriptReader, IndexerCommand, IndexerAck]):
         if self.embedder is None:
             return stats
         return msgspec.structs.replace(stats, embedder_error=self.embedder.last_error)
-
-    def vectors_pending(self) -> bool:
-        """Whether the embedder actor is at work or has work queued (docs/design.md §2.3):
-        a field read, for memory_search's `vectorsPending`. False without an embedder."""
-        return self.embedder is not None and self.embedder.working()
 
     def poke(self, reason: Literal["search", "dirty"] = "search") -> None:
         """Tell the reconciler there may be dirty sessions; never blocks.
@@ -256,8 +263,28 @@ def _may_need_vectors(ack: IndexerAck) -> bool:
             return False
 
 
-# `state_dir/records.db` (docs/design.md §5): its keeper and its reader.
-RecordsDatabase = Database[RecordReader, RecordCommand, RecordAck]
+@dataclass(kw_only=True)
+class RecordsDatabase(VectorDatabase[RecordReader, RecordCommand, RecordAck]):
+    """`state_dir/records.db` (docs/design.md §5): its keeper, its reader and, with an
+    embedder, the records embedder actor (§5.7)."""
+
+    embedder: EmbedderActor[RecordFeed] | None = None
+
+    async def submit(self, command: RecordCommand) -> RecordAck:
+        """Queue `command` for the keeper and wait for its ack; a stored record pokes the
+        embedder actor (after its commit, never waiting)."""
+        ack = await self.writer().submit(command)
+        if isinstance(ack, RecordAdded):
+            self.poke_embedder("write")
+        return ack
+
+    async def vector_lag(self) -> tuple[int, str | None]:
+        """(records waiting for a vector, the embedder's last error); (0, None) without
+        an embedder. Exact once the actor is idle."""
+        if self.embedder is None:
+            return 0, None
+        pending = await self.embedder.feed.pending_count(self.embedder.name)
+        return pending, self.embedder.last_error
 
 
 class Supervisor:
@@ -343,11 +370,36 @@ class Supervisor:
                 self._records = await self._open_records()
         return self._records
 
+    async def records_with_vectors(self) -> RecordsDatabase | None:
+        """The records store when it has an embedder actor (opening it if `records.db`
+        exists); None when there is nothing to embed there: no embedder, read-only, or no
+        records store yet (never creates one)."""
+        if self.embedder is None or self.readonly:
+            return None
+        if self._records is None and not records_db_path(self.state_dir).exists():
+            return None
+        return await self.records()
+
     async def _open_records(self) -> RecordsDatabase:
         path = records_db_path(self.state_dir)
         actor, reader, read_executor, lock = await self._open(
             path, open_records_connection, RecordWriter, RecordKeeper
         )
+        embedder_reader: RecordReader | None = None
+        embedder_executor: Executor | None = None
+        if actor is not None and self.embedder is not None:  # before any task starts
+            embedder_executor = make_executor(self.executor_kind)
+            try:
+                conn = await embedder_executor.run(
+                    lambda: open_records_connection(path, writer=False)
+                )
+            except BaseException:
+                await actor.executor.run(actor.writer.conn.close)
+                await read_executor.run(reader.close)
+                if lock is not None:
+                    lock.release()
+                raise
+            embedder_reader = RecordReader(conn)
         records = RecordsDatabase(
             path=path,
             actor=actor,
@@ -355,9 +407,23 @@ class Supervisor:
             read_executor=read_executor,
             lock=lock,
             state_dir=self.state_dir,
+            embedder_reader=embedder_reader,
+            embedder_read_executor=embedder_executor,
         )
         if actor is not None:
             self._tg.start_soon(records.run_writer, name="records-keeper")
+        if actor is not None and self.embedder is not None:
+            embed_send, embed_receive = embedder_inbox()
+            records.embed_pokes = embed_send
+            records.embedder = EmbedderActor(
+                embed_receive,
+                embedder=self.embedder,
+                feed=RecordFeed(submit=records.submit, read=records.read_for_embedder),
+            )
+            self._tg.start_soon(self._run_embedder, records, name="embedder:records")
+            records.poke_embedder("start")
+        else:
+            records.embedder_stopped.set()
         return records
 
     async def _open(
@@ -469,10 +535,10 @@ class Supervisor:
             store.embed_pokes = embed_send
             store.embedder = EmbedderActor(
                 embed_receive,
-                agent=agent,
                 embedder=self.embedder,
-                submit=self._submit_for(agent),
-                read=store.read_for_embedder,
+                feed=AgentFeed(
+                    agent=agent, submit=self._submit_for(agent), read=store.read_for_embedder
+                ),
             )
             self._tg.start_soon(self._run_embedder, store, name=f"embedder:{agent}")
             store.poke_embedder("start")
@@ -499,7 +565,7 @@ class Supervisor:
         finally:
             store.reconciler_stopped.set()
 
-    async def _run_embedder(self, store: AgentStore) -> None:
+    async def _run_embedder(self, store: VectorDatabase[Any, Any, Any]) -> None:
         assert store.embedder is not None
         try:
             with store.embedder_scope:
@@ -520,8 +586,13 @@ class Supervisor:
         # Recall runs read the agent databases: they end first (cancelled if still running).
         await self.recall_inbox.aclose()
         await self._recall_pool_stopped.wait()
-        # Nothing else writes records: its keeper drains its inbox and closes now.
+        # The records embedder actor is cancelled (as the agents' below); nothing else
+        # writes records then: the keeper drains its inbox and closes now.
         if self._records is not None:
+            if self._records.embed_pokes is not None:
+                await self._records.embed_pokes.aclose()
+            self._records.embedder_scope.cancel()
+            await self._records.embedder_stopped.wait()
             await self._records.close_inbox()
             await self._records.close()
         # The embedder actor writes through the indexer too; it is cancelled, not drained:

@@ -22,6 +22,7 @@ import msgspec
 
 from .content import check_bool, check_choice, check_int
 from .errors import ActiveMemoryError, InvalidInputError
+from .indexer import VectorRow
 from .userdata import RecordErasure
 
 if TYPE_CHECKING:
@@ -421,8 +422,29 @@ class EraseUserRecords(_RecordCommand, tag="erase", frozen=True, kw_only=True):
     user_ids: tuple[str, ...]
 
 
+class StoreRecordVectors(_RecordCommand, tag="store_vectors", frozen=True, kw_only=True):
+    """Records embedder actor → records keeper: store vectors of the embedder `name`
+    (docs/design.md §5.7). Each row's `id` is the record's `seq`; a vector is stored only if,
+    in the applying transaction, that record exists and its content still has `digest`;
+    anything else changed meanwhile and is skipped."""
+
+    name: str
+    rows: tuple[VectorRow, ...]
+
+    def __post_init__(self) -> None:
+        sizes = {len(row.vector) for row in self.rows}
+        if len(sizes) > 1 or any(size == 0 or size % 4 for size in sizes):
+            raise ValueError("vectors: expected float32 vectors of one dimension")
+
+
 RecordCommand: TypeAlias = (
-    AddRecord | LinkRecords | InvalidateRecord | DeleteRecord | RestoreRecord | EraseUserRecords
+    AddRecord
+    | LinkRecords
+    | InvalidateRecord
+    | DeleteRecord
+    | RestoreRecord
+    | EraseUserRecords
+    | StoreRecordVectors
 )
 
 
@@ -463,6 +485,14 @@ class RecordsErased(_RecordAck, tag="erased", frozen=True, kw_only=True):
     erasure: RecordErasure
 
 
+class RecordVectorsStored(_RecordAck, tag="vectors_stored", frozen=True, kw_only=True):
+    """Records keeper → records embedder actor: `stored` vectors stored; `skipped` records
+    had changed since they were read (deleted, or their seq reused by a new record)."""
+
+    stored: int
+    skipped: int
+
+
 RecordRejectReason: TypeAlias = Literal["not_found", "invalid", "storage", "closed"]
 
 
@@ -474,7 +504,13 @@ class RecordRejected(_RecordAck, tag="rejected", frozen=True, kw_only=True):
 
 
 RecordAck: TypeAlias = (
-    RecordAdded | RecordsLinked | RecordInvalidated | RecordDeleted | RecordsErased | RecordRejected
+    RecordAdded
+    | RecordsLinked
+    | RecordInvalidated
+    | RecordDeleted
+    | RecordsErased
+    | RecordVectorsStored
+    | RecordRejected
 )
 
 

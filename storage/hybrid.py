@@ -11,6 +11,8 @@ text side did not find it) and its vector (None when it has none yet):
   never scored 0 on a side just because that side's top-k missed it;
 - fused = vector_weight × vector score + text_weight × text score (the weights are used as
   given; they need not sum to 1);
+- a candidate's `boost` (1 unless given) multiplies it: the records search's ranking of
+  matching scope values (docs/design.md §5.2);
 - temporal decay (optional) multiplies by 0.5 ** (age / half-life) — never for evergreen
   candidates (memory notes without a date);
 - MMR (optional) then picks, one at a time, the candidate maximising
@@ -37,6 +39,7 @@ class Candidate(NamedTuple):
     vector: np.ndarray | None  # L2-normalised; None: no vector yet
     timestamp: float | None = None  # seconds since the epoch
     evergreen: bool = False  # never decayed (a note without a date)
+    boost: float = 1.0  # multiplies the fused score (a records search's scope boost, §5.2)
 
 
 class Fused(NamedTuple):
@@ -80,6 +83,7 @@ def fuse(
         if candidate.text_score is not None and best_text > 0:
             text = max(0.0, candidate.text_score / best_text)
         score = weights.text_weight * text + weights.vector_weight * (similarity or 0.0)
+        score *= candidate.boost
         if weights.half_life_days and candidate.timestamp is not None and not candidate.evergreen:
             age_days = max(0.0, now - candidate.timestamp) / SECONDS_PER_DAY
             score *= 0.5 ** (age_days / weights.half_life_days)

@@ -1,6 +1,6 @@
 """The scoped memory records store (docs/design.md §5): `state_dir/records.db`, one file for all agents.
 
-Tables (schema v1, `PRAGMA user_version`, its own migrations):
+Tables (schema v2, `PRAGMA user_version`, its own migrations):
 
 - `records`: one row per record; `seq` (the integer key, also the FTS rowid and the
   insertion order) and the public `id`; scope columns NULL when not scoped; `metadata` a
@@ -10,6 +10,12 @@ Tables (schema v1, `PRAGMA user_version`, its own migrations):
 - `record_fts`: FTS5 over the content with the transcript index's tokenizer and columns
   (storage/fts_query.py: Porter stemming, diacritics removed, CJK bigrams), so a query
   finds records the way it finds messages and notes; `context` stays empty.
+- `record_vectors` (v2): a record's vector, written by the records embedder actor through
+  the keeper (storage/record_vectors.py, docs/design.md §5.7).
+
+Hybrid search (`RecordMeaning` given): the text side's best `limit x candidate multiplier`
+matches and the vector side's nearest records under the same SQL filters, fused by
+`storage.hybrid.fuse`; `distance` is then 1 - cosine for a record with a vector.
 
 Every filter is SQL: scope (`exact` dimensions), lifecycle (top level only), expiry,
 record types and metadata constrain the FTS match itself, so the `LIMIT` counts only rows
@@ -61,6 +67,7 @@ it, and `max_linked_results` stops the search at that many linked records per re
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -70,6 +77,7 @@ from typing import Any, NamedTuple, cast
 
 import apsw
 import msgspec
+import numpy
 
 from ..protocol.records import (
     AddRecord,
@@ -91,9 +99,17 @@ from ..protocol.records import (
     RecordType,
     RestoreRecord,
     SearchScope,
+    StoreRecordVectors,
 )
 from .db import Migration, describe, open_connection
 from .fts_query import RANK, TOKENIZE, MatchPlan, index_columns
+from .hybrid import Candidate, HybridWeights, fuse
+from .record_vectors import (
+    apply_store_record_vectors,
+    nearest_records,
+    record_vectors_of,
+    v2_record_vectors,
+)
 from .search import TermStats, indexed_rows
 from .transcripts import write_transaction
 from .userdata import erase_records, purge
@@ -165,7 +181,7 @@ def _v1_records(conn: apsw.Connection) -> None:
     )
 
 
-MIGRATIONS: tuple[Migration, ...] = (_v1_records,)
+MIGRATIONS: tuple[Migration, ...] = (_v1_records, v2_record_vectors)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
@@ -269,6 +285,8 @@ class RecordWriter:
             case EraseUserRecords():
                 self._purge_after_commit = True
                 return RecordsErased(erasure=erase_records(self.conn, cmd.user_ids))
+            case StoreRecordVectors():
+                return apply_store_record_vectors(self.conn, cmd.name, cmd.rows)
 
     def _seq(self, record_id: str) -> int | None:
         row = self.conn.execute("SELECT seq FROM records WHERE id = ?", (record_id,)).fetchone()
@@ -379,6 +397,18 @@ class RecordQuery:
     max_linked: int = 100
 
 
+class RecordMeaning(NamedTuple):
+    """The vector side of a hybrid records search (docs/design.md §5.7): the query's vector
+    in the embedder's space `name`, the fusion weights, how many candidates each side
+    brings per result wanted, and how close a record only the vector side found must be."""
+
+    vector: numpy.ndarray
+    name: str
+    weights: HybridWeights
+    multiplier: int = 4
+    min_similarity: float = 0.0
+
+
 class LinkedNode(NamedTuple):
     """A record reached by graph expansion, the stored relation it was reached through,
     and its own children."""
@@ -442,25 +472,95 @@ class RecordReader:
         row = self.conn.execute("SELECT count(*) FROM records").fetchone()
         return int(row[0]) if row else 0
 
-    def search(self, plan: MatchPlan, query: RecordQuery) -> list[RecordHit]:
+    def search(
+        self, plan: MatchPlan, query: RecordQuery, meaning: RecordMeaning | None = None
+    ) -> list[RecordHit]:
         """The best `query.limit` records in scope matching `plan`, each with its linked
-        tree (`query.num_hops`), best first; one read transaction."""
+        tree (`query.num_hops`), best first; one read transaction. With `meaning`, the
+        text and vector sides fused (module docstring, `_fused`)."""
         with self.conn:  # one snapshot for the matches and their graph
-            hits = self._matches(plan, query)
-            roots = [seq for _, seq, rec in hits if rec.record_type == RecordType.MEMORY]
+            if meaning is None:
+                ranked = [
+                    (seq, rec, distance_of(score)) for score, seq, rec in self._matches(plan, query)
+                ]
+            else:
+                ranked = self._fused(plan, query, meaning)
+            roots = [seq for seq, rec, _ in ranked if rec.record_type == RecordType.MEMORY]
             trees = self._expand(roots, query)
             records = self._records({n.seq for tree in trees.values() for n in _walk(tree)})
-        id_of = {seq: rec.id for _, seq, rec in hits} | {s: r.id for s, r in records.items()}
+        id_of = {seq: rec.id for seq, rec, _ in ranked} | {s: r.id for s, r in records.items()}
         return [
             RecordHit(
                 record=rec,
-                distance=distance_of(score),
+                distance=distance,
                 linked=[_linked(child, records, id_of) for child in trees[seq].children]
                 if seq in trees
                 else [],
             )
-            for score, seq, rec in hits
+            for seq, rec, distance in ranked
         ]
+
+    def _fused(
+        self, plan: MatchPlan, query: RecordQuery, meaning: RecordMeaning
+    ) -> list[tuple[int, Record, float]]:
+        """Hybrid: (seq, record, distance) of the best `query.limit`, fused.
+
+        Each side brings `limit x multiplier` candidates: the text side's best matches, and
+        the records nearest the query vector (at least `min_similarity`) under the very
+        filters of the text side, in SQL before `k`. Every candidate with a vector is
+        scored by meaning, whichever side found it (`storage.hybrid.fuse`). `distance`:
+        1 - cosine for a record with a vector, else the text side's `distance_of`.
+        """
+        pool = query.limit * meaning.multiplier
+        text = self._matches(plan, dataclasses.replace(query, limit=pool))
+        params: dict[str, object] = {}
+        where = _filters("r", query, params)
+        if not query.include_invalid:
+            where.append("r.status = 'valid'")
+        near = [
+            row
+            for row in nearest_records(
+                self.conn, meaning.vector, name=meaning.name, where=where, params=params, k=pool
+            )
+            if row.similarity >= meaning.min_similarity
+        ]
+        vectors = {row.id: row.vector for row in near}
+        missing = [seq for _, seq, _ in text if seq not in vectors]
+        vectors |= record_vectors_of(self.conn, missing, name=meaning.name)
+        found = {seq: (score, rec) for score, seq, rec in text}
+        only = self._records({row.id for row in near if row.id not in found})
+        records = {seq: rec for seq, (_, rec) in found.items()} | only
+        boosted = [
+            (dim, value)
+            for dim, value, exact in _dimensions(query.scope)
+            if not exact and dim in query.boosts
+        ]
+
+        def boost(rec: Record) -> float:  # as the text side's SQL (`_matches`)
+            return 1.0 + BOOST * sum(bool(getattr(rec, dim) == value) for dim, value in boosted)
+
+        candidates = [
+            Candidate(seq, max(0.0, -score), vectors.get(seq), rec.timestamp, boost=boost(rec))
+            for seq, (score, rec) in found.items()
+        ] + [
+            Candidate(
+                row.id, None, row.vector, records[row.id].timestamp, boost=boost(only[row.id])
+            )
+            for row in near
+            if row.id not in found
+        ]
+        fused = fuse(candidates, meaning.vector, meaning.weights, limit=query.limit, now=query.now)
+        query_vec = numpy.asarray(meaning.vector, dtype=numpy.float32)
+        out = []
+        for hit in fused:
+            seq = cast(int, hit.key)
+            vector = vectors.get(seq)
+            if vector is not None:
+                distance = min(2.0, max(0.0, 1.0 - float(vector @ query_vec)))
+            else:
+                distance = distance_of(found[seq][0])
+            out.append((seq, records[seq], distance))
+        return out
 
     def _matches(self, plan: MatchPlan, query: RecordQuery) -> list[tuple[float, int, Record]]:
         """The direct matches, best first: ranked, then (when pruned) by recency."""

@@ -47,6 +47,11 @@ class Clock:
         return self.now
 
 
+# Text only: these tests pin the full-text ranking and `distance`; by meaning is
+# tests/test_records_hybrid.py.
+TEXT_ONLY = {"agents": {"defaults": {"memorySearch": {"provider": "none"}}}}
+
+
 @pytest.fixture
 def clock() -> Clock:
     return Clock()
@@ -54,7 +59,9 @@ def clock() -> Clock:
 
 @pytest.fixture
 async def mem(tmp_path: Path, executor: str, clock: Clock) -> AsyncIterator[am.Memory]:
-    async with am.open_memory(tmp_path / "state", executor=executor, clock=clock) as memory:  # type: ignore[arg-type]
+    async with am.open_memory(
+        tmp_path / "state", executor=executor, clock=clock, config=TEXT_ONLY
+    ) as memory:  # type: ignore[arg-type]
         yield memory
 
 
@@ -408,10 +415,12 @@ async def test_memory_recall_tool_shape(mem: am.Memory) -> None:
     empty = await recall_tool(
         mem.records, {"query": "submarine"}, user_id="u1", agent_id="main", thread_id="t1"
     )
-    assert (empty.evidence, empty.content, empty.data) == (
+    assert empty.data is not None
+    assert (empty.evidence, empty.content, empty.data["results"], empty.data["hits"]) == (
         False,
         "<memory_records/>",
-        {"results": [], "hits": 0},
+        [],
+        0,
     )
 
 

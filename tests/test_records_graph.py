@@ -47,9 +47,16 @@ class Clock:
         return self.now
 
 
+# Text only: these tests pin the full-text ranking and `distance`; by meaning is
+# tests/test_records_hybrid.py.
+TEXT_ONLY = {"agents": {"defaults": {"memorySearch": {"provider": "none"}}}}
+
+
 @pytest.fixture
 async def mem(tmp_path: Path, executor: str) -> AsyncIterator[am.Memory]:
-    async with am.open_memory(tmp_path / "state", executor=executor, clock=Clock()) as memory:  # type: ignore[arg-type]
+    async with am.open_memory(
+        tmp_path / "state", executor=executor, clock=Clock(), config=TEXT_ONLY
+    ) as memory:  # type: ignore[arg-type]
         yield memory
 
 

@@ -30,9 +30,14 @@ OTHER = {"user_id": "u2", "agent_id": "a2", "thread_id": "t2"}
 ALL = TopKMemorySearchConfig(max_results=100)
 
 
+# Text only: these tests pin the full-text ranking and `distance`; by meaning is
+# tests/test_records_hybrid.py.
+TEXT_ONLY = {"agents": {"defaults": {"memorySearch": {"provider": "none"}}}}
+
+
 @pytest.fixture
 async def grid(tmp_path: Path, executor: str) -> AsyncIterator[tuple[am.Memory, dict[Key, str]]]:
-    async with am.open_memory(tmp_path / "state", executor=executor) as mem:  # type: ignore[arg-type]
+    async with am.open_memory(tmp_path / "state", executor=executor, config=TEXT_ONLY) as mem:  # type: ignore[arg-type]
         ids: dict[Key, str] = {}
 
         async def put(key: Key) -> None:
@@ -151,7 +156,7 @@ async def test_scope_table(
 
 
 async def test_limit_counts_only_records_in_scope(tmp_path: Path, executor: str) -> None:
-    async with am.open_memory(tmp_path / "state", executor=executor) as mem:  # type: ignore[arg-type]
+    async with am.open_memory(tmp_path / "state", executor=executor, config=TEXT_ONLY) as mem:  # type: ignore[arg-type]
         async with anyio.create_task_group() as tg:
             for i in range(60):  # far better matches, all out of scope
                 tg.start_soon(
@@ -182,7 +187,7 @@ async def test_limit_counts_only_records_in_scope(tmp_path: Path, executor: str)
 
 
 async def test_scope_arguments_are_checked(tmp_path: Path, executor: str) -> None:
-    async with am.open_memory(tmp_path / "state", executor=executor) as mem:  # type: ignore[arg-type]
+    async with am.open_memory(tmp_path / "state", executor=executor, config=TEXT_ONLY) as mem:  # type: ignore[arg-type]
         with pytest.raises(
             am.InvalidInputError, match=r"^exact_agent_match: expected True or False, got 'yes'$"
         ):

@@ -15,10 +15,15 @@ def shape(results: list[am.RecordSearchResult]) -> list[tuple[object, ...]]:
     return [(r.id, r.distance, r.formatted_content, len(r.linked_results or [])) for r in results]
 
 
+# Text only: these tests pin the full-text ranking and `distance`; by meaning is
+# tests/test_records_hybrid.py.
+TEXT_ONLY = {"agents": {"defaults": {"memorySearch": {"provider": "none"}}}}
+
+
 @pytest.mark.parametrize("backend", ["trio", "asyncio"])
 def test_sync_and_async_give_identical_results(tmp_path: Path, backend: str) -> None:
     state = tmp_path / "s"
-    with ams.open_memory(state, backend=backend) as mem:
+    with ams.open_memory(state, backend=backend, config=TEXT_ONLY) as mem:
         a = mem.records.add("likes aisle seats on long flights", user_id="u1", agent_id="main")
         b = mem.records.add(
             "flies to Lisbon every March", user_id="u1", agent_id="main", thread_id="t1"
@@ -33,7 +38,7 @@ def test_sync_and_async_give_identical_results(tmp_path: Path, backend: str) -> 
         ]
 
     async def searches() -> list[list[am.RecordSearchResult]]:
-        async with am.open_memory(state) as amem:
+        async with am.open_memory(state, config=TEXT_ONLY) as amem:
             thread = amem.records.thread(user_id="u1", agent_id="main", thread_id="t1")
             return [
                 await amem.records.search("seat flights", user_id="u1", num_hops=1),

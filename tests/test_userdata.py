@@ -12,6 +12,7 @@ import apsw
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_records_hybrid import stored_vectors
 
 import activememory as am
 from activememory._cli import main
@@ -301,9 +302,11 @@ async def test_after_an_erase_nothing_surfaces_and_no_file_holds_the_text(
         assert main_db.vectors > 0 and main_db.cached_vectors > 0 and main_db.index_rows > 0
         assert other_db.session_keys == (DANA_OTHER,)
         assert (dry.records.records, dry.records.relations) == (2, 2)
+        assert set(stored_vectors(state)) == set(ids.values())  # records have vectors too
 
         summary = await mem.erase_identity("dana")
         assert msgspec_counts(summary) == msgspec_counts(dry)
+        assert set(stored_vectors(state)) == {ids["bob"]}  # dana's went with her records
         assert summary.purged and not summary.dry_run
         # Read while the memory is open: the WAL and the files as the bot leaves them.
         assert _files_holding(state, TOKEN) == []

@@ -294,7 +294,7 @@ async def test_a_batch_that_changed_under_the_actor_does_not_end_its_work(
         actor = store.embedder
         assert actor is not None
         actor.batch = 1
-        submit, refused = actor._submit, []
+        submit, refused = actor.feed._submit, []
 
         async def racing(command):  # type: ignore[no-untyped-def]
             if isinstance(command, StoreVectors) and not refused:
@@ -302,7 +302,7 @@ async def test_a_batch_that_changed_under_the_actor_does_not_end_its_work(
                 return VectorsStored(messages=0, notes=0, skipped=len(command.messages))
             return await submit(command)
 
-        actor._submit = racing
+        actor.feed._submit = racing
         await settle(mem)  # the start poke is served
         entries = [
             am.ImportEntry(id=str(i), parent_id=str(i - 1) if i else None, timestamp=1.0,
