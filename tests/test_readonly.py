@@ -345,6 +345,13 @@ async def test_an_unprivileged_reader_opens_a_read_only_copy(
         if setpriv is None:
             pytest.skip("needs setpriv to drop root")
         as_nobody = [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups"]
+        # The virtual environment must be readable by that user (not so in a clone under a
+        # private temp folder): without it this test cannot run, not fail.
+        probe = await anyio.run_process(
+            [*as_nobody, sys.executable, "-c", "import activememory"], check=False
+        )
+        if probe.returncode != 0:
+            pytest.skip("the Python environment is not readable by an unprivileged user")
     live, stopped = public_dir / "live", public_dir / "stopped"
     shutil.copytree(writer.state_dir, live)  # with its -wal and -shm
     async with am.open_memory(stopped, config=TEXT_ONLY) as mem:
