@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -54,6 +55,7 @@ async def test_memory_search_says_vectors_are_pending_while_the_embedder_hangs(
         before = await search(mem, "lisbon")
         assert "vectorsPending" not in before  # caught up: the flag is absent
         assert before["effectiveMode"] == "hybrid"
+        embedder.started = anyio.Event()  # the search above embedded its query: a new event
         embedder.hang = True
         await mem.sessions.append(DIRECT, user("my sister lives in Lisbon"))
         with anyio.fail_after(10):
@@ -138,3 +140,36 @@ async def test_vectors_ready_waits_for_the_embedder_to_be_at_rest(
                 assert await mem.sessions.vectors_ready()
             assert not store.vectors_pending()
             assert "vectorsPending" not in await search(mem, "lisbon")
+
+
+async def test_the_query_is_embedded_while_the_text_side_reads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An embedder that answers only once the text side has read: it can, because the two
+    # run at once. Embedded first and read after, it would wait out the query's deadline
+    # and the search would fall back to text alone.
+    text_read = anyio.Event()
+
+    class AfterTheTextSide(FakeEmbedder):
+        async def embed(self, texts: list[str], *, deadline: float | None = None) -> Any:
+            if texts == ["lisbon"]:  # the query, not the background's rows
+                await text_read.wait()
+            return await super().embed(texts, deadline=deadline)
+
+    embedder = AfterTheTextSide()
+    async with am.open_memory(tmp_path / "s", executor="inline", embedder=embedder) as mem:  # type: ignore[arg-type]
+        await mem.sessions.append(DIRECT, user("my sister lives in Lisbon"))
+        store = await store_of(mem)
+        await idle(store)
+        read = store.read
+
+        async def read_then_say(fn: Any) -> Any:
+            answer = await read(fn)
+            if getattr(fn, "__name__", "") == "text_side":  # memory_search's read of notes and conversations
+                text_read.set()
+            return answer
+
+        monkeypatch.setattr(store, "read", read_then_say)
+        with anyio.fail_after(5):
+            found = await search(mem, "lisbon")
+        assert found["effectiveMode"] == "hybrid" and found["fallback"] is None

@@ -72,7 +72,15 @@ from ..storage.notes import (
 )
 from ..storage.search import _PRIVATE, private_params
 from ..storage.transcripts import TranscriptReader
-from .hybrid import VectorSide, candidates, embed_query, rank, vector_side, with_similarity
+from .hybrid import (
+    QueryVector,
+    VectorSide,
+    candidates,
+    embed_query,
+    rank,
+    vector_side,
+    with_similarity,
+)
 from .tools import MAX_TOOL_CONTENT_CHARS, tool_arguments, tool_failure
 
 RESCAN_S = 1.0
@@ -243,8 +251,9 @@ class MemoryCore:
         redactor = settings.redactor
         plan = plan_match(query)
         hybrid = settings.config.memory_search.query.hybrid
-        meaning = await embed_query(self.embedder, query)
-        pool = limit * hybrid.candidate_multiplier if meaning.vector is not None else limit
+        # With an embedder the text side fetches the hybrid pool while the query is embedded
+        # (two threads at once): the embedding, not the sum, is what meaning adds.
+        pool = limit * hybrid.candidate_multiplier if self.embedder is not None else limit
         private = None
         if transcripts is not None and caller.agent == agent:
             private = self._search.private_job(
@@ -255,25 +264,37 @@ class MemoryCore:
                 limit=min(pool, MAX_LIMIT),
             )
 
-        def both(reader: TranscriptReader) -> tuple[list[NoteHit], Any, VectorSide | None]:
-            # One hop to the reader thread for the notes, the conversations and the vectors.
+        def text_side(reader: TranscriptReader) -> tuple[list[NoteHit], Any]:
+            # One hop to the reader thread for the notes and the conversations.
             notes = search_notes(reader.conn, plan, pool) if plan is not None else []
-            page = private.run(reader) if private is not None else None
-            if meaning.vector is None:
-                return notes, page, None
-            side = vector_side(
-                reader.conn,
-                meaning,
-                pool=pool,
-                text_notes=[hit.chunk_id for hit in notes],
-                text_messages=[c.event_id for c in page.page.candidates] if page else [],
-                agent=agent,
-                caller=caller.raw,
-                scope=transcripts if private is not None else None,
-            )
-            return notes, page, side
+            return notes, private.run(reader) if private is not None else None
 
-        notes, page, side = await store.read(both)
+        embedded: list[QueryVector] = []
+
+        async def embed() -> None:
+            embedded.append(await embed_query(self.embedder, query))
+
+        async with anyio.create_task_group() as both:
+            both.start_soon(embed)
+            notes, page = await store.read(text_side)
+        meaning = embedded[0]
+        side: VectorSide | None = None
+        if meaning.vector is not None:
+            vector_query = meaning
+
+            def vectors(reader: TranscriptReader) -> VectorSide:
+                return vector_side(
+                    reader.conn,
+                    vector_query,
+                    pool=pool,
+                    text_notes=[hit.chunk_id for hit in notes],
+                    text_messages=[c.event_id for c in page.page.candidates] if page else [],
+                    agent=agent,
+                    caller=caller.raw,
+                    scope=transcripts if private is not None else None,
+                )
+
+            side = await store.read(vectors)
         sessions = private.finish(page, store) if private is not None else None
         terms = query_terms(query)
         if side is None or meaning.vector is None:
