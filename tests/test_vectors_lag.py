@@ -165,7 +165,8 @@ async def test_the_query_is_embedded_while_the_text_side_reads(
 
         async def read_then_say(fn: Any) -> Any:
             answer = await read(fn)
-            if getattr(fn, "__name__", "") == "text_side":  # memory_search's read of notes and conversations
+            # memory_search's read of the notes and the conversations
+            if getattr(fn, "__name__", "") == "text_side":
                 text_read.set()
             return answer
 
