@@ -183,12 +183,20 @@ def _v5_vectors(conn: apsw.Connection) -> None:
     )
 
 
+def _v6_event_parents(conn: apsw.Connection) -> None:
+    # `events.parent_id` references `events(id)` and foreign keys are on: without an index
+    # on the child column, deleting a session checks every remaining event for each event
+    # it deletes (1.5-2.3 s for 100 events at 100k; an erase likewise).
+    conn.execute("CREATE INDEX events_parent ON events(parent_id)")
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     _v1_transcripts,
     _v2_context_and_cjk,
     _v3_session_switches,
     _v4_memory_notes,
     _v5_vectors,
+    _v6_event_parents,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -263,3 +263,33 @@ async def test_stats_notice_a_corrupted_index(mem: am.Memory) -> None:
         )
     conn.close()
     assert not (await mem.sessions.stats())[0].fts_integrity_ok
+
+
+async def test_every_foreign_key_has_an_index_on_its_child_columns(tmp_path: Path) -> None:
+    # SQLite checks a foreign key on every delete of a parent row by looking the child
+    # column up: unindexed, that is a scan of the child table per deleted row (deleting a
+    # session of 100 events took 1.5-2.3 s at 100k events).
+    import apsw
+
+    text_only = {"agents": {"defaults": {"memorySearch": {"provider": "none"}}}}
+    async with am.open_memory(tmp_path / "s", config=text_only) as mem:
+        await mem.sessions.append("agent:main:direct:alice", user("hi"))
+        await mem.records.add("I keep bees", user_id="alice")
+    databases = sorted((tmp_path / "s").rglob("*.db"))
+    assert len(databases) >= 2  # an agent database and records.db
+    unindexed = []
+    for path in databases:
+        conn = apsw.Connection(str(path), flags=apsw.SQLITE_OPEN_READONLY)
+        tables = [t for (t,) in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")]
+        for table in tables:
+            keys = [r[1] for r in conn.execute(f"PRAGMA table_info('{table}')") if r[5] == 1]
+            leading = {
+                conn.execute(f"PRAGMA index_info('{index[1]}')").fetchone()[2]
+                for index in conn.execute(f"PRAGMA index_list('{table}')")
+            }
+            for fk in conn.execute(f"PRAGMA foreign_key_list('{table}')"):
+                child = fk[3]
+                if child not in leading and keys[:1] != [child]:
+                    unindexed.append(f"{path.name}: {table}.{child} -> {fk[2]}")
+        conn.close()
+    assert unindexed == []
