@@ -18,7 +18,7 @@ import apsw
 import pytest
 
 import activememory as am
-from activememory.storage.db import MIGRATIONS, migrate, readonly_uri
+from activememory.storage.db import MIGRATIONS, SCHEMA_VERSION, migrate, readonly_uri
 
 pytestmark = pytest.mark.anyio
 
@@ -209,9 +209,10 @@ async def test_takes_no_writer_lock(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("version", "message"),
     [
-        (3, "schema version 3 is older than this activememory's (5) and readonly=True never "
-         "migrates; open it once without readonly (or with the activememory that wrote it)"),
-        (99, "schema version 99 is newer than this activememory understands (5); "
+        (3, f"schema version 3 is older than this activememory's ({SCHEMA_VERSION}) and "
+         "readonly=True never migrates; open it once without readonly (or with the "
+         "activememory that wrote it)"),
+        (99, f"schema version 99 is newer than this activememory understands ({SCHEMA_VERSION}); "
          "upgrade activememory"),
     ],
 )  # fmt: skip
