@@ -237,7 +237,6 @@ _ABOUT_OTHERS = re.compile(
     r"(?:'s|s)?\b(?:\s+((?-i:[A-Z])[\w-]*))?",
     re.I,
 )
-_WORD = re.compile(r"[\w-]+")
 _SENTENCE_END = re.compile(
     r"(?<=[.!?])(?<!\b[A-Z]\.)(?<!\b(?:Mr|Dr|Ms|St)\.)(?<!\bMrs\.)\s+(?=[\"'“‘(]?[A-Z0-9])"
 )
@@ -389,8 +388,8 @@ def about_others(text: str, asked: str) -> bool:
     found = _ABOUT_OTHERS.match(text.strip())
     if found is None:
         return False
-    named = {found.group(1).casefold()} | ({found.group(2).casefold()} if found.group(2) else set())
-    return named.isdisjoint(w.casefold() for w in _WORD.findall(asked))
+    named = terms(" ".join(part for part in found.groups() if part))  # relation and name
+    return named.isdisjoint(terms(asked))
 
 
 def terms(text: str) -> frozenset[str]:
