@@ -28,7 +28,7 @@ import numpy
 
 from ..protocol.indexer import VectorRow
 from ..protocol.records import RecordVectorsStored
-from .vectors import Near, _top_k, text_digest
+from .vectors import Near, _top_k, text_digest, vectors_by_digest
 
 
 def v2_record_vectors(conn: apsw.Connection) -> None:
@@ -114,15 +114,12 @@ def cached_record_vectors(
     conn: apsw.Connection, name: str, digests: Iterable[bytes]
 ) -> dict[bytes, bytes]:
     """The vectors of `name` that live records with these content digests already have."""
-    out: dict[bytes, bytes] = {}
-    for digest in set(digests):
-        row = conn.execute(
-            "SELECT vector FROM record_vectors WHERE digest = ? AND name = ? LIMIT 1",
-            (digest, name),
-        ).fetchone()
-        if row is not None:
-            out[digest] = bytes(row[0])
-    return out
+    return vectors_by_digest(
+        conn,
+        "SELECT vector FROM record_vectors WHERE digest = ? AND name = ? LIMIT 1",
+        name,
+        digests,
+    )
 
 
 # -- the writer's half (inside the records keeper's transaction) --------------------------

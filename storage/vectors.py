@@ -162,11 +162,19 @@ def cached_vectors(
     conn: apsw.Connection, name: str, digests: Iterable[bytes]
 ) -> dict[bytes, bytes]:
     """The cached vectors of `name` for these text digests (those found)."""
+    return vectors_by_digest(
+        conn, "SELECT vector FROM vector_cache WHERE digest = ? AND name = ?", name, digests
+    )
+
+
+def vectors_by_digest(
+    conn: apsw.Connection, select: str, name: str, digests: Iterable[bytes]
+) -> dict[bytes, bytes]:
+    """digest -> vector BLOB for each of `digests` that `select` (one vector column, bound
+    to (digest, name)) finds."""
     out: dict[bytes, bytes] = {}
     for digest in set(digests):
-        row = conn.execute(
-            "SELECT vector FROM vector_cache WHERE digest = ? AND name = ?", (digest, name)
-        ).fetchone()
+        row = conn.execute(select, (digest, name)).fetchone()
         if row is not None:
             out[digest] = bytes(row[0])
     return out
