@@ -448,7 +448,7 @@ def _timestamp(value: float | str, where: str) -> float:
 # LoCoMo ("Evaluating Very Long-Term Conversational Memory of LLM Agents", Maharana et al.,
 # 2024) is a JSON list of samples: two speakers, numbered sessions of turns, and questions
 # whose gold evidence names turns by `dia_id` ("D<session>:<turn>"). The layout and the
-# evidence normalisation follow the README next to the dev split (../shared/data/locomo/).
+# evidence normalisation are those of the data set's own description (docs/design.md §7).
 # Unknown fields of samples, turns and questions are ignored (the dataset carries derived
 # summaries and image metadata we do not use); unknown keys of `conversation` are errors,
 # since a misspelt session would silently shrink the corpus.

@@ -4,7 +4,6 @@ against a real loopback server, the fallback chain and the `memorySearch` config
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -254,7 +253,6 @@ async def test_a_model_path_that_is_not_a_model_fails_on_embed(tmp_path: Path) -
 
 # --- Encoders other than the shipped one (local.modelPath, embedder.json) ---------------------
 
-MPNET_DIR = Path(os.environ.get("ACTIVEMEMORY_TEST_MPNET", "/work/models/all-mpnet-base-v2"))
 TINY_DIM = 8
 
 
@@ -361,11 +359,9 @@ def test_a_bad_embedder_json_is_an_error_naming_the_field(
     assert error in str(caught.value)
 
 
-@pytest.mark.skipif(
-    not (MPNET_DIR / "model.onnx").is_file(), reason=f"no all-mpnet-base-v2 in {MPNET_DIR}"
-)
 async def test_the_mpnet_folder_built_by_the_export_tool_loads_and_finds_paraphrases() -> None:
-    embedder = LocalEmbedder.from_path(MPNET_DIR)
+    # The shipped folder, loaded as any `local.modelPath` folder (split weights, embedder.json).
+    embedder = LocalEmbedder.from_path(SHIPPED_MODELS["all-mpnet-base-v2"].folder)
     assert embedder.name == "local/all-mpnet-base-v2"
     assert (await embedder.embed(["hello"])).shape == (1, 768)
     assert (await ranking(embedder, "Which city am I based in?"))[0] == LISBON
