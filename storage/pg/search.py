@@ -63,7 +63,8 @@ def scope_sql(
             sql = f"SELECT id, dirty FROM {_S}.sessions WHERE false"
         else:
             sql = _PRIVATE
-            params |= {"key_agent": key.agent, "peers": scope.peers, "owner": scope.owner}
+            peers = None if scope.peers is None else list(scope.peers)
+            params |= {"key_agent": key.agent, "peers": peers, "owner": scope.owner}
     elif scope == "all":
         sql = f"SELECT id, dirty FROM {_S}.sessions WHERE agent = %(agent)s"
     elif scope == "self":
