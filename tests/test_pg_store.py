@@ -134,7 +134,7 @@ ops = st.one_of(
         st.booleans(),
         st.booleans(),
         st.one_of(st.none(), keys),
-    ),  # fmt: skip
+    ),
     st.tuples(st.just("rewind"), keys, st.integers(0, 40)),
     st.tuples(st.just("delete"), keys),
     st.tuples(st.just("archive"), keys, st.booleans()),
@@ -147,7 +147,7 @@ ops = st.one_of(
         keys,
         st.one_of(st.none(), st.booleans()),
         st.one_of(st.none(), st.sampled_from(["off", "on", "raw"])),
-    ),  # fmt: skip
+    ),
 )
 batches = st.lists(st.lists(ops, min_size=1, max_size=4), min_size=1, max_size=12)
 scopes: list[DbScope] = [
@@ -314,7 +314,7 @@ def pair(pg_dsn: str) -> Iterator[Any]:
         ),
         min_size=4,
         max_size=8,
-    ),  # fmt: skip
+    ),
 )
 def test_the_same_commands_give_the_same_store(
     pair: Any, batches: list[list[tuple[Any, ...]]], searches: list[tuple[Any, ...]]
