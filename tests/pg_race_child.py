@@ -2,7 +2,7 @@
 
 Usage: python pg_race_child.py DSN AGENT NAME COUNT SEED. Prints `ready`, waits for a line
 on stdin (so both workers start together), appends COUNT messages in batches of 1-3 to the
-sessions in random order, and prints every acknowledgement as one JSON line.
+shared sessions and one of its own, in random order, and prints every acknowledgement as one JSON line.
 """
 
 from __future__ import annotations
@@ -25,6 +25,9 @@ def main() -> None:
     dsn, agent, name, count, seed = sys.argv[1:]
     writer = PgTranscriptWriter(connect(PgSettings(dsn=dsn)), agent)
     rng = random.Random(seed)
+    # Its own session too: two workers creating different sessions at once race for the
+    # same new session id (the loser retries its batch).
+    keys = [*KEYS, parse_session_key(f"agent:main:direct:{name}")]
     print("ready", flush=True)
     sys.stdin.readline()
     acks = []
@@ -33,7 +36,7 @@ def main() -> None:
         size = min(rng.randint(1, 3), int(count) - sent)
         batch = [
             AppendMessage(
-                key=rng.choice(KEYS),
+                key=rng.choice(keys),
                 message=Message(role="user", content=f"{name} says hello {sent + i}"),
                 at=time.time(),
             )

@@ -55,7 +55,8 @@ def test_two_processes_appending_to_one_session_keep_one_tree(pg_dsn: str) -> No
     conn = connect(PgSettings(dsn=pg_dsn))
     reader = PgTranscriptReader(conn, agent)
     switches = 0
-    for key in ("agent:main:direct:shared", "agent:main:group:g"):
+    keys = ("agent:main:direct:shared", "agent:main:group:g", "agent:main:direct:w1")
+    for key in (*keys, "agent:main:direct:w2"):
         rows = conn.execute(
             f"SELECT e.id, e.parent_id, e.seq FROM {SCHEMA}.events e JOIN {SCHEMA}.sessions s"
             " ON s.agent = e.agent AND s.id = e.session_id"
@@ -72,6 +73,9 @@ def test_two_processes_appending_to_one_session_keep_one_tree(pg_dsn: str) -> No
         assert history is not None and [e.id for e in history] == [r[0] for r in rows]
         authors = [str(a["text"]).split()[0] for a in mine]
         switches += sum(a != b for a, b in itertools.pairwise(authors))
+    sessions = reader.sessions()
+    assert sorted(s.key for s in sessions) == sorted([*keys, "agent:main:direct:w2"])
+    assert sorted(s.session_id for s in sessions) == [1, 2, 3, 4]
     stats = reader.stats()
     assert (stats.events, stats.indexed_messages, stats.dirty_sessions) == (2 * PER_WORKER,) * 2 + (
         0,

@@ -98,6 +98,7 @@ def measure(samples: list[LocomoSample], admin_dsn: str) -> dict[str, dict[int, 
     finally:
         admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         admin.close()
+    print(f"{len(samples)} conversations, {asked} questions (categories 1-4 with gold)")
     return {r: {k: v / max(asked, 1) for k, v in by_k.items()} for r, by_k in sums.items()}
 
 
