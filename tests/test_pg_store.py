@@ -22,6 +22,7 @@ import activememory as am
 from activememory.protocol.config import PrivateScope
 from activememory.protocol.errors import InvalidInputError, StorageError
 from activememory.protocol.indexer import (
+    Appended,
     AppendMessage,
     ArchiveSession,
     CreateSession,
@@ -459,3 +460,64 @@ def test_quoted_lexemes_are_never_syntax(pg_dsn: str) -> None:
         for lexeme in ["it's", "a\\b", "x|y", "(", "!", "<->", ":*"]:
             row = conn.execute("SELECT %s::tsquery::text", (quote(lexeme),)).fetchone()
             assert row is not None and row[0] == quote(lexeme)
+
+
+@settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    texts=st.lists(st.text(min_size=1, max_size=40), min_size=1, max_size=4),
+    queries=st.lists(st.text(min_size=1, max_size=30), min_size=1, max_size=4),
+    match=st.sampled_from(["phrase", "prefix"]),
+)
+def test_any_unicode_is_stored_and_searched_as_on_sqlite(
+    pair: Any, texts: list[str], queries: list[str], match: str
+) -> None:
+    # Arbitrary text (control characters, quotes, tsquery operators, astral planes) is
+    # never PostgreSQL syntax and is found exactly where SQLite finds it.
+    texts = [t for t in texts if _valid(t)]
+    queries = [q for q in queries if _valid(q) and q.strip()]
+    with tempfile.TemporaryDirectory() as directory:
+        stores: Pair = pair(directory)
+        try:
+            key = "agent:main:direct:alice"
+            batch = [stores.command(("append", key, "user", t)) for t in texts]
+            sqlite_acks, pg_acks = stores.apply(batch)
+            assert pg_acks == sqlite_acks
+            stores.assert_equal_state()
+            for query in queries:
+                stores.assert_equal_search(query, match, "all", key, None)
+        finally:
+            stores.close()
+
+
+def _valid(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def test_a_message_of_more_words_than_a_tsvector_holds_is_stored(pg_dsn: str) -> None:
+    # ~1 MB of distinct words: over PostgreSQL's 1 MiB tsvector limit with every position.
+    words = [f"w{i:06d}" for i in range(120_000)]
+    writer = PgTranscriptWriter(pg_db.connect(pg_db.PgSettings(dsn=pg_dsn)), fresh_agent())
+    reader = PgTranscriptReader(pg_db.connect(pg_db.PgSettings(dsn=pg_dsn)), writer.agent)
+    key = am.parse_session_key("agent:main:direct:alice")
+    (ack,) = writer.apply(
+        [AppendMessage(key=key, message=am.Message(role="user", content=" ".join(words)), at=1.0)]
+    )
+    assert isinstance(ack, Appended) and ack.indexed
+    for word, found in (("w000000", True), ("w050000", True), ("w119999", False)):
+        plan = plan_match(word)
+        assert plan is not None
+        page = pg_search_scope(
+            reader.conn, writer.agent, plan, scope="all", caller=key.raw, session_key=None, keep=5
+        )
+        assert bool(page.candidates) is found, word  # the words past the limit are not
+    assert reader.stats().fts_integrity_ok
+    writer.conn.close()
+    reader.conn.close()

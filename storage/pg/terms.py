@@ -22,10 +22,14 @@ import apsw
 from ..fts_query import MatchPlan, _bigrams, index_row, index_tokens, is_cjk
 
 # PostgreSQL's limits: a position is at most 16383 (larger ones are clamped), a lexeme has
-# at most 256 positions and at most 2046 bytes.
+# at most 256 positions and at most 2046 bytes, a tsvector's lexemes and positions at most
+# 1 MiB (each lexeme 2-byte aligned, then a count and 2 bytes per position). A message
+# near the 1 MiB content limit can hold more distinct words than that: its tsvector keeps
+# one position per lexeme, then only the lexemes that fit (`_fit`).
 MAX_POSITION = 16383
 MAX_POSITIONS = 256
 MAX_LEXEME_BYTES = 2046
+MAX_TSVECTOR_BYTES = 1_000_000  # under PostgreSQL's 1,048,575, with room to spare
 
 
 class IndexTerms(NamedTuple):
@@ -70,8 +74,31 @@ def index_terms(text: str, previous: str | None) -> IndexTerms:
             if len(held) < MAX_POSITIONS:
                 held.append(f"{min(position, MAX_POSITION)}{weight}")
         position += 1  # a gap: no phrase crosses into the next column
-    literal = " ".join(f"{quote(lexeme)}:{','.join(at)}" for lexeme, at in positions.items())
+    literal = " ".join(
+        f"{quote(lexeme)}:{','.join(at)}" for lexeme, at in _fit(positions).items()
+    )
     return IndexTerms(tokens, literal)
+
+
+def _stored_bytes(lexeme: str, positions: int) -> int:
+    size = len(lexeme.encode("utf-8"))
+    return size + (size & 1) + 2 + 2 * positions
+
+
+def _fit(positions: dict[str, list[str]]) -> dict[str, list[str]]:
+    """`positions` cut to what one tsvector can hold (`MAX_TSVECTOR_BYTES`): first every
+    lexeme's positions but the first, then the lexemes past the limit, in text order."""
+    total = sum(_stored_bytes(lexeme, len(at)) for lexeme, at in positions.items())
+    if total <= MAX_TSVECTOR_BYTES:
+        return positions
+    kept: dict[str, list[str]] = {}
+    total = 0
+    for lexeme, at in positions.items():
+        total += _stored_bytes(lexeme, 1)
+        if total > MAX_TSVECTOR_BYTES:
+            break
+        kept[lexeme] = at[:1]
+    return kept
 
 
 class QueryPhrase(NamedTuple):
