@@ -521,3 +521,23 @@ def test_a_message_of_more_words_than_a_tsvector_holds_is_stored(pg_dsn: str) ->
     assert reader.stats().fts_integrity_ok
     writer.conn.close()
     reader.conn.close()
+
+
+def test_a_terminated_connection_rejects_the_batch_and_writes_nothing(pg_dsn: str) -> None:
+    settings = pg_db.PgSettings(dsn=pg_dsn)
+    writer = PgTranscriptWriter(pg_db.connect(settings), fresh_agent())
+    reader = PgTranscriptReader(pg_db.connect(settings), writer.agent)
+    key = am.parse_session_key("agent:main:direct:alice")
+
+    def append(text: str) -> list[IndexerAck]:
+        message = am.Message(role="user", content=text)
+        return writer.apply([AppendMessage(key=key, message=message, at=1.0)] * 2)
+
+    assert all(isinstance(ack, Appended) for ack in append("kept"))
+    reader.conn.execute("SELECT pg_terminate_backend(%s)", (writer.conn.info.backend_pid,))
+    acks = append("lost")
+    assert [type(ack).__name__ for ack in acks] == ["Rejected", "Rejected"]
+    assert all(ack.reason == "storage" and "terminat" in ack.message for ack in acks)  # type: ignore[union-attr]
+    history = reader.history(key.raw)
+    assert history is not None and [e.message.content for e in history] == ["kept", "kept"]  # type: ignore[union-attr]
+    reader.conn.close()

@@ -40,6 +40,8 @@ class IndexTerms(NamedTuple):
 
 
 def _lexeme(token: str) -> str:
+    if len(token) * 4 <= MAX_LEXEME_BYTES:  # a character is at most 4 bytes of UTF-8
+        return token
     data = token.encode("utf-8")
     if len(data) <= MAX_LEXEME_BYTES:
         return token
@@ -74,9 +76,11 @@ def index_terms(text: str, previous: str | None) -> IndexTerms:
             if len(held) < MAX_POSITIONS:
                 held.append(f"{min(position, MAX_POSITION)}{weight}")
         position += 1  # a gap: no phrase crosses into the next column
-    literal = " ".join(
-        f"{quote(lexeme)}:{','.join(at)}" for lexeme, at in _fit(positions).items()
-    )
+    # A token of n characters costs at most 4n + 5 <= 9n stored bytes: short texts fit.
+    chars = sum(len(value) for value in (words, grams, context) if value)
+    if 9 * chars > MAX_TSVECTOR_BYTES:
+        positions = _fit(positions)
+    literal = " ".join(f"{quote(lexeme)}:{','.join(at)}" for lexeme, at in positions.items())
     return IndexTerms(tokens, literal)
 
 
