@@ -9,6 +9,7 @@ schema) and the term encoding.
 
 from __future__ import annotations
 
+import concurrent.futures
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,14 +28,18 @@ from activememory.protocol.indexer import (
     ArchiveSession,
     CreateSession,
     DeleteSession,
+    EraseIdentity,
     ImportTranscript,
     IndexerAck,
     IndexerCommand,
     MarkDirty,
     RebuildIndex,
     ReindexChunk,
+    Rejected,
     RewindSession,
     SetSwitches,
+    StoreVectors,
+    SyncNotes,
 )
 from activememory.storage.db import open_connection
 from activememory.storage.fts_query import plan_match
@@ -541,3 +546,31 @@ def test_a_terminated_connection_rejects_the_batch_and_writes_nothing(pg_dsn: st
     history = reader.history(key.raw)
     assert history is not None and [e.message.content for e in history] == ["kept", "kept"]  # type: ignore[union-attr]
     reader.conn.close()
+
+
+def test_two_processes_creating_the_schema_at_once_both_succeed() -> None:
+    # Threads stand in for processes: each connects on its own connection to one fresh
+    # database; the advisory lock makes the second wait, then find the schema made.
+    with scratch_database() as dsn:
+        settings = pg_db.PgSettings(dsn=dsn)
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            conns = list(pool.map(lambda _: pg_db.connect(settings), range(4)))
+        for conn in conns:
+            assert pg_db.schema_version(conn) == pg_db.SCHEMA_VERSION
+            conn.close()
+
+
+def test_commands_not_on_postgresql_yet_are_rejected_saying_so(pg_dsn: str) -> None:
+    writer = PgTranscriptWriter(pg_db.connect(pg_db.PgSettings(dsn=pg_dsn)), fresh_agent())
+    commands: list[IndexerCommand] = [
+        SyncNotes(agent="main"),
+        StoreVectors(agent="main", name="m"),
+        EraseIdentity(agent="main", sessions=PrivateScope(peers=None, owner=True)),
+    ]
+    for command, ack in zip(commands, writer.apply(commands), strict=True):
+        assert ack == Rejected(
+            reason="invalid",
+            message=f"{type(command).__name__} is not available on the PostgreSQL store yet"
+            " (docs/design.md §11)",
+        )
+    writer.conn.close()
