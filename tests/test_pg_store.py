@@ -303,26 +303,53 @@ def pair(pg_dsn: str) -> Iterator[Any]:
     yield make
 
 
+searches = st.lists(
+    st.tuples(
+        st.sampled_from(QUERIES),
+        st.sampled_from(["phrase", "prefix"]),
+        st.sampled_from(scopes),
+        keys,
+        st.one_of(st.none(), keys),
+    ),
+    min_size=4,
+    max_size=8,
+)
+
+
 @settings(
     max_examples=60,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
-@given(
-    batches=batches,
-    searches=st.lists(
-        st.tuples(
-            st.sampled_from(QUERIES),
-            st.sampled_from(["phrase", "prefix"]),
-            st.sampled_from(scopes),
-            keys,
-            st.one_of(st.none(), keys),
-        ),
-        min_size=4,
-        max_size=8,
-    ),
-)
+@given(batches=batches, searches=searches)
 def test_the_same_commands_give_the_same_store(
+    pair: Any, batches: list[list[tuple[Any, ...]]], searches: list[tuple[Any, ...]]
+) -> None:
+    run_both(pair, batches, searches)
+
+
+@settings(
+    max_examples=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(batches=batches, searches=searches)
+def test_common_terms_are_left_out_as_on_sqlite(
+    pair: Any, batches: list[list[tuple[Any, ...]]], searches: list[tuple[Any, ...]]
+) -> None:
+    # The common-term rules (docs/design.md §3) at a size the test can reach: every index
+    # is pruned, and a term in more than a fifth of the rows is common.
+    from activememory.storage import search as sqlite_search
+    from activememory.storage.pg import search as pg_search
+
+    with pytest.MonkeyPatch.context() as patch:
+        for module in (sqlite_search, pg_search):
+            patch.setattr(module, "MIN_ROWS_TO_PRUNE", 0)
+            patch.setattr(module, "COMMON_FRACTION", 0.2)
+        run_both(pair, batches, searches)
+
+
+def run_both(
     pair: Any, batches: list[list[tuple[Any, ...]]], searches: list[tuple[Any, ...]]
 ) -> None:
     with tempfile.TemporaryDirectory() as directory:
@@ -574,3 +601,37 @@ def test_commands_not_on_postgresql_yet_are_rejected_saying_so(pg_dsn: str) -> N
             " (docs/design.md §11)",
         )
     writer.conn.close()
+
+
+@pytest.mark.parametrize("query", ["aisle", "aisle x1", "aisle seats", "seats zeta"])
+def test_common_terms_fill_the_pool_as_on_sqlite(pair: Any, query: str) -> None:
+    # A pool of 3 over 12 messages: which rows fill it is decided by the common-term rules
+    # alone (rarer terms ranked first, then newest with every term, then newest with any).
+    from activememory.storage import search as sqlite_search
+    from activememory.storage.pg import search as pg_search
+
+    texts = [f"aisle {'seats ' * (i % 3 == 0)}{'zeta' * (i == 4)}m{i}" for i in range(11)]
+    texts.append("x1 alone")
+    with pytest.MonkeyPatch.context() as patch, tempfile.TemporaryDirectory() as directory:
+        for module in (sqlite_search, pg_search):
+            patch.setattr(module, "MIN_ROWS_TO_PRUNE", 0)
+            patch.setattr(module, "COMMON_FRACTION", 0.2)
+            patch.setattr(module, "POOL", 3)
+        stores: Pair = pair(directory)
+        try:
+            key = "agent:main:direct:alice"
+            stores.apply([stores.command(("append", key, "user", t)) for t in texts])
+            plan = plan_match(query)
+            assert plan is not None
+            lite = search_scope(
+                stores.sqlite_reader.conn, plan, scope="all", caller=key, session_key=None,
+                keep=3, stats=TermStats(),
+            )  # fmt: skip
+            pg = pg_search_scope(
+                stores.pg_reader.conn, stores.agent, plan, scope="all", caller=key,
+                session_key=None, keep=3,
+            )  # fmt: skip
+            assert lite.candidates
+            assert [c.text for c in pg.candidates] == [c.text for c in lite.candidates]
+        finally:
+            stores.close()
