@@ -4,21 +4,16 @@ by one, ids grow with seq, nothing acknowledged is lost, the index holds every m
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
-from pg_server import fresh_agent, pg_dsn
-
-pytest.importorskip("psycopg")
-
-import itertools
-
 from activememory.storage.pg.db import SCHEMA, PgSettings, connect
 from activememory.storage.pg.transcripts import PgTranscriptReader
+
+from pg_server import fresh_agent, pg_dsn
 
 __all__ = ["pg_dsn"]
 

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -43,20 +44,17 @@ from activememory.protocol.indexer import (
 )
 from activememory.storage.db import open_connection
 from activememory.storage.fts_query import plan_match
+from activememory.storage.pg import db as pg_db
+from activememory.storage.pg.search import search_scope as pg_search_scope
+from activememory.storage.pg.terms import index_terms, quote
+from activememory.storage.pg.transcripts import (
+    PgTranscriptReader,
+    PgTranscriptWriter,
+)
 from activememory.storage.search import POOL, DbScope, TermStats, search_scope
 from activememory.storage.transcripts import TranscriptReader, TranscriptWriter
 
 from pg_server import fresh_agent, pg_dsn, scratch_database
-
-psycopg = pytest.importorskip("psycopg")
-
-from activememory.storage.pg import db as pg_db  # noqa: E402 - needs psycopg
-from activememory.storage.pg.search import search_scope as pg_search_scope  # noqa: E402
-from activememory.storage.pg.terms import index_terms, quote  # noqa: E402
-from activememory.storage.pg.transcripts import (  # noqa: E402
-    PgTranscriptReader,
-    PgTranscriptWriter,
-)
 
 __all__ = ["pg_dsn"]  # the fixture, imported for pytest
 
