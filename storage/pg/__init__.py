@@ -1,0 +1,1 @@
+"""The PostgreSQL store (docs/design.md §11)."""

@@ -1,0 +1,309 @@
+"""Connecting to PostgreSQL and creating the store's schema (docs/design.md §11).
+
+psycopg is imported here and in the other modules of this package only: the embedded
+SQLite store never needs it (it is the `postgres` extra).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+import msgspec
+
+from ...protocol.errors import InvalidInputError, StorageError
+
+if TYPE_CHECKING:
+    import psycopg
+    import psycopg_pool
+
+# Every table lives in this schema, so none can clash with a host's own `sessions`.
+SCHEMA = "activememory"
+SCHEMA_VERSION = 1
+# The extensions the schema needs: btree_gin lets the GIN index of the terms be keyed by
+# agent first (docs/design.md §11). A module constant so a test can ask for a missing one.
+EXTENSIONS: tuple[str, ...] = ("btree_gin",)
+CONNECT_TIMEOUT_S = 5
+# Any two processes creating the schema at once: the second waits, then finds it made.
+_SCHEMA_LOCK = 0x616D_7367  # "amsg"
+
+_DDL = f"""
+CREATE SCHEMA {SCHEMA};
+CREATE TABLE {SCHEMA}.activememory_meta(
+    key text PRIMARY KEY,
+    value text NOT NULL
+);
+-- Event ids are unique per agent (the primary key) and drawn from one sequence, so they
+-- grow with each session's seq whichever process appends (docs/design.md §11).
+CREATE SEQUENCE {SCHEMA}.event_ids;
+CREATE TABLE {SCHEMA}.sessions(
+    agent text NOT NULL,
+    id bigint NOT NULL,
+    key text NOT NULL,
+    key_agent text,
+    chat_type text NOT NULL
+        CHECK (chat_type IN ('direct', 'group', 'channel', 'explicit', 'unknown')),
+    conversation_id text,
+    thread_id text,
+    persistent boolean NOT NULL DEFAULT true,
+    interactive boolean NOT NULL DEFAULT true,
+    archived boolean NOT NULL DEFAULT false,
+    sandboxed boolean NOT NULL DEFAULT false,
+    spawned_by text,
+    created_at double precision NOT NULL,
+    updated_at double precision NOT NULL,
+    leaf_event_id bigint,
+    leaf_depth integer NOT NULL DEFAULT 0,
+    next_seq bigint NOT NULL DEFAULT 1,
+    revision bigint NOT NULL DEFAULT 0,
+    dirty boolean NOT NULL DEFAULT false,
+    indexed_seq bigint NOT NULL DEFAULT 0,
+    -- the session's index rows and their tokens: BM25's N and average length, summed
+    -- over the agent's sessions, rows every writer already holds locked
+    index_rows bigint NOT NULL DEFAULT 0,
+    index_tokens bigint NOT NULL DEFAULT 0,
+    PRIMARY KEY (agent, id),
+    UNIQUE (agent, key)
+);
+CREATE INDEX sessions_spawned_by ON {SCHEMA}.sessions(agent, spawned_by)
+    WHERE spawned_by IS NOT NULL;
+CREATE INDEX sessions_dirty ON {SCHEMA}.sessions(agent, id) WHERE dirty;
+CREATE TABLE {SCHEMA}.events(
+    agent text NOT NULL,
+    id bigint NOT NULL,
+    session_id bigint NOT NULL,
+    parent_id bigint,
+    seq bigint NOT NULL,
+    depth integer NOT NULL,
+    ts double precision NOT NULL,
+    kind text NOT NULL CHECK (kind IN ('message', 'rewind')),
+    role text CHECK (role IN ('user', 'assistant', 'tool')),
+    content bytea,
+    -- the indexable text as UTF-8 (bytea: text cannot hold NUL), NULL for everything else
+    text bytea,
+    PRIMARY KEY (agent, id),
+    UNIQUE (agent, session_id, seq),
+    FOREIGN KEY (agent, session_id) REFERENCES {SCHEMA}.sessions(agent, id),
+    FOREIGN KEY (agent, parent_id) REFERENCES {SCHEMA}.events(agent, id)
+);
+CREATE INDEX events_parent ON {SCHEMA}.events(agent, parent_id);
+CREATE TABLE {SCHEMA}.active_branch(
+    agent text NOT NULL,
+    session_id bigint NOT NULL,
+    depth integer NOT NULL,
+    event_id bigint NOT NULL,
+    PRIMARY KEY (agent, session_id, depth)
+);
+-- One row per indexed message (storage/pg/terms.py): `terms` holds the SQLite index's own
+-- tokens, the message's words and CJK bigrams weighted A, the context weighted B.
+CREATE TABLE {SCHEMA}.message_index(
+    agent text NOT NULL,
+    event_id bigint NOT NULL,
+    session_id bigint NOT NULL,
+    depth integer NOT NULL,
+    tokens integer NOT NULL,
+    terms tsvector NOT NULL,
+    PRIMARY KEY (agent, event_id)
+);
+CREATE INDEX message_index_terms ON {SCHEMA}.message_index USING gin (agent, terms);
+CREATE INDEX message_index_session ON {SCHEMA}.message_index(agent, session_id);
+CREATE TABLE {SCHEMA}.session_switches(
+    agent text NOT NULL,
+    key text NOT NULL,
+    active_memory boolean NOT NULL DEFAULT true,
+    "verbose" boolean NOT NULL DEFAULT false,
+    trace text NOT NULL DEFAULT 'off' CHECK (trace IN ('off', 'on', 'raw')),
+    PRIMARY KEY (agent, key)
+);
+-- FTS5's bm25 (k1 1.2, b 0.75) over one message's term frequencies: a term's frequency is
+-- its A positions plus 0.4 x its B positions (the context column's weight on SQLite); a
+-- phrase counts once, 1 in the message itself, 0.4 in the context only.
+CREATE FUNCTION {SCHEMA}.bm25(
+    terms tsvector, tokens integer, lexemes text[], prefixes boolean[], phrases tsquery[],
+    idf double precision[], avgdl double precision
+) RETURNS double precision LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT coalesce(sum(q.idf * f.f * 2.2 / (f.f + 1.2 * (0.25 + 0.75 * tokens / avgdl))), 0)
+    FROM unnest(lexemes, prefixes, phrases, idf) AS q(lexeme, prefix, phrase, idf)
+    CROSS JOIN LATERAL (
+        SELECT CASE
+            WHEN q.phrase IS NOT NULL THEN
+                CASE WHEN ts_filter(terms, '{{a}}') @@ q.phrase THEN 1.0
+                     WHEN terms @@ q.phrase THEN 0.4 ELSE 0.0 END
+            ELSE coalesce((
+                SELECT sum(cardinality(array_positions(u.weights, 'A'))
+                           + 0.4 * cardinality(array_positions(u.weights, 'B')))
+                FROM unnest(terms) u
+                WHERE u.lexeme = q.lexeme OR (q.prefix AND starts_with(u.lexeme, q.lexeme))
+            ), 0.0)
+        END AS f
+    ) f
+$$;
+"""
+
+
+class PgSettings(msgspec.Struct, frozen=True, kw_only=True):
+    """Where the PostgreSQL store is and how many connections it keeps.
+
+    `dsn`: a libpq connection string (`postgresql://user@host/db` or `host=... dbname=...`);
+    `pool_min`/`pool_max`: the connection pool's bounds. Bad values raise
+    `InvalidInputError` naming the config key (`storage.dsn`, `storage.poolMin`,
+    `storage.poolMax`); the password is never shown.
+    """
+
+    dsn: str
+    pool_min: int = 1
+    pool_max: int = 4
+
+    def __post_init__(self) -> None:
+        check_dsn(self.dsn)
+        for name, value in (("poolMin", self.pool_min), ("poolMax", self.pool_max)):
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 256:
+                raise InvalidInputError(
+                    f"storage.{name}: expected an integer from 1 to 256, got {value!r}"
+                )
+        if self.pool_min > self.pool_max:
+            raise InvalidInputError(
+                f"storage.poolMin: {self.pool_min} is more than storage.poolMax ({self.pool_max})"
+            )
+
+
+_PASSWORD_IN_URL = re.compile(r"(://[^:/@]*:)[^@]*@")
+_PASSWORD_KEYWORD = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
+
+
+def masked(dsn: str) -> str:
+    """`dsn` with its password replaced by `***`, for error messages and logs."""
+    return _PASSWORD_KEYWORD.sub(r"\1***", _PASSWORD_IN_URL.sub(r"\1***@", dsn))
+
+
+def check_dsn(dsn: object) -> str:
+    """`dsn` if libpq can parse it; else `InvalidInputError` naming `storage.dsn`."""
+    import psycopg.conninfo
+
+    if not isinstance(dsn, str) or not dsn.strip():
+        raise InvalidInputError(
+            f"storage.dsn: expected a PostgreSQL connection string, got {dsn!r}"
+        )
+    if "://" in dsn and not dsn.startswith(("postgresql://", "postgres://")):
+        raise InvalidInputError(f"storage.dsn: expected postgresql://..., got {masked(dsn)!r}")
+    try:
+        psycopg.conninfo.conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError as exc:
+        raise InvalidInputError(
+            f"storage.dsn: {masked(dsn)!r} is not a connection string ({_first_line(exc)})"
+        ) from None
+    return dsn
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def describe(exc: BaseException) -> str:
+    """The server's (or libpq's) own answer, one line, for a `StorageError`."""
+    return _first_line(exc)
+
+
+def connect(settings: PgSettings) -> psycopg.Connection[tuple[object, ...]]:
+    """One connection to the server, with the schema made or checked; `StorageError`
+    quoting the server's answer when it cannot be reached or used."""
+    import psycopg
+
+    try:
+        conn = psycopg.connect(settings.dsn, connect_timeout=CONNECT_TIMEOUT_S)
+    except psycopg.Error as exc:
+        raise StorageError(
+            f"storage.dsn: cannot connect to {masked(settings.dsn)!r}: {describe(exc)}"
+        ) from None
+    try:
+        ensure_schema(conn)
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def open_pool(
+    settings: PgSettings,
+) -> psycopg_pool.ConnectionPool[psycopg.Connection[tuple[object, ...]]]:
+    """A connection pool for the store: the schema is made or checked first, on one
+    connection, so a bad server fails here with its answer, not in the pool's retries."""
+    import psycopg_pool
+
+    connect(settings).close()
+    pool: psycopg_pool.ConnectionPool[psycopg.Connection[tuple[object, ...]]] = (
+        psycopg_pool.ConnectionPool(
+            settings.dsn,
+            min_size=settings.pool_min,
+            max_size=settings.pool_max,
+            kwargs={"connect_timeout": CONNECT_TIMEOUT_S},
+            open=False,
+        )
+    )
+    try:
+        pool.open(wait=True, timeout=CONNECT_TIMEOUT_S * 2)
+    except psycopg_pool.PoolTimeout:
+        pool.close()
+        raise StorageError(
+            f"storage.dsn: {masked(settings.dsn)!r} did not give the pool "
+            f"{settings.pool_min} connection(s) in {CONNECT_TIMEOUT_S * 2} s"
+        ) from None
+    return pool
+
+
+def schema_version(conn: psycopg.Connection[tuple[object, ...]]) -> int | None:
+    """The store's schema version, or None when the schema does not exist yet."""
+    row = conn.execute(
+        "SELECT to_regclass(%s) IS NOT NULL", (f"{SCHEMA}.activememory_meta",)
+    ).fetchone()
+    if row is None or not row[0]:
+        return None
+    found = conn.execute(
+        f"SELECT value FROM {SCHEMA}.activememory_meta WHERE key = 'schema_version'"
+    ).fetchone()
+    return None if found is None else int(str(found[0]))
+
+
+def ensure_schema(conn: psycopg.Connection[tuple[object, ...]]) -> int:
+    """Create the schema if it is missing, in one transaction (nothing is half-created);
+    refuse a schema newer than this code. Returns the version."""
+    import psycopg
+
+    try:
+        with conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
+            version = schema_version(conn)
+            if version is None:
+                for name in EXTENSIONS:
+                    conn.execute(f'CREATE EXTENSION IF NOT EXISTS "{name}"')
+                conn.execute(_DDL.encode())
+                conn.execute(
+                    f"INSERT INTO {SCHEMA}.activememory_meta(key, value)"
+                    " VALUES ('schema_version', %s)",
+                    (str(SCHEMA_VERSION),),
+                )
+                version = SCHEMA_VERSION
+    except psycopg.Error as exc:
+        raise StorageError(
+            f"storage.dsn: cannot create the activememory schema: {describe(exc)}"
+        ) from None
+    if version > SCHEMA_VERSION:
+        raise StorageError(
+            f"storage.dsn: schema version {version} is newer than this activememory "
+            f"understands ({SCHEMA_VERSION}); upgrade activememory"
+        )
+    return version
+
+
+@contextmanager
+def translate_errors(what: str) -> Iterator[None]:
+    """Re-raise psycopg errors as `StorageError` saying what failed and the server's answer."""
+    import psycopg
+
+    try:
+        yield
+    except psycopg.Error as exc:
+        raise StorageError(f"{what}: {describe(exc)}") from exc

@@ -1,0 +1,68 @@
+"""The PostgreSQL server the PostgreSQL store's tests use: a database of their own.
+
+`pg_dsn` (session-scoped) creates `activememory_test_<random>` on the server named by
+`ACTIVEMEMORY_TEST_PG` (default: the local server, user postgres, trust auth) and drops it at
+the end. No server: the tests are skipped with the reason, except under CI=true, where a
+missing server is a failure (.ci/run starts it).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+
+ADMIN_DSN = os.environ.get("ACTIVEMEMORY_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
+
+
+def _unavailable(why: str) -> None:
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"PostgreSQL is required under CI=true: {why}")
+    pytest.skip(f"no PostgreSQL server for the PostgreSQL store's tests: {why}")
+
+
+def dsn_of(database: str) -> str:
+    """`ADMIN_DSN` with its database replaced."""
+    import psycopg.conninfo
+
+    return psycopg.conninfo.make_conninfo(ADMIN_DSN, dbname=database)
+
+
+@contextmanager
+def scratch_database() -> Iterator[str]:
+    """A new, empty database; its DSN. Dropped on exit (also with connections still open)."""
+    try:
+        import psycopg
+    except ImportError as exc:  # the `postgres` extra is not installed
+        _unavailable(str(exc))
+        raise
+    try:
+        admin = psycopg.connect(ADMIN_DSN, autocommit=True, connect_timeout=3)
+    except psycopg.OperationalError as exc:
+        _unavailable(f"{ADMIN_DSN}: {str(exc).strip()}")
+        raise
+    name = f"activememory_test_{secrets.token_hex(6)}"
+    with admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+        try:
+            yield dsn_of(name)
+        finally:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(scope="session")
+def pg_dsn() -> Iterator[str]:
+    """The DSN of this test session's own database."""
+    with scratch_database() as dsn:
+        yield dsn
+
+
+_agents = iter(range(1, 10**9))
+
+
+def fresh_agent(prefix: str = "t") -> str:
+    """An agent name no earlier test of this session used: its rows start empty."""
+    return f"{prefix}{secrets.token_hex(3)}{next(_agents)}"
