@@ -1,6 +1,5 @@
-"""The public surface is exactly what the README documents, every name has a docstring, and
-`import activememory` loads the protocol types alone: the rest on first use (docs/design.md §9).
-"""
+"""The public surface is exactly what the README documents, every name has a docstring and
+resolves, eagerly or on first use (docs/design.md §9; what the import loads: test_startup.py)."""
 
 from __future__ import annotations
 
@@ -15,17 +14,6 @@ import activememory as am
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
-# What `import activememory` must not load: the runtime is imported when a name needs it.
-HEAVY = ("httpx", "numpy", "onnxruntime", "tokenizers", "trio", "json5", "apsw")
-HEAVY_PREFIXES = (
-    "activememory.simulations",
-    "activememory.storage",
-    "activememory.actors",
-    "activememory.recall",
-    "activememory.embed",
-    "activememory._memory",
-    "activememory._records",
-)
 
 
 def exported() -> set[str]:
@@ -90,14 +78,6 @@ def test_the_lazy_table_and_the_type_checking_imports_agree() -> None:
             assert alias.asname == alias.name  # an explicit re-export
             seen[alias.name] = node.module or alias.name  # `from . import sync`
     assert seen == am._LAZY
-
-
-def test_import_loads_no_runtime() -> None:
-    loaded = loaded_after("import activememory")
-    assert not [m for m in loaded if m.split(".")[0] in HEAVY]
-    assert not [m for m in loaded if m.startswith(HEAVY_PREFIXES)]
-    # The redaction patterns compile on first use, not at import (docs/design.md §3).
-    assert "activememory._redaction" not in loaded
 
 
 def test_a_lazy_name_loads_its_module_once_and_stays() -> None:
