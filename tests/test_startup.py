@@ -43,6 +43,13 @@ def test_import_loads_the_protocol_types_alone() -> None:
     assert "activememory.protocol.content" in loaded  # the types are there, eagerly
 
 
+def test_the_store_api_loads_no_http_client_and_no_encoder() -> None:
+    """httpx comes with the first OpenAI-compatible client, onnxruntime and tokenizers with
+    the first local embedding: a bot on local models never loads httpx."""
+    loaded = loaded_after("import activememory as am\nam.open_memory, am.Records, am.sync")
+    assert unwanted(loaded, ("httpx", "onnxruntime", "tokenizers")) == []
+
+
 @pytest.mark.parametrize("flag", ["--help", "--version"])
 def test_help_and_version_load_no_runtime(flag: str) -> None:
     code = (
