@@ -40,7 +40,7 @@ from .protocol.recall import Reply, Sender, Turn
 from .protocol.session_key import parse_session_key
 
 # `activememory --help` imports this module for its parser: the runtime (trio, the config
-# loader, the store) is imported when a chat starts (docs/design.md §7).
+# loader, the store) is imported when a chat starts (docs/design.md §9).
 if TYPE_CHECKING:
     from ._memory import Memory
 

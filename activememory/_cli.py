@@ -31,7 +31,7 @@ from .storage.fts_query import MATCH_MODES
 
 # The parser needs none of the runtime (trio, the store, the records stack, httpx, numpy):
 # a command imports it when it runs, so `--help` and `--version` stay quick
-# (docs/design.md §7). The store is opened in one place, `with_memory`.
+# (docs/design.md §9). The store is opened in one place, `with_memory`.
 if TYPE_CHECKING:
     from ._doctor import DoctorReport
     from ._importers import IdentityExport, LocomoSample, Transcript

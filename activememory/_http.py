@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Final, Literal
 
 # httpx is imported when a client is made (its owner imports it), never at start-up: a bot
-# on local models never loads it (docs/design.md §7).
+# on local models never loads it (docs/design.md §9).
 if TYPE_CHECKING:
     import httpx
 
