@@ -4,9 +4,7 @@ Before a bot replies, a bounded recall step searches what the bot knows about th
 hands the reply model one short, grounded note, or nothing. See README.md and docs/design.md §9.
 """
 
-from __future__ import annotations
-
-import importlib
+import importlib as _importlib
 from typing import TYPE_CHECKING
 
 from .protocol.config import ActiveMemoryConfig as ActiveMemoryConfig
@@ -111,7 +109,7 @@ else:
         where = _LAZY.get(name)
         if where is None:
             raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-        module = importlib.import_module(f".{where}", __name__)
+        module = _importlib.import_module(f".{where}", __name__)
         value = module if where == name else getattr(module, name)
         globals()[name] = value
         return value
