@@ -4,6 +4,9 @@ Before a bot replies, a bounded recall step searches what the bot knows about th
 hands the reply model one short, grounded note, or nothing. See README.md and docs/design.md §9.
 """
 
+import importlib as _importlib
+from typing import TYPE_CHECKING
+
 from .protocol.config import ActiveMemoryConfig as ActiveMemoryConfig
 from .protocol.config import Config as Config
 from .protocol.content import MAX_CONTENT_BYTES as MAX_CONTENT_BYTES
@@ -57,22 +60,134 @@ from .protocol.userdata import AgentErasure as AgentErasure
 from .protocol.userdata import ErasureSummary as ErasureSummary
 from .protocol.userdata import RecordErasure as RecordErasure
 
-from ._config import ConfigError as ConfigError  # isort: skip
-from ._config import ConfigWarning as ConfigWarning  # isort: skip
-from ._config import load_config as load_config  # isort: skip
-from ._doctor import DoctorCheck as DoctorCheck  # isort: skip
-from ._doctor import DoctorReport as DoctorReport  # isort: skip
-from .recall.breaker import BreakerInfo as BreakerInfo  # isort: skip
-from .recall.tools import RecallModel as RecallModel  # isort: skip
-from .recall.tools import RecallTools as RecallTools  # isort: skip
-from ._record_search import LocalJudge as LocalJudge  # isort: skip
-from ._record_search import OpenAIJudge as OpenAIJudge  # isort: skip
-from ._records import Records as Records  # isort: skip
-from ._importers import IdentityExport as IdentityExport  # isort: skip
-from ._userdata import ImportSummary as ImportSummary  # isort: skip
-from ._memory import Memory as Memory  # isort: skip
-from ._memory import Sessions as Sessions  # isort: skip
-from ._memory import open_memory as open_memory  # isort: skip
-from . import sync as sync  # isort: skip
+# Name -> the module that defines it, imported on first use (PEP 562): these modules import
+# the runtime (anyio, apsw, numpy, httpx, json5, the records stack), so `import activememory`
+# costs the protocol types alone (docs/design.md §9). Type checkers read the block below;
+# tests/test_exports.py holds the two lists equal.
+_LAZY: dict[str, str] = {
+    "sync": "sync",
+    "ConfigError": "_config",
+    "ConfigWarning": "_config",
+    "load_config": "_config",
+    "DoctorCheck": "_doctor",
+    "DoctorReport": "_doctor",
+    "IdentityExport": "_importers",
+    "Memory": "_memory",
+    "Sessions": "_memory",
+    "open_memory": "_memory",
+    "LocalJudge": "_record_search",
+    "OpenAIJudge": "_record_search",
+    "Records": "_records",
+    "ImportSummary": "_userdata",
+    "BreakerInfo": "recall.breaker",
+    "RecallModel": "recall.tools",
+    "RecallTools": "recall.tools",
+}
+
+if TYPE_CHECKING:
+    from . import sync as sync
+    from ._config import ConfigError as ConfigError
+    from ._config import ConfigWarning as ConfigWarning
+    from ._config import load_config as load_config
+    from ._doctor import DoctorCheck as DoctorCheck
+    from ._doctor import DoctorReport as DoctorReport
+    from ._importers import IdentityExport as IdentityExport
+    from ._memory import Memory as Memory
+    from ._memory import Sessions as Sessions
+    from ._memory import open_memory as open_memory
+    from ._record_search import LocalJudge as LocalJudge
+    from ._record_search import OpenAIJudge as OpenAIJudge
+    from ._records import Records as Records
+    from ._userdata import ImportSummary as ImportSummary
+    from .recall.breaker import BreakerInfo as BreakerInfo
+    from .recall.tools import RecallModel as RecallModel
+    from .recall.tools import RecallTools as RecallTools
+else:
+
+    def __getattr__(name: str) -> object:
+        """Import a lazily exported name's module on first use, then keep the name here."""
+        where = _LAZY.get(name)
+        if where is None:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        module = _importlib.import_module(f".{where}", __name__)
+        value = module if where == name else getattr(module, name)
+        globals()[name] = value
+        return value
+
+    def __dir__() -> list[str]:
+        return sorted({*globals(), *_LAZY})
+
+
+__all__ = [
+    "MAX_CONTENT_BYTES",
+    "NOT_SET",
+    "ActiveMemoryConfig",
+    "ActiveMemoryError",
+    "AgentErasure",
+    "Block",
+    "BreakerInfo",
+    "Config",
+    "ConfigError",
+    "ConfigWarning",
+    "DoctorCheck",
+    "DoctorReport",
+    "Embedder",
+    "EmbeddingError",
+    "ErasureSummary",
+    "Event",
+    "IdentityExport",
+    "ImageBlock",
+    "ImportEntry",
+    "ImportSummary",
+    "IndexStats",
+    "InputTextBlock",
+    "InvalidInputError",
+    "LocalJudge",
+    "Memory",
+    "MemoryClosedError",
+    "MemorySearchConfig",
+    "Message",
+    "OpenAIJudge",
+    "OutputTextBlock",
+    "PruningEvaluationMode",
+    "PruningMemorySearchConfig",
+    "RankingError",
+    "ReasoningBlock",
+    "RecallModel",
+    "RecallOutcome",
+    "RecallPlan",
+    "RecallRequest",
+    "RecallTools",
+    "Record",
+    "RecordErasure",
+    "RecordRelation",
+    "RecordResultFormatConfig",
+    "RecordSearchResult",
+    "RecordStatus",
+    "RecordType",
+    "Records",
+    "Reply",
+    "SearchHit",
+    "SearchResult",
+    "SearchResultFormatConfig",
+    "Sender",
+    "SessionInfo",
+    "SessionKey",
+    "SessionNotFoundError",
+    "SessionSwitches",
+    "Sessions",
+    "StorageError",
+    "TextBlock",
+    "ThinkingBlock",
+    "ToolResult",
+    "ToolResultBlock",
+    "ToolUseBlock",
+    "TopKMemorySearchConfig",
+    "Turn",
+    "load_config",
+    "open_memory",
+    "parse_session_key",
+    "sync",
+]
 
 __version__ = "0.1.0"

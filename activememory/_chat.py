@@ -21,15 +21,12 @@ import threading
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Protocol, TextIO
-from xml.sax.saxutils import unescape
+from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
+import anyio
 import msgspec
-import trio
 
-from ._config import ConfigError, ConfigWarning, load_config
-from ._memory import Memory, open_memory
-from ._output import PREFIX_CLOSE, PREFIX_OPEN
+from ._output import PREFIX_CLOSE, PREFIX_OPEN, unescape_xml
 from .protocol.config import Config
 from .protocol.content import Message
 from .protocol.errors import (
@@ -41,6 +38,11 @@ from .protocol.errors import (
 )
 from .protocol.recall import Reply, Sender, Turn
 from .protocol.session_key import parse_session_key
+
+# `activememory --help` imports this module for its parser: the runtime (trio, the config
+# loader, the store) is imported when a chat starts (docs/design.md §9).
+if TYPE_CHECKING:
+    from ._memory import Memory
 
 DEFAULT_SESSION = "agent:main:direct:you"
 WATCH_INTERVAL_S = 0.5
@@ -131,6 +133,10 @@ def run_chat(
     (its user message may already be stored, see `Memory.reply`), then the memory closes
     as usual: every acknowledged write is committed. A blocked read of stdin is abandoned.
     """
+    import trio
+
+    from ._config import ConfigError
+
     out = stdout or sys.stdout
     err = stderr or sys.stderr
     try:
@@ -181,7 +187,7 @@ def _remembered(prompt_prefix: str | None) -> str | None:
         start, end = lines.index(PREFIX_OPEN), lines.index(PREFIX_CLOSE)
     except ValueError:
         return None
-    return unescape(" ".join(lines[start + 1 : end]).strip()) or None  # undoes `escape_xml`
+    return unescape_xml(" ".join(lines[start + 1 : end]).strip()) or None
 
 
 def _text(message: Message) -> str:
@@ -199,6 +205,8 @@ class _Watched:
 
 def _config_errors(exc: ActiveMemoryError, path: Path | None) -> list[str]:
     """The problems of a config that did not load, without repeating the file's name."""
+    from ._config import ConfigError
+
     errors = exc.errors if isinstance(exc, ConfigError) else (str(exc),)
     named = f"{path}: "
     return [e.removeprefix(named) for e in errors]
@@ -216,6 +224,8 @@ def _signature(path: Path) -> tuple[int, int, int] | None:
 def _load_quietly(path: Path) -> Config:
     # Deprecation warnings are shown as chat notices (`Config.warnings`), not as Python
     # warnings with a source line.
+    from ._config import ConfigWarning, load_config
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConfigWarning)
         return load_config(path)
@@ -239,17 +249,19 @@ class _Chat:
         self.fatal: str | None = None  # why the chat stopped early, if it did
 
     async def run(self, config: Config | None, watched: _Watched | None) -> int:
+        from ._memory import open_memory
+
         async with open_memory(self.options.state_dir, config=config) as mem:
             self._banner(mem)
             for warning in mem.config.warnings:
                 self._status(f"[config warning: {warning}]")
-            async with trio.open_nursery() as nursery:
+            async with anyio.create_task_group() as tasks:
                 if watched is not None:
-                    nursery.start_soon(self._watch_config, mem, watched)
+                    tasks.start_soon(self._watch_config, mem, watched)
                 if threading.current_thread() is threading.main_thread():
-                    nursery.start_soon(self._watch_interrupts, nursery.cancel_scope)
+                    tasks.start_soon(self._watch_interrupts, tasks.cancel_scope)
                 await self._converse(mem)
-                nursery.cancel_scope.cancel()
+                tasks.cancel_scope.cancel()
         if self.interrupted:
             if self._tty:
                 self._write(self._stdout, "")  # off the line the terminal echoed ^C on
@@ -294,7 +306,7 @@ class _Chat:
         try:
             # A thread, since stdin may be a pipe, a terminal or a StringIO; abandoned on
             # Ctrl-C rather than waited for (trio's worker threads are daemons).
-            line = await trio.to_thread.run_sync(self._stdin.readline, abandon_on_cancel=True)
+            line = await anyio.to_thread.run_sync(self._stdin.readline, abandon_on_cancel=True)
         finally:
             self._at_prompt = False
         if not line:
@@ -450,7 +462,7 @@ class _Chat:
         old config, said once)."""
         loaded_from = polled = watched.signature
         while True:
-            await trio.sleep(self.options.watch_interval)
+            await anyio.sleep(self.options.watch_interval)
             previous, polled = polled, _signature(watched.path)
             # Reload once a change has held still for one poll, so an editor caught
             # halfway through writing the file does not produce a spurious error.
@@ -480,10 +492,10 @@ class _Chat:
                 self._status(f"[config warning: {warning}]")
             self._emit({"type": "config", "reloaded": True, "warnings": list(loaded.warnings)})
 
-    async def _watch_interrupts(self, scope: trio.CancelScope) -> None:
+    async def _watch_interrupts(self, scope: anyio.CancelScope) -> None:
         # Ctrl-C as a cancellation of the chat, never a KeyboardInterrupt raised inside
         # whatever task happens to run: the memory then closes the ordinary way.
-        with trio.open_signal_receiver(signal.SIGINT) as signals:
+        with anyio.open_signal_receiver(signal.SIGINT) as signals:
             async for _ in signals:
                 self.interrupted = True
                 scope.cancel()

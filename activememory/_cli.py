@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib.metadata
 import importlib.resources
 import json
 import os
@@ -13,36 +12,33 @@ import tempfile
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, NoReturn, TypeVar
 
 import anyio
 import msgspec
-import trio
 
-from ._control import bot_serves, erase_through_bot
-from ._doctor import DoctorReport
-from ._importers import (
-    IdentityExport,
-    LocomoSample,
-    Transcript,
-    read_jsonl_transcript,
-    read_locomo,
-)
-from ._memory import Memory, open_memory
-from ._userdata import ARCHIVED_CHOICES, CHAT_TYPES
-from .actors.supervisor import require_store
+from .protocol.config import Config
 from .protocol.content import Message
 from .protocol.errors import ActiveMemoryError, InvalidInputError, SessionNotFoundError
 from .protocol.recall import RecallOutcome, Sender, Turn
 from .protocol.record_results import iso_timestamp
 from .protocol.search import SEARCH_MODES, VISIBILITIES, SearchResult
+from .protocol.session_key import CHAT_TYPES
 from .protocol.transcript import Event, IndexStats, SessionInfo
 from .protocol.userdata import ErasureSummary
-from .simulations.bench import BENCHMARKS
-from .simulations.bench.runner import Progress
+from .simulations.bench import BENCHMARKS  # the registry alone: a benchmark loads when it runs
 from .storage.fts_query import MATCH_MODES
 
+# The parser needs none of the runtime (trio, the store, the records stack, httpx, numpy):
+# a command imports it when it runs, so `--help` and `--version` stay quick
+# (docs/design.md §9). The store is opened in one place, `with_memory`.
+if TYPE_CHECKING:
+    from ._doctor import DoctorReport
+    from ._importers import IdentityExport, LocomoSample, Transcript
+    from ._memory import Memory
+
 SAMPLES = ("sample-alice.jsonl", "sample-team.jsonl")
+ARCHIVED = {"yes": True, "no": False, "all": None}  # `sessions --archived` -> the API's value
 IMPORT_FORMATS = ("jsonl", "locomo")
 T = TypeVar("T")
 WAIT_FOR_INDEX_SECONDS = 60
@@ -77,15 +73,28 @@ def _main(argv: Sequence[str] | None) -> int:
 
 
 def _version() -> str:
+    import importlib.metadata  # only for --version: reading the metadata costs every call
+
     try:
         return importlib.metadata.version("activememory")
     except importlib.metadata.PackageNotFoundError:  # run from a checkout, not installed
         return "unknown (not installed)"
 
 
+class _VersionAction(argparse.Action):
+    """`--version`: the installed version, looked up only when asked for."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: object) -> None:
+        super().__init__(option_strings, dest, nargs=0, help="show the version and exit")
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: object) -> NoReturn:
+        print(f"activememory {_version()}")  # on stdout, as argparse's own version action
+        parser.exit()
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="activememory", description=__doc__)
-    parser.add_argument("--version", action="version", version=f"activememory {_version()}")
+    parser.add_argument("--version", action=_VersionAction)
     commands = parser.add_subparsers(required=True, metavar="COMMAND")
 
     demo = commands.add_parser("demo", help="import the bundled sample and show what is stored")
@@ -203,21 +212,44 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def with_memory(
+    args: argparse.Namespace,
+    fetch: Callable[[Memory], Awaitable[T]],
+    config: Config | dict[str, object] | Path | None = None,
+    *,
+    readonly: bool = False,
+) -> T:
+    """Open the store at `--state-dir`, return `fetch(mem)`, close it.
+
+    `readonly` (the read commands): the store must exist, and is read beside a running bot
+    without its writer lock (docs/design.md §1.6).
+    """
+    import trio
+
+    from ._memory import open_memory
+
+    if readonly:
+        _existing_state_dir(args.state_dir)
+
+    async def run() -> T:
+        async with open_memory(args.state_dir, config=config, readonly=readonly) as mem:
+            return await fetch(mem)
+
+    return trio.run(run)
+
+
 def _recall(args: argparse.Namespace) -> int:
     # Read-only (docs/design.md §1.6): the run's transcript stays in a temporary folder.
-    require_store(args.state_dir, "--state-dir")
+    async def fetch(mem: Memory) -> RecallOutcome:
+        try:
+            history = await mem.sessions.history(args.session)
+        except SessionNotFoundError:
+            history = []
+        messages = [e.message for e in history if e.message is not None]
+        messages.append(Message(role="user", content=args.message))
+        return await mem.recall(Turn(session_key=args.session, messages=messages))
 
-    async def run() -> RecallOutcome:
-        async with open_memory(args.state_dir, config=args.config, readonly=True) as mem:
-            try:
-                history = await mem.sessions.history(args.session)
-            except SessionNotFoundError:
-                history = []
-            messages = [e.message for e in history if e.message is not None]
-            messages.append(Message(role="user", content=args.message))
-            return await mem.recall(Turn(session_key=args.session, messages=messages))
-
-    outcome = trio.run(run)
+    outcome = with_memory(args, fetch, args.config, readonly=True)
     if args.json:
         print(msgspec.json.encode(outcome).decode())
     else:
@@ -229,13 +261,10 @@ def _recall(args: argparse.Namespace) -> int:
 
 
 def _doctor(args: argparse.Namespace) -> int:
-    require_store(args.state_dir, "--state-dir")
+    async def fetch(mem: Memory) -> DoctorReport:
+        return await mem.doctor()
 
-    async def run() -> DoctorReport:
-        async with open_memory(args.state_dir, config=args.config, readonly=True) as mem:
-            return await mem.doctor()
-
-    report = trio.run(run)
+    report = with_memory(args, fetch, args.config, readonly=True)
     if args.json:
         print(json.dumps({"ok": report.ok, "checks": msgspec.to_builtins(report.checks)}))
     else:
@@ -288,6 +317,8 @@ async def _import_files(
     file_format: str | None = None,
 ) -> list[dict[str, object]]:
     """Import `paths`, skipping sessions a killed run already stored (docs/design.md §2.5)."""
+    from ._importers import IdentityExport, read_locomo
+
     formats = [_import_format(path, file_format) for path in paths]
     if session_key is not None and "locomo" in formats:
         raise InvalidInputError("--session-key: LoCoMo files name their own sessions")
@@ -325,8 +356,8 @@ def _check_one_file_per_session(
     after the first was written."""
     first: dict[str, Path] = {}
     for path, item in zip(paths, parsed, strict=True):
-        samples = [] if isinstance(item, IdentityExport) else item
-        keys = [t.session_key for t in item.transcripts] if isinstance(item, IdentityExport) else []
+        samples = item if isinstance(item, list) else []
+        keys = [] if isinstance(item, list) else [t.session_key for t in item.transcripts]
         keys += [session.session_key for sample in samples for session in sample.sessions]
         for key in keys:
             if first.setdefault(key, path) != path:
@@ -338,6 +369,8 @@ def _check_one_file_per_session(
 def _plain(found: IdentityExport) -> bool:
     """A file of one session and nothing an export adds: imported resumably (a re-run skips
     it); an export is imported whole by `mem.import_export` (docs/design.md §2.5, §2.6)."""
+    from ._importers import Transcript
+
     if len(found.transcripts) != 1 or found.records or found.relations:
         return False
     t = found.transcripts[0]
@@ -373,6 +406,8 @@ class _ImportTally:
     """What an import has done so far, shown as a progress line (rows, sessions, files)."""
 
     def __init__(self, files: int) -> None:
+        from .simulations.bench.runner import Progress
+
         self.files = files
         self.files_done = self.sessions = self.skipped = self.rows = 0
         self.keys: list[str] = []  # every session of the import, stored now or before
@@ -465,19 +500,8 @@ def _run_and_show(
     *,
     readonly: bool = False,
 ) -> int:
-    """Open the state dir, fetch a result, print it for a person or (`--json`) a program.
-
-    `readonly` (the read commands): the store must exist, and is read beside a running bot
-    without its writer lock (docs/design.md §1.6).
-    """
-    if readonly:
-        require_store(args.state_dir, "--state-dir")
-
-    async def run() -> T:
-        async with open_memory(args.state_dir, config=config, readonly=readonly) as mem:
-            return await fetch(mem)
-
-    result = trio.run(run)
+    """Open the state dir, fetch a result, print it for a person or (`--json`) a program."""
+    result = with_memory(args, fetch, config, readonly=readonly)
     if args.json:
         print(msgspec.json.format(msgspec.json.encode(result)).decode())
     else:
@@ -526,6 +550,8 @@ def _import(args: argparse.Namespace) -> int:
 
 
 def _reindex(args: argparse.Namespace) -> int:
+    from .simulations.bench.runner import Progress
+
     rows = _RowRate()
     progress = Progress(enabled=True)
     started = time.monotonic()
@@ -562,20 +588,20 @@ def _search(args: argparse.Namespace) -> int:
             )
 
         if args.wait and args.mode == "hybrid":  # vectors are made in the background
-            with trio.move_on_after(WAIT_FOR_INDEX_SECONDS):
+            with anyio.move_on_after(WAIT_FOR_INDEX_SECONDS):
                 await mem.sessions.vectors_ready()
         result = await ask()
         if args.wait and result.indexing:
-            with trio.move_on_after(WAIT_FOR_INDEX_SECONDS):
+            with anyio.move_on_after(WAIT_FOR_INDEX_SECONDS):
                 while result.indexing:
-                    await trio.sleep(0.05)
+                    await anyio.sleep(0.05)
                     result = await ask()
         return result
 
     # --wait rebuilds the index itself, so it opens the store for writing (its reconciler
     # and embedder); otherwise search reads beside a running bot.
     if args.wait:
-        require_store(args.state_dir, "--state-dir")
+        _existing_state_dir(args.state_dir)
     return _run_and_show(args, fetch, _print_search, config, readonly=not args.wait)
 
 
@@ -622,6 +648,8 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
+    import trio
+
     if args.state_dir is not None:
         return trio.run(_run_demo, args.state_dir)
     with tempfile.TemporaryDirectory(prefix="activememory-demo-") as tmp:
@@ -654,6 +682,9 @@ async def _demo_respond(prefix: str | None, turn: Turn) -> str:
 
 
 async def _run_demo(state_dir: Path) -> int:
+    from ._importers import read_jsonl_transcript
+    from ._memory import open_memory
+
     print(f"activememory demo: state in {state_dir}\n")
     samples = importlib.resources.files("activememory") / "data"
     async with open_memory(state_dir, config=DEMO_CONFIG) as mem:
@@ -755,7 +786,7 @@ def _add_userdata_parsers(commands: argparse._SubParsersAction[argparse.Argument
     whose.add_argument("--identity", help="the sessions of this identity (and those they spawned)")
     whose.add_argument("--peer", help="direct chats with this peer id")
     sessions.add_argument(
-        "--archived", choices=ARCHIVED_CHOICES, default="no", help="default: no (unarchived)"
+        "--archived", choices=list(ARCHIVED), default="no", help="default: no (unarchived)"
     )
     sessions.add_argument("--json", action="store_true")
     sessions.set_defaults(run=_sessions)
@@ -789,25 +820,23 @@ def _add_userdata_parsers(commands: argparse._SubParsersAction[argparse.Argument
 
 def _existing_state_dir(path: Path) -> Path:
     """A state directory that must already hold a store (never created by a typo)."""
+    from .actors.supervisor import require_store
+
     require_store(path, "--state-dir")
     return path
 
 
 def _sessions(args: argparse.Namespace) -> int:
-    archived = {"yes": True, "no": False, "all": None}[args.archived]
+    async def fetch(mem: Memory) -> list[SessionInfo]:
+        return await mem.sessions.list(
+            agent=args.agent,
+            chat_type=args.chat_type,
+            identity=args.identity,
+            peer=args.peer,
+            archived=ARCHIVED[args.archived],
+        )
 
-    async def run() -> list[SessionInfo]:
-        state_dir = _existing_state_dir(args.state_dir)  # a read: beside a running bot
-        async with open_memory(state_dir, config=args.config, readonly=True) as mem:
-            return await mem.sessions.list(
-                agent=args.agent,
-                chat_type=args.chat_type,
-                identity=args.identity,
-                peer=args.peer,
-                archived=archived,
-            )
-
-    found = trio.run(run)
+    found = with_memory(args, fetch, args.config, readonly=True)  # a read: beside a running bot
     if args.json:
         print(msgspec.json.format(msgspec.json.encode(found)).decode())
         return 0
@@ -820,12 +849,10 @@ def _sessions(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    async def run() -> IdentityExport:
-        state_dir = _existing_state_dir(args.state_dir)  # a read: beside a running bot
-        async with open_memory(state_dir, config=args.config, readonly=True) as mem:
-            return await mem.export_identity(args.identity, agent=args.agent)
+    async def fetch(mem: Memory) -> IdentityExport:
+        return await mem.export_identity(args.identity, agent=args.agent)
 
-    found = trio.run(run)
+    found = with_memory(args, fetch, args.config, readonly=True)  # a read: beside a running bot
     text = "".join(f"{line}\n" for line in found.lines())
     if args.output is None:
         sys.stdout.write(text)
@@ -843,6 +870,10 @@ def _export(args: argparse.Namespace) -> int:
 def _erase(args: argparse.Namespace) -> int:
     if not args.timeout > 0:
         raise InvalidInputError(f"--timeout: expected seconds > 0, got {args.timeout:g}")
+    import trio
+
+    from ._control import bot_serves, erase_through_bot
+    from ._memory import open_memory
 
     async def run() -> ErasureSummary:
         state_dir = _existing_state_dir(args.state_dir)  # a dry run only reads: beside a bot

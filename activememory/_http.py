@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
 
-import httpx
+# httpx is imported when a client is made (its owner imports it), never at start-up: a bot
+# on local models never loads it (docs/design.md §9).
+if TYPE_CHECKING:
+    import httpx
 
 ERROR_BODY_CHARS: Final = 200
 """How much of an error answer's body a failure quotes."""
@@ -43,6 +46,8 @@ async def post_json(
 
     Cancellation: the request is abandoned; its connection is dropped, not reused.
     """
+    import httpx  # loaded already: `client` is one
+
     try:
         async with client.stream(
             "POST", url, json=body, headers=dict(headers), timeout=httpx.Timeout(seconds)

@@ -36,7 +36,6 @@ from typing import Any, Literal, TypeAlias, TypeVar
 
 import msgspec
 
-from ._records import checked_record, checked_relation
 from .protocol.content import Message, check_timestamp, message_from_mapping
 from .protocol.errors import InvalidInputError
 from .protocol.recall import SessionSwitches, TraceMode
@@ -373,6 +372,9 @@ def _transcript(path: Path, s: _Session, session_key: str | None) -> Transcript:
 
 
 def _record_entry(line: _RecordLine, where: str) -> RecordEntry:
+    # The records' own checks; imported here so that reading transcripts loads no store.
+    from ._records import checked_record
+
     try:
         record = checked_record(
             id=line.id,
@@ -396,6 +398,8 @@ def _record_entry(line: _RecordLine, where: str) -> RecordEntry:
 
 
 def _relation_entry(line: _RelationLine, where: str) -> RelationEntry:
+    from ._records import checked_relation
+
     try:
         relation = checked_relation(line.source_id, line.target_id, line.relation)
     except InvalidInputError as exc:

@@ -69,6 +69,11 @@ def escape_xml(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
+def unescape_xml(text: str) -> str:
+    """Undo `escape_xml` (`&amp;` last, so `&amp;lt;` comes back as the text `&lt;`)."""
+    return text.replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&")
+
+
 def hidden_prefix(summary: str) -> str:
     """The hidden block handed to the reply model, never shown to the user (docs/design.md §4.11).
 

@@ -15,11 +15,12 @@ import math
 import re
 from collections.abc import Sequence
 from itertools import pairwise
-from typing import Any, Final
-
-import httpx
+from typing import TYPE_CHECKING, Any, Final
 
 from ._redaction import DEFAULT_REDACTOR, Redactor
+
+if TYPE_CHECKING:
+    import httpx
 from .protocol.record_results import RecordSearchResult, estimate_tokens
 from .protocol.records import (
     Judge,

@@ -9,16 +9,17 @@ import json
 import re
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
-import trio
 
-from ._memory import Memory, open_memory
-from .actors.supervisor import require_store
+from ._cli import with_memory
 from .protocol.errors import InvalidInputError
 from .protocol.record_results import RecordSearchResult, iso_timestamp
 from .protocol.records import NOT_SET, Record, RecordType
+
+if TYPE_CHECKING:
+    from ._memory import Memory
 
 T = TypeVar("T")
 LAYERS = ("client", "thread", "store")
@@ -122,15 +123,8 @@ def _common(parser: argparse.ArgumentParser, run: Callable[[argparse.Namespace],
 
 def _run(args: argparse.Namespace, readonly: bool, fn: Callable[[Memory], Awaitable[T]]) -> T:
     """Run `fn` on the store; an error names the command-line argument, not the API's."""
-    if readonly:
-        require_store(args.state_dir, "--state-dir")
-
-    async def run() -> T:
-        async with open_memory(args.state_dir, readonly=readonly) as mem:
-            return await fn(mem)
-
     try:
-        return trio.run(run)
+        return with_memory(args, fn, readonly=readonly)
     except InvalidInputError as exc:
         text = _FIELD.sub(lambda m: FLAGS.get(m[1], m[1]), str(exc))
         text = text.replace("mem.records.store.search()", "--layer store")

@@ -35,6 +35,7 @@ Cancellation: pure, synchronous: nothing to cancel.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -163,8 +164,9 @@ _STRONG_NAME = rf"""(?:
            (?:key|token|secret|passw(?:or)?d|pwd))              # apikey, authtoken
     | (?ai:secret|passw(?:or)?d|pwd)
 )"""
-_ASSIGNMENT = re.compile(
-    rf"""
+# The rules' regexes are sources here and compile on first use (`_builtin_rules`): compiling
+# them all at import made `import activememory` pay for redaction it may never run.
+_ASSIGNMENT = rf"""
     (?<![A-Za-z0-9_.-])
     (?:
         {_STRONG_NAME} \\?["']? [ \t]* (?: := | => | =(?!=) | :(?!:) )
@@ -173,71 +175,57 @@ _ASSIGNMENT = re.compile(
     )
     [ \t]*
     {_VALUE}
-    """,
-    re.VERBOSE,
-)
+"""
 
 # Where an assignment can start: at the name before a separator. In the reversed text the
 # separator comes first, so one regex that starts with a literal finds "separator, blanks,
 # optional quote, name" with a fast scan; no lookbehind could, the blanks have no fixed width.
 _REVERSED_NAME = r"""[ \t]*["']?\\?(?ai:yek|nekot|terces|drowssap|dwssap|dwp)[A-Za-z0-9_.-]*"""
-_REVERSED_COLON_NAME = re.compile(":" + _REVERSED_NAME)
-_REVERSED_EQUALS_NAME = re.compile("=" + _REVERSED_NAME)
+_SEPARATORS = (":", "=")
 
 
-def _assignment_starts(text: str) -> list[int]:
+def _assignment_starts(reversed_names: Sequence[re.Pattern[str]], text: str) -> list[int]:
+    """`reversed_names`: `_REVERSED_NAME` after each of `_SEPARATORS`, compiled."""
     backwards = text[::-1] if ":" in text or "=" in text else ""
     ends = [
         match.end()
-        for separator, reversed_name in ((":", _REVERSED_COLON_NAME), ("=", _REVERSED_EQUALS_NAME))
+        for separator, reversed_name in zip(_SEPARATORS, reversed_names, strict=True)
         if separator in text
         for match in reversed_name.finditer(backwards)
     ]
     return sorted(len(text) - end for end in ends)
 
 
-_CLI_FLAG = re.compile(
-    rf"""
+_CLI_FLAG = rf"""
     {_at_word_start("--")}
     (?:[A-Za-z0-9]+[-_])*(?:api)?{_KEYWORD}
     (?: = | [ \t]+ (?!-) )
     {_VALUE}
-    """,
-    re.VERBOSE,
-)
+"""
 
-_URL_PASSWORD = re.compile(r"""://[^\s:/?#@"'<>]*:(?P<secret>[^\s/?#@"'<>]+)@""")
+_URL_PASSWORD = r"""://[^\s:/?#@"'<>]*:(?P<secret>[^\s/?#@"'<>]+)@"""
 
-_AUTHORIZATION_HEADER = re.compile(
-    r"""
+_AUTHORIZATION_HEADER = r"""
     uthorization(?<=\b[Aa]uthorization)  # "[Aa]uthorization", starting with a literal
     ["']?[ \t]*[:=][ \t]*["']?
     (?ai:bearer|basic|token)[ \t]+
     (?P<secret>[^\s"'`,;]+)
-    """,
-    re.VERBOSE,
-)
+"""
 
 # Outside an Authorization header "Bearer" also starts ordinary sentences, so the token must
 # look like one: 8+ token characters with a digit, or 20+.
 _TOKEN68 = r"[A-Za-z0-9._~+/=-]"
-_BEARER = re.compile(
-    rf"""
+_BEARER = rf"""
     earer(?<=\b[Bb]earer)[ \t]+  # "[Bb]earer", starting with a literal
     (?P<secret>(?={_TOKEN68}*[0-9]|{_TOKEN68}{{20}}){_TOKEN68}{{8,}})
-    """,
-    re.VERBOSE,
-)
+"""
 
-_PEM_PRIVATE_KEY = re.compile(
-    r"""
+_PEM_PRIVATE_KEY = r"""
     -----BEGIN[ ](?P<kind>[A-Z0-9 ]*?)PRIVATE[ ]KEY(?P<block>[ ]BLOCK)?-----
     (?s: .*?-----END[ ][A-Z0-9 ]*?PRIVATE[ ]KEY(?:[ ]BLOCK)?----- | .* )
-    """,
-    re.VERBOSE,
-)
+"""
 
-_JWT = re.compile(_at_word_start("eyJ") + r"[A-Za-z0-9_-]+\.eyJ[A-Za-z0-9_-]+\.[A-Za-z0-9_-]*")
+_JWT = _at_word_start("eyJ") + r"[A-Za-z0-9_-]+\.eyJ[A-Za-z0-9_-]+\.[A-Za-z0-9_-]*"
 
 # (prefix, body, needle): the bodies' minimum lengths are below the real ones, and long enough
 # that no hyphenated word or identifier reaches them. "_" is rare in prose, and looking for it
@@ -258,19 +246,28 @@ _PREFIXED_TOKENS: tuple[tuple[str, str, str], ...] = (
 # could be (`auth_token: Bearer x`, `Authorization: Bearer --password x`): masking the word
 # "Bearer" or "--password" first would leave the secret after it without its context. Context
 # rules mask a token before the token rules would; those leave a value that is a mask alone.
-_BUILTIN_RULES: tuple[_Rule, ...] = (
-    _Rule(_PEM_PRIVATE_KEY, _pem_marker),
-    _Rule(_URL_PASSWORD, _mask_secret_group, needle="@"),
-    _Rule(_BEARER, _mask_secret_group),
-    _Rule(_CLI_FLAG, _mask_secret_group),
-    _Rule(_ASSIGNMENT, _mask_secret_group, _assignment_starts),
-    _Rule(_AUTHORIZATION_HEADER, _mask_secret_group),
-    *(
-        _Rule(re.compile(_at_word_start(prefix) + body), _mask_whole, needle=needle)
-        for prefix, body, needle in _PREFIXED_TOKENS
-    ),
-    _Rule(_JWT, _mask_whole),
-)
+@functools.cache
+def _builtin_rules() -> tuple[_Rule, ...]:
+    """The built-in rules, in order, compiled once on the first redaction."""
+    verbose = functools.partial(re.compile, flags=re.VERBOSE)
+    reversed_names = [re.compile(separator + _REVERSED_NAME) for separator in _SEPARATORS]
+    return (
+        _Rule(verbose(_PEM_PRIVATE_KEY), _pem_marker),
+        _Rule(re.compile(_URL_PASSWORD), _mask_secret_group, needle="@"),
+        _Rule(verbose(_BEARER), _mask_secret_group),
+        _Rule(verbose(_CLI_FLAG), _mask_secret_group),
+        _Rule(
+            verbose(_ASSIGNMENT),
+            _mask_secret_group,
+            functools.partial(_assignment_starts, reversed_names),
+        ),
+        _Rule(verbose(_AUTHORIZATION_HEADER), _mask_secret_group),
+        *(
+            _Rule(re.compile(_at_word_start(prefix) + body), _mask_whole, needle=needle)
+            for prefix, body, needle in _PREFIXED_TOKENS
+        ),
+        _Rule(re.compile(_JWT), _mask_whole),
+    )
 
 
 def _compile_extra_patterns(extra_patterns: Sequence[str]) -> tuple[_Rule, ...]:
@@ -296,13 +293,14 @@ class Redactor:
 
     `extra_patterns` are Python regular expressions from the user's `redactPatterns`; each
     whole match is masked like any secret. They are compiled here, once; an invalid one raises
-    `InvalidInputError` naming its index.
+    `InvalidInputError` naming its index. The built-in rules compile on the first `redact` of
+    any redactor, once per process.
     """
 
-    __slots__ = ("_rules",)
+    __slots__ = ("_extra",)
 
     def __init__(self, extra_patterns: Sequence[str] = ()) -> None:
-        self._rules = _BUILTIN_RULES + _compile_extra_patterns(extra_patterns)
+        self._extra = _compile_extra_patterns(extra_patterns)
 
     def redact(self, text: str) -> str:
         """Return `text` with every secret masked; idempotent, and `text` itself if none."""
@@ -314,8 +312,9 @@ class Redactor:
         return text
 
     def _redact_once(self, text: str) -> str:
-        for rule in self._rules:
-            text = rule.apply(text)
+        for rules in (_builtin_rules(), self._extra):
+            for rule in rules:
+                text = rule.apply(text)
         return text
 
 

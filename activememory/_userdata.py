@@ -47,7 +47,7 @@ from .protocol.records import (
     RecordsLinked,
     RestoreRecord,
 )
-from .protocol.session_key import ChatType, parse_session_key
+from .protocol.session_key import CHAT_TYPES, ChatType, parse_session_key
 from .protocol.transcript import ImportEntry, SessionInfo
 from .protocol.userdata import AgentErasure, ErasureSummary, RecordErasure
 from .storage.records import records_db_path
@@ -60,8 +60,6 @@ from .storage.userdata import (
 )
 
 MAX_IDENTITY_CHARS = 256
-CHAT_TYPES: tuple[ChatType, ...] = ("direct", "group", "channel", "explicit", "unknown")
-ARCHIVED_CHOICES = ("yes", "no", "all")
 A = TypeVar("A", bound=IndexerAck)
 R = TypeVar("R", bound=RecordAck)
 

@@ -18,6 +18,7 @@ from .content import check_text
 from .errors import InvalidInputError
 
 ChatType: TypeAlias = Literal["direct", "group", "channel", "explicit", "unknown"]
+CHAT_TYPES: tuple[ChatType, ...] = ("direct", "group", "channel", "explicit", "unknown")
 MAX_KEY_CHARS = 512
 AGENT_ID = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
 # Where keys with no `agent:` prefix are stored: they still need a database.

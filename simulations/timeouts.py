@@ -12,6 +12,7 @@ Same scenario, same trace, byte for byte.
 
 from __future__ import annotations
 
+import os
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -45,6 +46,11 @@ FACT = "I drink oolong tea every morning."
 QUESTION = "what tea do I drink in the morning?"
 FINALIZE_S = 1.5
 PREFLIGHT_S = 1.5
+# Where a scenario's throwaway store goes when the machine has a RAM-backed folder: virtual
+# time does not wait for the disk, but the process does, and creating and removing a store
+# per scenario (directories, the WAL's fsyncs, unlinks) on a busy disk was most of the
+# wall time of `activememory simulate` (docs/design.md §7).
+RAM_FOLDERS = (Path("/dev/shm"),)
 
 
 class Switchable:
@@ -258,9 +264,17 @@ async def _run(scenario: Scenario, state_dir: Path) -> ScenarioResult:
     return ScenarioResult(scenario, results, trace, bound_s)
 
 
+def scratch_root() -> str | None:
+    """A writable RAM-backed folder for the scenarios' stores, or None: the temp default."""
+    for folder in RAM_FOLDERS:
+        if folder.is_dir() and os.access(folder, os.W_OK | os.X_OK):
+            return str(folder)
+    return None
+
+
 def run_scenario(scenario: Scenario) -> ScenarioResult:
-    """Run one scenario under a fresh MockClock in a fresh state directory."""
-    with tempfile.TemporaryDirectory(prefix="am-sim-") as tmp:
+    """Run one scenario under a fresh MockClock in a fresh state directory (removed after)."""
+    with tempfile.TemporaryDirectory(prefix="am-sim-", dir=scratch_root()) as tmp:
         clock = trio.testing.MockClock(autojump_threshold=0)
         return trio.run(_run, scenario, Path(tmp) / "state", clock=clock)
 

@@ -30,7 +30,7 @@ def test_the_command_offers_the_registry(capsys: pytest.CaptureFixture[str]) -> 
     err = capsys.readouterr().err
     assert (
         "(choose from 'indexing', 'locomo', 'search', 'cjk', 'recall', 'records', 'paraphrase',"
-        " 'vectors')" in err
+        " 'vectors', 'startup')" in err
     )
     with pytest.raises(SystemExit):
         cli(["bench", "--help"])

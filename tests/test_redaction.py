@@ -3,6 +3,9 @@ idempotent and never lets the body of a long secret through."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
@@ -168,6 +171,26 @@ def test_invalid_user_patterns_are_rejected_with_their_index(
     with pytest.raises(InvalidInputError) as raised:
         Redactor(patterns)  # type: ignore[arg-type]
     assert str(raised.value) == error
+
+
+def test_builtin_rules_compile_on_the_first_redaction_and_user_patterns_at_once() -> None:
+    """Importing redaction (every config load does) compiles none of the built-in rules; a
+    bad user pattern is still refused when the redactor is made, before any redaction."""
+    code = (
+        "from activememory import _redaction as r\n"
+        "assert r._builtin_rules.cache_info().currsize == 0\n"
+        "custom = r.Redactor(['ACME-[0-9]{6}'])\n"
+        "assert r._builtin_rules.cache_info().currsize == 0\n"
+        "try:\n"
+        "    r.Redactor(['('])\n"
+        "except r.InvalidInputError:\n"
+        "    pass\n"
+        "else:\n"
+        "    raise AssertionError('accepted')\n"
+        "assert custom.redact('ACME-123456 sk-abc123DEF456ghi789JKL012mno') == '*** sk-a…2mno'\n"
+        "assert r._builtin_rules.cache_info().currsize == 1\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
 PROSE = (

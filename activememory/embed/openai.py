@@ -13,7 +13,6 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 import anyio
-import httpx
 import numpy as np
 
 from .._http import HttpFailure, post_json
@@ -66,6 +65,8 @@ class OpenAIEmbedder:
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"
         self._dim = dim if dim is not None else KNOWN_DIMS.get(model)
+        import httpx  # when a client is made: see `_http`
+
         self._client = httpx.AsyncClient()
 
     @property

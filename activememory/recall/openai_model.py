@@ -12,16 +12,18 @@ import json
 import math
 from collections.abc import Mapping
 from types import TracebackType
-from typing import Any, Final, Self
+from typing import TYPE_CHECKING, Any, Final, Self
 
 import anyio
-import httpx
 
 from .._http import ERROR_BODY_CHARS, HttpFailure, post_json
 from ..protocol.config import Provider
 from ..protocol.errors import ActiveMemoryError
 from ..protocol.recall import RecallRequest
 from .tools import RecallTools
+
+if TYPE_CHECKING:
+    import httpx
 
 DEFAULT_REQUEST_TIMEOUT_S: Final = 30.0  # per request, when the run has no deadline
 MAX_ANSWER_BYTES: Final = 8 * 1024 * 1024  # a runaway or hostile provider cannot fill memory
@@ -59,7 +61,11 @@ class ChatCompletionsClient:
         self.url = self.base_url + "/chat/completions"
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._owns_client = client is None
-        self._client = client if client is not None else httpx.AsyncClient()
+        if client is None:
+            import httpx  # when a client is made: see `_http`
+
+            client = httpx.AsyncClient()
+        self._client = client
 
     async def complete(self, body: dict[str, Any], *, seconds: float, late: str) -> dict[str, Any]:
         """POST `body`; the answer's `choices[0].message`.

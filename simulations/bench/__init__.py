@@ -15,6 +15,7 @@ BENCHMARKS = {
     "records": "records search with graph expansion against a raw FTS5 query",
     "paraphrase": "recall by meaning: facts asked later in other words",
     "vectors": "nearest-neighbour latency: numpy over the vector table against sqlite-vec",
+    "startup": "import, --help and simulate times against the interpreter and msgspec",
 }
 
 
