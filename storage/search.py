@@ -8,7 +8,7 @@ ever counts visible rows. Dirty sessions are hidden: their index rows may be sta
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple, TypeAlias, TypeVar, cast
 
@@ -168,6 +168,33 @@ def _varint(data: bytes) -> int:
     return value
 
 
+class Rankable(NamedTuple):
+    """What `rankable` decided: the terms to rank, the rarest's index, and whether the
+    rarest is ranked over its newest `RANK_BUDGET` matches only (`newest_match`)."""
+
+    ranked: list[bool]
+    rarest: int
+    windowed: bool
+
+
+def rankable(docs: Sequence[int], threshold: int, *, bounded: bool) -> Rankable:
+    """Which terms (by their `TermStats.docs`) to rank by BM25.
+
+    Not the common ones (over `threshold`); when `bounded`, only the rarer terms while their
+    rows add up to at most `RANK_BUDGET`, and the rarest always (over the budget: over its
+    newest `RANK_BUDGET` matches). The messages' and the records' searches both decide here
+    (docs/design.md §3, §5).
+    """
+    ranked = [d <= threshold for d in docs]
+    rarest = min(range(len(docs)), key=docs.__getitem__)
+    if bounded:
+        spent = 0
+        for i in sorted((i for i in range(len(docs)) if ranked[i]), key=docs.__getitem__):
+            spent += docs[i]
+            ranked[i] = i == rarest or spent <= RANK_BUDGET
+    return Rankable(ranked, rarest, bounded and docs[rarest] > RANK_BUDGET)
+
+
 class Step(NamedTuple):
     """One FTS5 query of a search: its MATCH expression, its ordering (`_BY_RANK`,
     `_BY_RECENCY`...) and its window, the lowest rowid it reads (0: all). `wide`: read that
@@ -190,24 +217,14 @@ def ranking_steps(
     if total < MIN_ROWS_TO_PRUNE:
         return [Step(plan.expression(), _BY_RANK)]
     docs = [stats.docs(conn, expr, total) for expr in plan.term_exprs]
-    threshold = stats.threshold(total)
-    ranked = [d <= threshold for d in docs]
-    rarest = min(range(len(docs)), key=docs.__getitem__)
-    window = 0
-    if bounded:
-        # The rarer terms while their rows fit the budget; the rarest always (its window).
-        spent = 0
-        for i in sorted((i for i in range(len(docs)) if ranked[i]), key=docs.__getitem__):
-            spent += docs[i]
-            ranked[i] = i == rarest or spent <= RANK_BUDGET
-        if docs[rarest] > RANK_BUDGET:
-            window = _newest(conn, stats.table, plan.term_exprs[rarest], RANK_BUDGET)
+    ranked, rarest, windowed = rankable(docs, stats.threshold(total), bounded=bounded)
+    window = newest_match(conn, stats.table, plan.term_exprs[rarest]) if windowed else 0
     # Then the newest messages holding all the terms, then any of them. Not the phrase: it
     # orders nothing by recency, and finding its next match newest first walks the terms'
     # doclists until their words meet in order, which common words rarely do.
     any_term = " OR ".join(plan.term_exprs)
     by_recency = [Step(any_term, _BY_RECENCY)]
-    if len(plan.term_exprs) > 1 and docs[rarest] > RANK_BUDGET:
+    if len(plan.term_exprs) > 1 and docs[rarest] > RANK_BUDGET:  # even the rarest is long
         by_recency = [Step(any_term, _BY_RECENCY, wide=RECENCY_WIDE)]
     elif len(plan.term_exprs) > 1:  # an AND led by a short doclist: cheap
         by_recency.insert(0, Step(plan.expression(joiner=" AND "), _BY_RECENCY_ALL_TERMS))
@@ -242,11 +259,12 @@ def every_term_first(
     return sorted(marked, key=lambda r: (r[1], -r[0]))
 
 
-def _newest(conn: apsw.Connection, table: str, term_expr: str, count: int) -> int:
-    """The rowid of the `count`-th newest row holding the term (0 if fewer hold it)."""
+def newest_match(conn: apsw.Connection, table: str, term_expr: str) -> int:
+    """The start of a term's window: the rowid of the `RANK_BUDGET`-th newest row holding it
+    (0 if fewer hold it)."""
     row = conn.execute(
         f"SELECT rowid FROM {table} WHERE {table} MATCH ? ORDER BY rowid DESC LIMIT 1 OFFSET ?",
-        (term_expr, count - 1),
+        (term_expr, RANK_BUDGET - 1),
     ).fetchone()
     return 0 if row is None else int(row[0])
 

@@ -18,6 +18,7 @@ import pytest
 from activememory._cli import main
 from activememory.simulations.bench import records as bench_records
 from activememory.storage import records as records_storage
+from activememory.storage import search as search_storage
 
 TINY = [
     "--records", "1500",
@@ -100,14 +101,17 @@ def test_the_benchmark_reports_its_structure_through_the_cli(
     assert ("PASS" in table) or ("MISS" in table)
 
 
+@pytest.mark.parametrize("budget", [1500, 20], ids=["budget-default", "budget-20"])
 @pytest.mark.parametrize("factor", [0, 5], ids=["join", "scope-list"])
 def test_pruned_answers_agree_with_the_raw_index(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, factor: int
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, factor: int, budget: int
 ) -> None:
-    # The store's common-term rules at a tiny size (ranked, ranked + filled, recency only;
-    # users listed or not): the benchmark checks every answer against the raw index.
+    # The store's common-term rules at a tiny size (ranked, ranked + filled, recency only,
+    # the rank budget and its window; users listed or not): the benchmark checks every
+    # answer against the raw index, the number of hits included.
     monkeypatch.setattr(records_storage, "COMMON_DOCS", 60)
     monkeypatch.setattr(records_storage, "SMALL_SCOPE_FACTOR", factor)
+    monkeypatch.setattr(search_storage, "RANK_BUDGET", budget)
     with bounded(60):
         assert bench_records.main([*TINY, "--queries", "60", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
