@@ -36,6 +36,12 @@ most that many doclist entries, newest first), and:
   records holding only common terms come after every record holding a rarer one;
 - a query of only common terms is answered by recency alone.
 
+The rank budget (storage/search.py `rankable`, docs/design.md §3): a search whose scope is
+not listed (below) also ranks at most `RANK_BUDGET` rows: the rarer terms while their
+documents add up to it; the others answer by recency like common terms. A rarest term
+holding more is ranked over its newest `RANK_BUDGET` matches (`f.rowid >= since`), and every
+term then answers by recency after them, so older in-scope matches still fill the limit.
+
 Recency: the newest `max(limit, RECENCY_POOL)` in-scope records holding a common term,
 reordered by (common terms held) x (1 + `BOOST` x matching boosted scope values) as BM25
 would order them, newest first on ties. What it trades: a record older than that pool
