@@ -76,8 +76,17 @@ def test_the_benchmark_reports_its_structure_through_the_cli(
     for side in SIDES:
         assert set(result["sides"][side]) == PERCENTILES
     assert set(result["ratios"]) == {"client_p50", "client_p99", "store_p50", "store_p99"}
-    assert set(result["pass"]) == {"client_p99_ms", "store_p99_ms"}
-    assert result["targets"] == {"p99_ms_max": bench_records.TARGET_P99_MS}
+    assert set(result["pass"]) == {
+        "client_p99_ms",
+        "store_p99_ms",
+        "client_tail_ratio",
+        "store_tail_ratio",
+    }
+    assert result["targets"] == {
+        "p99_ms_max": bench_records.TARGET_P99_MS,
+        "tail_ratio_max": bench_records.TARGET_TAIL_RATIO,
+    }
+    assert set(result["tail_ratios"]) == {"client", "store"}
     res = result["results"]
     assert 0 < res["client_mean_hits"] <= res["store_mean_hits"] <= 10
     assert res["store_mean_linked"] > 0  # the graph is expanded
