@@ -71,6 +71,7 @@ def test_the_benchmark_reports_its_structure_through_the_cli(
         "words": [1, 3],
         "limit": 10,
         "hops": 2,
+        "floor_every": 1,
     }
     assert set(result["sides"]) == SIDES
     for side in SIDES:
