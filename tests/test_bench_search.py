@@ -32,3 +32,4 @@ def test_pruned_search_answers_agree_with_the_raw_index(
         assert setting["raw_pruned_ms"]["p50"] > 0 and setting["raw_or_ms"]["p50"] > 0
         assert isinstance(setting["pass_tail_ratio"], bool)
         assert setting["tail_ratio"] > 0
+        assert setting["core_cpu_ms"]["p50"] > 0 and setting["core_cpu_tail_ratio"] > 0

@@ -26,6 +26,10 @@ every side alike:
 - raw OR, top-k (a diagnostic, not the floor): the OR query with the library's tie-break
   `ORDER BY rank, rowid DESC`, which SQLite sorts keeping only the top rows, where
   `ORDER BY rank` alone goes through FTS5's own sorted cursor and is markedly slower;
+- library SQL, in-thread (a diagnostic): the library's `storage.search.search_scope` on a
+  read-only connection of its own database, on the calling thread, timed in wall time and
+  in the thread's CPU time. On shared CPUs a wall-clock tail is mostly the scheduler (the
+  raw pruned floor's own p99 / p50 shows how much); the CPU time is the work's own tail;
 - library: `await mem.sessions.search(q, caller=..., limit=10)` end to end from the trio
   loop, once per visibility setting (`agent`; the default `tree` from a caller that spawned
   nothing; `tree` from a caller that spawned two sessions).
@@ -60,8 +64,15 @@ import activememory as am
 from ...protocol.content import Role
 from ...storage import fts_query, transcripts
 from ...storage.db import SCHEMA_VERSION, configure
-from ...storage.fts_query import STOPWORDS, build_match, index_row, plan_match
-from ...storage.search import POOL, TermStats, every_term_first, ranking_steps
+from ...storage.fts_query import STOPWORDS, MatchPlan, build_match, index_row, plan_match
+from ...storage.search import (
+    POOL,
+    DbScope,
+    TermStats,
+    every_term_first,
+    ranking_steps,
+    search_scope,
+)
 from ...storage.transcripts import agent_db_path
 from . import runner
 from .runner import BenchmarkError, percentile_row, percentiles, ratio
@@ -415,6 +426,9 @@ class Timings:
     raw_or_topk: list[float]
     raw_phrase: list[float]
     raw_pruned: list[float]
+    raw_pruned_cpu: list[float]
+    core: list[float]
+    core_cpu: list[float]
     library: list[float]
     hits: list[int]  # results the library returned
 
@@ -438,8 +452,12 @@ async def run_setting(
     config = TEXT_ONLY | {"tools": {"sessions": {"visibility": setting.visibility}}}
     raw = apsw.Connection(str(run_dir / "raw.db"))
     configure(raw)
-    timings = Timings([], [], [], [], [], [])
+    timings = Timings([], [], [], [], [], [], [], [], [])
     raw_terms = TermStats("t")  # the raw table's own: same rows, same decisions
+    own = agent_db_path(run_dir / "library", AGENT)
+    core_conn = apsw.Connection(str(own), flags=apsw.SQLITE_OPEN_READONLY)
+    core_terms = TermStats()
+    scope: DbScope = "all" if setting.visibility == "agent" else "tree"
     try:
         async with am.open_memory(run_dir / "library", executor="thread", config=config) as mem:
             for i, (query, caller) in enumerate(zip(queries, callers, strict=True)):
@@ -448,9 +466,14 @@ async def run_setting(
                 raw_or_topk = RawSide(raw, or_match(query), RAW_TOPK_QUERY)
                 raw_phrase = RawSide(raw, build_match(query))
                 raw_pruned = PrunedSide(raw, query, raw_terms)
+                core = CoreSide(core_conn, raw_pruned.plan, scope, key, core_terms)
                 library = LibrarySide(partial(mem.sessions.search, query, caller=key, limit=LIMIT))
                 slow = i % floor_every == 0
-                sides: list[RawSide | PrunedSide | LibrarySide[Any]] = [raw_pruned, library]
+                sides: list[RawSide | PrunedSide | CoreSide | LibrarySide[Any]] = [
+                    raw_pruned,
+                    core,
+                    library,
+                ]
                 if slow:
                     sides = [raw_or, raw_or_topk, raw_phrase, *sides]
                 # Rotate which side goes first, so no side always finds the caches warmer.
@@ -466,9 +489,13 @@ async def run_setting(
                     timings.raw_or_topk.append(raw_or_topk.seconds)
                     timings.raw_phrase.append(raw_phrase.seconds)
                 timings.raw_pruned.append(raw_pruned.seconds)
+                timings.raw_pruned_cpu.append(raw_pruned.cpu)
+                timings.core.append(core.seconds)
+                timings.core_cpu.append(core.cpu)
                 timings.library.append(library.seconds)
                 timings.hits.append(len(library.result.results))
     finally:
+        core_conn.close()
         raw.close()
     return timings
 
@@ -502,14 +529,14 @@ class PrunedSide:
         plan = plan_match(query)
         if plan is None:
             raise BenchmarkError(f"{query!r}: nothing searchable")
-        self.plan = plan
+        self.plan: MatchPlan = plan
         # Decided before the clock starts: the library's reader has seen most terms before.
         self.steps = ranking_steps(conn, plan, terms)
-        self.seconds = 0.0
+        self.seconds = self.cpu = 0.0
 
     async def run(self) -> None:
         pool = max(POOL, LIMIT + 1)  # what the library asks of its pool (`search_scope`)
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.thread_time()
         seen: set[int] = set()
         for step in self.steps:
             sql = self.SQL.format(**step.ordering)
@@ -522,6 +549,33 @@ class PrunedSide:
             if len(seen) >= pool:
                 break
         self.seconds = time.perf_counter() - start
+        self.cpu = time.thread_time() - cpu
+
+
+class CoreSide:
+    """A diagnostic: the library's SQL path (`search_scope`) on the calling thread, timed in
+    wall and thread CPU time; no thread hop, no redaction or snippets."""
+
+    def __init__(
+        self, conn: apsw.Connection, plan: MatchPlan, scope: DbScope, caller: str, terms: TermStats
+    ) -> None:
+        self.call = partial(
+            search_scope,
+            conn,
+            plan,
+            scope=scope,
+            caller=caller,
+            session_key=None,
+            keep=LIMIT + 1,
+            stats=terms,
+        )
+        self.seconds = self.cpu = 0.0
+
+    async def run(self) -> None:
+        start, cpu = time.perf_counter(), time.thread_time()
+        self.call()
+        self.seconds = time.perf_counter() - start
+        self.cpu = time.thread_time() - cpu
 
 
 class LibrarySide(Generic[T]):
@@ -591,6 +645,9 @@ def setting_report(setting: Setting, timings: Timings) -> dict[str, Any]:
     raw_or_topk = percentiles(timings.raw_or_topk)
     raw_phrase = percentiles(timings.raw_phrase)
     raw_pruned = percentiles(timings.raw_pruned)
+    raw_pruned_cpu = percentiles(timings.raw_pruned_cpu)
+    core = percentiles(timings.core)
+    core_cpu = percentiles(timings.core_cpu)
     library = percentiles(timings.library)
     ratio_p50 = ratio(library["p50"], raw_or["p50"])
     return {
@@ -603,6 +660,11 @@ def setting_report(setting: Setting, timings: Timings) -> dict[str, Any]:
         "raw_or_topk_ms": raw_or_topk,
         "raw_phrase_ms": raw_phrase,
         "raw_pruned_ms": raw_pruned,
+        "raw_pruned_cpu_ms": raw_pruned_cpu,
+        "core_ms": core,
+        "core_cpu_ms": core_cpu,
+        # The work's own tail, apart from the scheduler: CPU time of the SQL path.
+        "core_cpu_tail_ratio": ratio(core_cpu["p99"], core_cpu["p50"]),
         "library_ms": library,
         # The flat-tail target: the library's own p99 against its own p50.
         "tail_ratio": ratio(library["p99"], library["p50"]),
@@ -651,6 +713,9 @@ def format_table(result: dict[str, Any]) -> str:
             ("raw OR, top-k sort (diagnostic)", "raw_or_topk_ms"),
             ("raw build_match", "raw_phrase_ms"),
             ("raw pruned (second floor)", "raw_pruned_ms"),
+            ("  the same, thread CPU time", "raw_pruned_cpu_ms"),
+            ("library SQL in-thread (diag.)", "core_ms"),
+            ("  the same, thread CPU time", "core_cpu_ms"),
             ("library", "library_ms"),
         ):
             lines.append(percentile_row(label, s[key], 32))
@@ -664,7 +729,8 @@ def format_table(result: dict[str, Any]) -> str:
         lines.append(
             f"    library / raw pruned: p50 {s['ratio_pruned_p50']:.2f}, "
             f"p99 {s['ratio_pruned_p99']:.2f} (raw pruned p99 / p50 "
-            f"{s['raw_pruned_tail_ratio']:.2f})"
+            f"{s['raw_pruned_tail_ratio']:.2f}); library SQL CPU p99 / p50 "
+            f"{s['core_cpu_tail_ratio']:.2f}"
         )
         p50 = runner.against(
             f"p50 {s['ratio_p50']:.2f}", "<=", TARGET_P50_RATIO, s["pass_p50_ratio"]
