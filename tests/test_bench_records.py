@@ -32,7 +32,14 @@ TINY = [
     "--hops", "2",
 ]  # fmt: skip
 PERCENTILES = {"p50", "p90", "p99", "max", "mean"}
-SIDES = {"raw_or_ms", "raw_plan_ms", "client_ms", "store_ms"}
+SIDES = {
+    "raw_or_ms",
+    "raw_plan_ms",
+    "client_ms",
+    "store_ms",
+    "client_sql_cpu_ms",
+    "store_sql_cpu_ms",
+}
 
 
 @contextlib.contextmanager

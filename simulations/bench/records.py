@@ -31,7 +31,10 @@ as often as they do in real queries) then run on every side, interleaved query b
   terms and the whole query as a phrase), what the query semantics cost SQLite;
 - client: `await mem.records.search(q, user_id=<an existing user>, num_hops=H)` (exact user,
   agent and thread unfiltered), end to end from the trio loop;
-- store: `await mem.records.store.search(q, num_hops=H)` (nothing filtered).
+- store: `await mem.records.store.search(q, num_hops=H)` (nothing filtered);
+- client and store SQL, in-thread (diagnostics): the store's own `RecordReader.search` for the
+  same two searches on a read-only connection of its own, on the calling thread, in thread
+  CPU time: the work's own tail, apart from the scheduler of a shared machine.
 
 What the sides share besides the CPU: the floor's `ORDER BY rank` over a term held by most
 records sorts that many rows and spills temporary files (gigabytes over a run at 1M); on a
@@ -82,12 +85,19 @@ from ...protocol.records import (
     RecordRelation,
     RecordsLinked,
     RecordType,
+    SearchScope,
 )
 from ...storage import fts_query
 from ...storage import records as records_storage
 from ...storage.db import configure
-from ...storage.fts_query import index_columns, plan_match
-from ...storage.records import RecordWriter, open_records_connection, records_db_path
+from ...storage.fts_query import MatchPlan, index_columns, plan_match
+from ...storage.records import (
+    RecordQuery,
+    RecordReader,
+    RecordWriter,
+    open_records_connection,
+    records_db_path,
+)
 from . import runner
 from .runner import BenchmarkError, percentiles
 from .search import ZIPF_EXPONENT, LibrarySide, RawSide, Zipf, or_match
@@ -391,6 +401,8 @@ class Timings:
     raw_plan: list[float | None] = field(default_factory=list)
     client: list[float] = field(default_factory=list)
     store: list[float] = field(default_factory=list)
+    client_sql_cpu: list[float] = field(default_factory=list)
+    store_sql_cpu: list[float] = field(default_factory=list)
     client_hits: list[int] = field(default_factory=list)
     store_hits: list[int] = field(default_factory=list)
     client_linked: list[int] = field(default_factory=list)
@@ -416,6 +428,8 @@ async def run_queries(
     configure(raw)
     checker = Checker(run_dir)
     timings = Timings()
+    sql_conn = open_records_connection(records_db_path(run_dir / "library"), writer=False)
+    sql_reader = RecordReader(sql_conn)
     try:
         # Text only: this measures the full-text side against the raw index; with the
         # default embedder the library would also embed every record in the background
@@ -431,8 +445,15 @@ async def run_queries(
                     partial(mem.records.search, query, num_hops=hops, user_id=user)
                 )
                 store = LibrarySide(partial(mem.records.store.search, query, num_hops=hops))
+                client_sql = SqlSide(sql_reader, plan, user, hops)
+                store_sql = SqlSide(sql_reader, plan, None, hops)
                 slow = i % floor_every == 0
-                sides: list[RawSide | LibrarySide[Any]] = [client, store]
+                sides: list[RawSide | LibrarySide[Any] | SqlSide] = [
+                    client,
+                    store,
+                    client_sql,
+                    store_sql,
+                ]
                 if slow:
                     sides = [raw_or, raw_plan, *sides]
                 turn = i % len(sides)  # no side always finds the caches warmer
@@ -447,15 +468,42 @@ async def run_queries(
                 timings.raw_plan.append(raw_plan.seconds if slow else None)
                 timings.client.append(client.seconds)
                 timings.store.append(store.seconds)
+                timings.client_sql_cpu.append(client_sql.cpu)
+                timings.store_sql_cpu.append(store_sql.cpu)
                 timings.client_hits.append(len(client.result))
                 timings.store_hits.append(len(store.result))
                 timings.client_linked.append(sum(_linked_count(r) for r in client.result))
                 timings.store_linked.append(sum(_linked_count(r) for r in store.result))
                 timings.queries.append(query)
     finally:
+        sql_conn.close()
         checker.close()
         raw.close()
     return timings
+
+
+class SqlSide:
+    """A diagnostic: the store's `RecordReader.search` on the calling thread, timed in thread
+    CPU time (client: an exact user; store: nothing filtered)."""
+
+    def __init__(self, reader: RecordReader, plan: MatchPlan, user: str | None, hops: int) -> None:
+        scope = SearchScope(
+            user_id=user,
+            agent_id=None,
+            thread_id=None,
+            exact_user_match=user is not None,
+            exact_agent_match=False,
+            exact_thread_match=False,
+        )
+        self.call = partial(
+            reader.search, plan, RecordQuery(scope=scope, now=NOW, limit=LIMIT, num_hops=hops)
+        )
+        self.cpu = 0.0
+
+    async def run(self) -> None:
+        start = time.thread_time()
+        self.call()
+        self.cpu = time.thread_time() - start
 
 
 def _ms(seconds: float | None) -> float | None:
@@ -614,6 +662,8 @@ def report(
         "raw_plan_ms": percentiles([t for t in timings.raw_plan if t is not None]),
         "client_ms": percentiles(timings.client),
         "store_ms": percentiles(timings.store),
+        "client_sql_cpu_ms": percentiles(timings.client_sql_cpu),
+        "store_sql_cpu_ms": percentiles(timings.store_sql_cpu),
     }
     floor = sides["raw_or_ms"]
     ratios = {
@@ -660,6 +710,13 @@ def report(
         "targets": {"p99_ms_max": TARGET_P99_MS, "tail_ratio_max": TARGET_TAIL_RATIO},
         "tail_ratios": {
             side: runner.ratio(sides[f"{side}_ms"]["p99"], sides[f"{side}_ms"]["p50"])
+            for side in ("client", "store")
+        },
+        # The work's own tail (thread CPU time of the SQL path), apart from the scheduler.
+        "sql_cpu_tail_ratios": {
+            side: runner.ratio(
+                sides[f"{side}_sql_cpu_ms"]["p99"], sides[f"{side}_sql_cpu_ms"]["p50"]
+            )
             for side in ("client", "store")
         },
         "sides": sides,
@@ -718,6 +775,8 @@ def format_table(result: dict[str, Any]) -> str:
          f"{res['client_mean_linked']} linked)", "client_ms"),
         (f"store, unfiltered ({res['store_mean_hits']} hits, "
          f"{res['store_mean_linked']} linked)", "store_ms"),
+        ("client SQL in-thread, thread CPU (diag.)", "client_sql_cpu_ms"),
+        ("store SQL in-thread, thread CPU (diag.)", "store_sql_cpu_ms"),
     ):  # fmt: skip
         lines.append(runner.percentile_row(label, result["sides"][key], 44, indent=2))
     lines.append("")
@@ -732,7 +791,9 @@ def format_table(result: dict[str, Any]) -> str:
         tail = result["tail_ratios"][side]
         ok_tail = result["pass"][f"{side}_tail_ratio"]
         lines.append(
-            f"  {side} " + runner.against(f"p99 / p50 {tail:.2f}", "<=", TARGET_TAIL_RATIO, ok_tail)
+            f"  {side} "
+            + runner.against(f"p99 / p50 {tail:.2f}", "<=", TARGET_TAIL_RATIO, ok_tail)
+            + f"; its SQL in-thread, CPU p99 / p50 {result['sql_cpu_tail_ratios'][side]:.2f}"
         )
     for side in ("client", "store"):
         lines.append(f"  slowest {side} queries (term: documents holding it):")
