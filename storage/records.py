@@ -36,6 +36,12 @@ most that many doclist entries, newest first), and:
   records holding only common terms come after every record holding a rarer one;
 - a query of only common terms is answered by recency alone.
 
+The rank budget (storage/search.py `rankable`, docs/design.md §3): a search whose scope is
+not listed (below) also ranks at most `RANK_BUDGET` rows: the rarer terms while their
+documents add up to it; the others answer by recency like common terms. A rarest term
+holding more is ranked over its newest `RANK_BUDGET` matches (`f.rowid >= since`), and every
+term then answers by recency after them, so older in-scope matches still fill the limit.
+
 Recency: the newest `max(limit, RECENCY_POOL)` in-scope records holding a common term,
 reordered by (common terms held) x (1 + `BOOST` x matching boosted scope values) as BM25
 would order them, newest first on ties. What it trades: a record older than that pool
@@ -110,7 +116,7 @@ from .record_vectors import (
     record_vectors_of,
     v2_record_vectors,
 )
-from .search import TermStats, indexed_rows
+from .search import TermStats, indexed_rows, newest_match, rankable
 from .transcripts import write_transaction
 from .userdata import erase_records, purge
 
@@ -132,6 +138,12 @@ READER_CACHE_KIB = 64 * 1024
 pages scattered over the file; at a million records those no longer stay in a small or
 busy OS page cache, and each one read again costs a system call or a disk read. Used only
 as pages are read: a small store never fills it."""
+READER_MMAP_BYTES = 1 << 30
+"""How much of `records.db` the reader maps (`PRAGMA mmap_size`): a page the OS has cached is
+then read in place, with no system call and no copy into SQLite's cache. At a million
+records a search's first sight of a few thousand scattered pages was its tail (CPU p99 of
+`bench records` 13 -> 6 ms in-process, same run); address space only, the file's pages stay
+the OS's to evict."""
 
 
 def _v1_records(conn: apsw.Connection) -> None:
@@ -455,6 +467,7 @@ class RecordReader:
 
     def __init__(self, conn: apsw.Connection) -> None:
         self.conn = conn
+        conn.pragma("mmap_size", READER_MMAP_BYTES)
         self._terms = TermStats("record_fts", _common_docs)
         conn.register_fts5_function(_TERMS_HELD, _terms_held)
 
@@ -576,21 +589,22 @@ class RecordReader:
         level = " + ".join(boosts) if boosts else "0"
         total = indexed_rows(self.conn, "record_fts")
         scoped = [f"{dim} IS :exact_{dim}" for dim, _, on in _dimensions(query.scope) if on]
-        if scoped and self._scope_is_small(scoped, params, total):
+        small = bool(scoped) and self._scope_is_small(scoped, params, total)
+        if small:
             # Checked against an in-memory list before the record is read (`+`: not a
             # constraint FTS5 would answer with one doclist seek per listed record).
             where.append(f"+f.rowid IN (SELECT seq FROM records WHERE {' AND '.join(scoped)})")
-        ranked, recent = self._steps(plan, total)
+        ranked, recent, since = self._steps(plan, total, bounded=not small)
         hits: list[tuple[float, int, Record]] = []
         if ranked is not None:
             score = f"f.rank * (1.0 + {BOOST} * ({level}))" if boosts else "f.rank"
             sql = (
                 f"SELECT {score} AS score, {_COLUMNS.format(a='r')}"
                 " FROM record_fts f JOIN records r ON r.seq = f.rowid"
-                f" WHERE {' AND '.join(['record_fts MATCH :match', *where])}"
+                f" WHERE {' AND '.join(['record_fts MATCH :match', 'f.rowid >= :since', *where])}"
                 " ORDER BY score, r.seq DESC LIMIT :limit"
             )
-            ranked_rows = self.conn.execute(sql, params | {"match": ranked})
+            ranked_rows = self.conn.execute(sql, params | {"match": ranked, "since": since})
             hits = [(cast(float, row[0]), *_record(row[1:])) for row in ranked_rows]
         if recent is not None and len(hits) < query.limit:
             # The newest in-scope records holding a term (none already found), reordered
@@ -622,19 +636,28 @@ class RecordReader:
         ).fetchone()
         return row is not None and int(row[0]) <= small
 
-    def _steps(self, plan: MatchPlan, total: int) -> tuple[str | None, str | None]:
-        """(the expression ranked by BM25, the expression answered by recency after it),
-        either None: see the module docstring. `total`: the indexed records."""
+    def _steps(
+        self, plan: MatchPlan, total: int, *, bounded: bool
+    ) -> tuple[str | None, str | None, int]:
+        """(the expression ranked by BM25, the expression answered by recency after it, the
+        lowest seq the ranked one reads), either expression None: see the module docstring.
+        `total`: the indexed records; `bounded`: not a small listed scope, so the ranked
+        terms are held to `RANK_BUDGET` rows (`storage.search.rankable`)."""
         if total <= COMMON_DOCS:
-            return plan.expression(), None
-        common = [self._terms.is_common(self.conn, expr, total) for expr in plan.term_exprs]
-        if not any(common):
-            return plan.expression(), None
-        commons = " OR ".join(e for e, c in zip(plan.term_exprs, common, strict=True) if c)
-        if all(common):
-            return None, commons
-        # Without the phrase too: matching it walks the common terms' doclists.
-        return plan.expression([not c for c in common]), commons
+            return plan.expression(), None, 0
+        docs = [self._terms.docs(self.conn, expr, total) for expr in plan.term_exprs]
+        ranked, rarest, windowed = rankable(docs, COMMON_DOCS, bounded=bounded)
+        since = newest_match(self.conn, "record_fts", plan.term_exprs[rarest]) if windowed else 0
+        if all(ranked) and not since:
+            return plan.expression(), None, 0
+        # By recency after the ranked ones: the terms left out, and with a window every term
+        # (the rarest's older matches come after the window's best).
+        rest = [e for e, r in zip(plan.term_exprs, ranked, strict=True) if since or not r]
+        if not any(ranked):
+            return None, " OR ".join(rest), 0
+        # Without the phrase unless every term is ranked: matching it walks the others'
+        # doclists.
+        return plan.expression(ranked), " OR ".join(rest), since
 
     def _expand(self, roots: list[int], query: RecordQuery) -> dict[int, _Node]:
         """Each root's shortest-path tree, grown breadth first, one query per hop."""

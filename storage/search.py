@@ -8,9 +8,9 @@ ever counts visible rows. Dirty sessions are hidden: their index rows may be sta
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal, NamedTuple, TypeAlias, cast
+from typing import Any, Literal, NamedTuple, TypeAlias, TypeVar, cast
 
 import apsw
 
@@ -52,16 +52,19 @@ _TREE = (
 )
 # The pool of best BM25 matches that conversational reranking then reorders. `{rank}` is
 # `f.rank` (BM25), or 0.0 with `{order}` newest-first when every term is common.
+# The rowids a step may read: the step's window (`Step.since`) and a scope's span, as one
+# range (FTS5 takes a single lower bound; given two, it may walk past the higher one).
 _MATCH_FILTERED = (
     "SELECT f.rowid, {rank}, e.session_id, e.depth FROM message_fts f"
     " JOIN events e ON e.id = f.rowid"
-    " WHERE message_fts MATCH ? AND {where} ORDER BY {order} LIMIT ?"
+    " WHERE message_fts MATCH ? AND f.rowid BETWEEN ? AND ? AND {where}"
+    " ORDER BY {order} LIMIT ?"
 )
 # Nothing to filter: rank first, then look up only the pool's rows.
 _MATCH_ALL = (
     "SELECT m.rowid, m.r, e.session_id, e.depth FROM"
     " (SELECT rowid, {rank} AS r FROM message_fts f WHERE message_fts MATCH ?"
-    "  ORDER BY {order} LIMIT ?) m"
+    "  AND f.rowid >= ? ORDER BY {order} LIMIT ?) m"
     " JOIN events e ON e.id = m.rowid ORDER BY m.r, m.rowid DESC"
 )
 _BY_RANK = {"rank": "f.rank", "order": "f.rank, f.rowid DESC"}
@@ -75,6 +78,17 @@ _BY_RECENCY_ALL_TERMS = {"rank": "-1.0", "order": "f.rowid DESC"}  # ahead of an
 # Small indexes are never pruned: there every term is cheap.
 COMMON_FRACTION = 0.005  # one message in 200
 MIN_ROWS_TO_PRUNE = 20_000
+# What one agent-wide search may rank (docs/design.md §3): BM25 costs a few microseconds
+# per matching row, so ranking terms just under the common threshold (up to 5,000 rows each
+# at a million messages) was the search's tail. The rarer terms are ranked while their
+# matches add up to at most RANK_BUDGET rows; the rest answer by recency after them. A
+# rarest term holding more is ranked over its newest RANK_BUDGET matches (its window). A
+# cost, not a share: a row costs the same in any index.
+RANK_BUDGET = 1500
+# When even the rarest term is over the budget, "messages holding every term first" is
+# judged among the newest RECENCY_WIDE holding any: FTS5 checks a rowid bound only at each
+# match of an AND, so an AND of long doclists that rarely meet walks them whole.
+RECENCY_WIDE = 200
 _TERM_CACHE_SIZE = 4096
 POOL = 50
 SPAN_MAX_SESSIONS = 64
@@ -94,7 +108,8 @@ def _message_threshold(total: int) -> int:
 
 
 class TermStats:
-    """Which terms are common in one FTS5 `table`, cached per reader connection.
+    """How many rows of one FTS5 `table` hold a term, up to its common threshold; cached
+    per reader connection.
 
     A term held by more than `threshold(indexed rows)` rows is common: messages use a share
     (`COMMON_FRACTION`), records a count (storage/records.py). An answer is reused until the
@@ -107,24 +122,30 @@ class TermStats:
         self, table: str = "message_fts", threshold: Callable[[int], int] = _message_threshold
     ) -> None:
         self.table = table
-        self._threshold = threshold
-        self._common: dict[str, tuple[bool, int]] = {}
+        self.threshold = threshold
+        self._docs: dict[str, tuple[int, int]] = {}
+
+    def docs(self, conn: apsw.Connection, term_expr: str, total: int) -> int:
+        """How many of the `total` indexed rows hold the term, counted up to one more than
+        the threshold (a common term reads as threshold + 1)."""
+        cached = self._docs.get(term_expr)
+        if cached is not None and abs(total - cached[1]) * 4 <= cached[1]:
+            return cached[0]
+        # Walks at most threshold + 1 entries of the doclist: no ranking, no IDF.
+        row = conn.execute(
+            f"SELECT count(*) FROM (SELECT rowid FROM {self.table} WHERE {self.table} MATCH ?"
+            " LIMIT ?)",
+            (term_expr, self.threshold(total) + 1),
+        ).fetchone()
+        count = int(row[0]) if row is not None else 0
+        if len(self._docs) >= _TERM_CACHE_SIZE:
+            self._docs.clear()
+        self._docs[term_expr] = (count, total)
+        return count
 
     def is_common(self, conn: apsw.Connection, term_expr: str, total: int) -> bool:
         """Whether more than the threshold of the `total` indexed rows hold the term."""
-        cached = self._common.get(term_expr)
-        if cached is not None and abs(total - cached[1]) * 4 <= cached[1]:
-            return cached[0]
-        # Walks at most `threshold` entries of the doclist, newest first: no ranking, no IDF.
-        row = conn.execute(
-            f"SELECT rowid FROM {self.table} WHERE {self.table} MATCH ?"
-            " ORDER BY rowid DESC LIMIT 1 OFFSET ?",
-            (term_expr, self._threshold(total)),
-        ).fetchone()
-        if len(self._common) >= _TERM_CACHE_SIZE:
-            self._common.clear()
-        self._common[term_expr] = (row is not None, total)
-        return row is not None
+        return self.docs(conn, term_expr, total) > self.threshold(total)
 
 
 def indexed_rows(conn: apsw.Connection, table: str = "message_fts") -> int:
@@ -147,23 +168,105 @@ def _varint(data: bytes) -> int:
     return value
 
 
-def _ranking(
-    conn: apsw.Connection, plan: MatchPlan, stats: TermStats
-) -> list[tuple[str, dict[str, str]]]:
-    """The (MATCH expression, ordering) queries to run, in order, to fill the pool."""
-    total = indexed_rows(conn)
+class Rankable(NamedTuple):
+    """What `rankable` decided: the terms to rank, the rarest's index, and whether the
+    rarest is ranked over its newest `RANK_BUDGET` matches only (`newest_match`)."""
+
+    ranked: list[bool]
+    rarest: int
+    windowed: bool
+
+
+def rankable(docs: Sequence[int], threshold: int, *, bounded: bool) -> Rankable:
+    """Which terms (by their `TermStats.docs`) to rank by BM25.
+
+    Not the common ones (over `threshold`); when `bounded`, only the rarer terms while their
+    rows add up to at most `RANK_BUDGET`, and the rarest always (over the budget: over its
+    newest `RANK_BUDGET` matches). The messages' and the records' searches both decide here
+    (docs/design.md §3, §5).
+    """
+    ranked = [d <= threshold for d in docs]
+    rarest = min(range(len(docs)), key=docs.__getitem__)
+    if bounded:
+        spent = 0
+        for i in sorted((i for i in range(len(docs)) if ranked[i]), key=docs.__getitem__):
+            spent += docs[i]
+            ranked[i] = i == rarest or spent <= RANK_BUDGET
+    return Rankable(ranked, rarest, bounded and docs[rarest] > RANK_BUDGET)
+
+
+class Step(NamedTuple):
+    """One FTS5 query of a search: its MATCH expression, its ordering (`_BY_RANK`,
+    `_BY_RECENCY`...) and its window, the lowest rowid it reads (0: all). `wide`: read that
+    many rows, those holding every term first (`every_term_first`)."""
+
+    expression: str
+    ordering: dict[str, str]
+    since: int = 0
+    wide: int = 0
+
+
+def ranking_steps(
+    conn: apsw.Connection, plan: MatchPlan, stats: TermStats, *, bounded: bool = True
+) -> list[Step]:
+    """The queries to run on `stats.table`, in order, until the pool is full: what is left of
+    `plan` after pruning (docs/design.md §3). `bounded`: the search reads the whole table
+    (not a small scope's rowid span), so what it ranks is held to `RANK_BUDGET` rows. The
+    benchmark's pruned floor runs the same steps on a bare FTS5 table."""
+    total = indexed_rows(conn, stats.table)
     if total < MIN_ROWS_TO_PRUNE:
-        return [(plan.expression(), _BY_RANK)]
-    common = [stats.is_common(conn, expr, total) for expr in plan.term_exprs]
-    # Only common terms: newest messages holding all of them, then any of them.
-    by_recency = [(plan.expression(), _BY_RECENCY)]
-    if len(plan.term_exprs) > 1:
-        by_recency.insert(0, (plan.expression(joiner=" AND "), _BY_RECENCY_ALL_TERMS))
-    if not all(common):
+        return [Step(plan.expression(), _BY_RANK)]
+    docs = [stats.docs(conn, expr, total) for expr in plan.term_exprs]
+    ranked, rarest, windowed = rankable(docs, stats.threshold(total), bounded=bounded)
+    window = newest_match(conn, stats.table, plan.term_exprs[rarest]) if windowed else 0
+    # Then the newest messages holding all the terms, then any of them. Not the phrase: it
+    # orders nothing by recency, and finding its next match newest first walks the terms'
+    # doclists until their words meet in order, which common words rarely do.
+    any_term = " OR ".join(plan.term_exprs)
+    by_recency = [Step(any_term, _BY_RECENCY)]
+    if len(plan.term_exprs) > 1 and docs[rarest] > RANK_BUDGET:  # even the rarest is long
+        by_recency = [Step(any_term, _BY_RECENCY, wide=RECENCY_WIDE)]
+    elif len(plan.term_exprs) > 1:  # an AND led by a short doclist: cheap
+        by_recency.insert(0, Step(plan.expression(joiner=" AND "), _BY_RECENCY_ALL_TERMS))
+    if any(ranked):
         # The rarer terms ranked first; when they match too few rows (a name or id found
-        # nowhere), the common terms still answer, newest first, as if asked alone.
-        return [(plan.expression([not c for c in common]), _BY_RANK), *by_recency]
+        # nowhere), the others still answer, newest first, as if asked alone.
+        return [Step(plan.expression(ranked), _BY_RANK, window), *by_recency]
     return by_recency
+
+
+Row = TypeVar("Row", bound=tuple[Any, ...])
+
+
+def every_term_first(
+    conn: apsw.Connection, table: str, plan: MatchPlan, rows: list[Row]
+) -> list[Row]:
+    """`rows` (rowid, rank, ...) of a `wide` step, newest first, with those holding every
+    term of `plan` first, ranked -1.0 (as the AND step would). Each term reads only its
+    rows between the oldest and newest of `rows`: at most `len(rows)` each."""
+    if not rows:
+        return rows
+    span = (min(r[0] for r in rows), max(r[0] for r in rows))
+    held: dict[int, int] = {}
+    for expr in plan.term_exprs:
+        for (rowid,) in conn.execute(
+            f"SELECT rowid FROM {table} WHERE {table} MATCH ? AND rowid BETWEEN ? AND ?",
+            (expr, *span),
+        ):
+            held[rowid] = held.get(rowid, 0) + 1
+    every = len(plan.term_exprs)
+    marked = [cast(Row, (r[0], -1.0, *r[2:])) if held.get(r[0]) == every else r for r in rows]
+    return sorted(marked, key=lambda r: (r[1], -r[0]))
+
+
+def newest_match(conn: apsw.Connection, table: str, term_expr: str) -> int:
+    """The start of a term's window: the rowid of the `RANK_BUDGET`-th newest row holding it
+    (0 if fewer hold it)."""
+    row = conn.execute(
+        f"SELECT rowid FROM {table} WHERE {table} MATCH ? ORDER BY rowid DESC LIMIT 1 OFFSET ?",
+        (term_expr, RANK_BUDGET - 1),
+    ).fetchone()
+    return 0 if row is None else int(row[0])
 
 
 def search_scope(
@@ -181,6 +284,8 @@ def search_scope(
         any_dirty = conn.execute("SELECT 1 FROM sessions WHERE dirty LIMIT 1").fetchone()
         params: list[object] = []
         sql = _MATCH_ALL
+        low, high = 0, 2**62
+        bounded = True  # the search reads the whole table
         if scope == "all" and session_key is None:
             visible_dirty = 0
             if any_dirty:
@@ -201,21 +306,27 @@ def search_scope(
             # the table anyway: only a small scope is worth bounding.
             if len(clean) <= SPAN_MAX_SESSIONS:
                 low, high = _rowid_span(conn, clean)
-            else:
-                low, high = 0, 2**62
+                bounded = False  # ranking reads only the span's rows
             sql = _MATCH_FILTERED.replace(
-                "{where}",
-                "f.rowid BETWEEN ? AND ? AND e.session_id IN (SELECT value FROM json_each(?))",
+                "{where}", "e.session_id IN (SELECT value FROM json_each(?))"
             )
-            params += [low, high, json.dumps(clean)]
+            params.append(json.dumps(clean))
         pool_size = max(POOL, keep)
         pooled: list[tuple[int, float, int, int]] = []
         seen: set[int] = set()
-        for expression, ordering in _ranking(conn, plan, stats):
-            query = sql.format(**ordering)
-            rows = conn.execute(query, [expression, *params, pool_size - len(pooled)])
-            for row in cast(list[tuple[int, float, int, int]], rows.fetchall()):
-                if row[0] not in seen:
+        for step in ranking_steps(conn, plan, stats, bounded=bounded):
+            query = sql.format(**step.ordering)
+            limit = step.wide or pool_size - len(pooled)
+            if sql == _MATCH_ALL:
+                bounds: list[object] = [step.since]
+            else:
+                bounds = [max(low, step.since), high]
+            found = conn.execute(query, [step.expression, *bounds, *params, limit]).fetchall()
+            rows = cast(list[tuple[int, float, int, int]], found)
+            if step.wide:
+                rows = every_term_first(conn, stats.table, plan, rows)
+            for row in rows:
+                if row[0] not in seen and len(pooled) < pool_size:
                     seen.add(row[0])
                     pooled.append(row)
             if len(pooled) >= pool_size:

@@ -18,6 +18,7 @@ import pytest
 from activememory._cli import main
 from activememory.simulations.bench import records as bench_records
 from activememory.storage import records as records_storage
+from activememory.storage import search as search_storage
 
 TINY = [
     "--records", "1500",
@@ -31,7 +32,14 @@ TINY = [
     "--hops", "2",
 ]  # fmt: skip
 PERCENTILES = {"p50", "p90", "p99", "max", "mean"}
-SIDES = {"raw_or_ms", "raw_plan_ms", "client_ms", "store_ms"}
+SIDES = {
+    "raw_or_ms",
+    "raw_plan_ms",
+    "client_ms",
+    "store_ms",
+    "client_sql_cpu_ms",
+    "store_sql_cpu_ms",
+}
 
 
 @contextlib.contextmanager
@@ -70,13 +78,23 @@ def test_the_benchmark_reports_its_structure_through_the_cli(
         "words": [1, 3],
         "limit": 10,
         "hops": 2,
+        "floor_every": 1,
     }
     assert set(result["sides"]) == SIDES
     for side in SIDES:
         assert set(result["sides"][side]) == PERCENTILES
     assert set(result["ratios"]) == {"client_p50", "client_p99", "store_p50", "store_p99"}
-    assert set(result["pass"]) == {"client_p99_ms", "store_p99_ms"}
-    assert result["targets"] == {"p99_ms_max": bench_records.TARGET_P99_MS}
+    assert set(result["pass"]) == {
+        "client_p99_ms",
+        "store_p99_ms",
+        "client_tail_ratio",
+        "store_tail_ratio",
+    }
+    assert result["targets"] == {
+        "p99_ms_max": bench_records.TARGET_P99_MS,
+        "tail_ratio_max": bench_records.TARGET_TAIL_RATIO,
+    }
+    assert set(result["tail_ratios"]) == {"client", "store"}
     res = result["results"]
     assert 0 < res["client_mean_hits"] <= res["store_mean_hits"] <= 10
     assert res["store_mean_linked"] > 0  # the graph is expanded
@@ -100,14 +118,17 @@ def test_the_benchmark_reports_its_structure_through_the_cli(
     assert ("PASS" in table) or ("MISS" in table)
 
 
+@pytest.mark.parametrize("budget", [1500, 20], ids=["budget-default", "budget-20"])
 @pytest.mark.parametrize("factor", [0, 5], ids=["join", "scope-list"])
 def test_pruned_answers_agree_with_the_raw_index(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, factor: int
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, factor: int, budget: int
 ) -> None:
-    # The store's common-term rules at a tiny size (ranked, ranked + filled, recency only;
-    # users listed or not): the benchmark checks every answer against the raw index.
+    # The store's common-term rules at a tiny size (ranked, ranked + filled, recency only,
+    # the rank budget and its window; users listed or not): the benchmark checks every
+    # answer against the raw index, the number of hits included.
     monkeypatch.setattr(records_storage, "COMMON_DOCS", 60)
     monkeypatch.setattr(records_storage, "SMALL_SCOPE_FACTOR", factor)
+    monkeypatch.setattr(search_storage, "RANK_BUDGET", budget)
     with bounded(60):
         assert bench_records.main([*TINY, "--queries", "60", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)

@@ -461,3 +461,42 @@ def test_the_blocking_facade_serves_records(tmp_path: Path) -> None:
         assert [h.id for h in thread.search("seat")] == [rid]
         [hit] = mem.records.store.search("seat", thread_id="t1")
         assert hit.formatted_content.startswith(f'<record id="{rid}"')
+
+
+@pytest.fixture
+def small_rank_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Common above 30 records, at most 5 ranked rows per search (docs/design.md §5)."""
+    from activememory.storage import records as records_storage
+    from activememory.storage import search as search_storage
+
+    monkeypatch.setattr(records_storage, "COMMON_DOCS", 30)
+    monkeypatch.setattr(search_storage, "RANK_BUDGET", 5)
+
+
+async def test_over_the_rank_budget_a_record_holding_only_the_rarest_term_comes_first(
+    mem: am.Memory, small_rank_budget: None
+) -> None:
+    for i in range(40):
+        await mem.records.add(f"filler chatter {i}", user_id="u1")
+    kestrel = [await mem.records.add("kestrel kestrel kestrel", user_id="u1") for _ in range(6)]
+    kestrel += [await mem.records.add(f"kestrel seen {i}", user_id="u1") for i in range(6)]
+    zephyr = [await mem.records.add(f"zephyr alone {i}", user_id="u1") for i in range(2)]
+    # Over the budget with "zephyr", "kestrel" is answered by recency after the rarer term.
+    config = TopKMemorySearchConfig(max_results=14)
+    found = await ids(await mem.records.search("kestrel zephyr", user_id="u1", config=config))
+    assert set(found[:2]) == set(zephyr)
+    assert set(found[2:]) == set(kestrel)
+
+
+async def test_a_rarest_term_over_the_budget_still_fills_the_limit_from_older_records(
+    mem: am.Memory, small_rank_budget: None
+) -> None:
+    for i in range(40):
+        await mem.records.add(f"filler chatter {i}", user_id="u1")
+    strong = await mem.records.add("heron heron heron heron heron heron", user_id="u1")
+    herons = [await mem.records.add(f"heron {i}", user_id="u2") for i in range(12)]
+    # Ranked over its newest 5 matches (all of u2): the strongest, older, is not first ...
+    found = await ids(await mem.records.store.search("heron"))
+    assert found[0] != strong and found[0] in herons
+    # ... yet an older match in scope still comes back when the window holds none.
+    assert await ids(await mem.records.search("heron", user_id="u1")) == [strong]

@@ -21,9 +21,11 @@ import activememory as am
 from activememory.protocol.record_results import RecordSearchResult
 from activememory.protocol.records import (
     AddRecord,
+    EraseUserRecords,
     LinkRecords,
     Record,
     RecordRelation,
+    RecordsErased,
     RecordType,
     SearchScope,
 )
@@ -324,3 +326,57 @@ def test_expansion_is_the_reference_shortest_path_tree(
     walk(got, 1)
     assert len(seen) == len(set(seen)) and 0 not in seen
     assert len(seen) == min(cap, sum(1 for v, d in dist.items() if 0 < d <= hops))
+
+
+def test_a_mapped_reader_follows_the_file_as_it_grows_and_shrinks(tmp_path: Path) -> None:
+    # The reader maps records.db (READER_MMAP_BYTES): what the writer commits later (the
+    # file grown well past its size at the first search, then cut by an erase's VACUUM)
+    # must read exactly as without the map.
+    path = tmp_path / "records.db"
+    writer_conn = open_records_connection(path, writer=True)
+    reader_conn = open_records_connection(path, writer=False)
+    try:
+        writer, reader = RecordWriter(writer_conn), RecordReader(reader_conn)
+        assert reader_conn.pragma("mmap_size") > 0
+
+        def add(user: str, words: str, n: int) -> None:
+            writer.apply(
+                [
+                    AddRecord(
+                        record=Record(
+                            id=f"{user}-{i}",
+                            content=f"{words} {i} " + "padding " * 40,
+                            user_id=user,
+                            timestamp=NOW + i,
+                        ),
+                        at=NOW,
+                    )
+                    for i in range(n)
+                ]
+            )
+
+        def found(query: str, user: str) -> list[str]:
+            scope = SearchScope(
+                user_id=user,
+                agent_id=None,
+                thread_id=None,
+                exact_user_match=True,
+                exact_agent_match=False,
+                exact_thread_match=False,
+            )
+            plan = plan_match(query)
+            assert plan is not None
+            hits = reader.search(plan, RecordQuery(scope=scope, now=NOW, limit=3))
+            return [hit.record.id for hit in hits]
+
+        add("u1", "heron", 10)
+        assert found("heron", "u1") == ["u1-9", "u1-8", "u1-7"]
+        add("u2", "kestrel", 3000)  # the file grows many times over
+        assert found("kestrel 2999", "u2")[0] == "u2-2999"
+        [ack] = writer.apply([EraseUserRecords(user_ids=("u2",))])
+        assert isinstance(ack, RecordsErased) and ack.erasure.purged  # rewritten, smaller
+        assert found("kestrel", "u2") == []
+        assert found("heron", "u1") == ["u1-9", "u1-8", "u1-7"]
+    finally:
+        reader_conn.close()
+        writer_conn.close()

@@ -296,6 +296,60 @@ async def test_only_common_terms_put_messages_holding_all_of_them_first(
     assert set(found[15:]) <= set(alpha + beta)
 
 
+@pytest.fixture
+def small_rank_budget(monkeypatch: pytest.MonkeyPatch, small_prune_threshold: None) -> None:
+    """An agent-wide search ranks at most 5 rows; "every term first" looks at the newest 20."""
+    from activememory.storage import search as storage_search
+
+    monkeypatch.setattr(storage_search, "RANK_BUDGET", 5)
+    monkeypatch.setattr(storage_search, "RECENCY_WIDE", 20)
+
+
+async def test_over_the_rank_budget_a_message_holding_only_the_rarest_term_comes_first(
+    mem: am.Memory, small_rank_budget: None
+) -> None:
+    for i in range(40):
+        await put(mem, user(f"filler chatter {i}"))
+    # "kestrel" (12 rows) is not common, but with "zephyr" it is over the budget: only the
+    # rarer term is ranked, and the kestrel messages follow newest first, whatever BM25
+    # would say of the older ones that repeat it.
+    kestrel = [(await put(mem, user("kestrel kestrel kestrel"))).id for _ in range(6)]
+    kestrel += [(await put(mem, user(f"kestrel seen {i}"))).id for i in range(6)]
+    zephyr = [(await put(mem, user(f"zephyr alone {i}"))).id for i in range(2)]
+    found = await search(mem, "kestrel zephyr", limit=14)
+    assert set(found[:2]) == set(zephyr)
+    assert found[2:] == kestrel[::-1]
+
+
+async def test_a_rarest_term_over_the_budget_is_ranked_over_its_newest_matches(
+    mem: am.Memory, small_rank_budget: None
+) -> None:
+    for i in range(60):
+        await put(mem, user(f"other chatter {i}"))
+    strong = await mem.sessions.append(KEY, user("heron heron heron heron heron heron"))
+    for i in range(10):
+        await mem.sessions.append(KEY, user(f"heron {i}"))
+        await mem.sessions.append(KEY, user(f"filler {i}"))
+    # Agent-wide: BM25 among the newest 5 rows holding "heron" (the budget), then the rest
+    # newest first; the oldest, strongest match is not among the first five.
+    assert strong.id not in await search(mem, "heron", limit=5)
+    # A small scope reads only its own rows: ranked in full, the strongest first.
+    assert (await search(mem, "heron", limit=5, session_key=KEY))[0] == strong.id
+
+
+async def test_over_the_budget_messages_holding_every_term_come_first_among_the_newest(
+    mem: am.Memory, small_rank_budget: None
+) -> None:
+    alpha = [(await put(mem, user(f"alpha only {i}"))).id for i in range(20)]
+    beta = [(await put(mem, user(f"beta only {i}"))).id for i in range(20)]
+    recent = [(await put(mem, user(text))).id for text in ("alpha x", "alpha beta 1", "beta y")]
+    both = [(await put(mem, user("alpha beta 2"))).id, recent[1]]
+    found = await search(mem, "alpha beta", limit=6)
+    # Every term first (newest first), then the newest holding any.
+    assert found == [*both, recent[2], recent[0], beta[-1], beta[-2]]
+    assert alpha  # older than the newest 20: never looked at for "every term"
+
+
 async def test_indexed_rows_reads_the_index_totals(mem: am.Memory) -> None:
     from activememory.storage.search import indexed_rows
 
