@@ -8,9 +8,11 @@ No inbox: it polls. Every `POLL_S` it takes a stat listing of the workspace's no
 the same for `watchDebounceMs`, then syncs (the scan that hashes and chunks what changed,
 and one `SyncNotes` to the indexer, docs/design.md §4.7). An editor that writes a file
 twice within the debounce is synced once, with its final content. A sync that read a file
-written in the last two seconds asks for another round after the debounce: a second edit
-within one filesystem timestamp tick that keeps the size leaves the listing unchanged, and
-only hashing again catches it.
+written in the last two seconds asks for another round after the debounce (and at least one
+poll): a second edit within one filesystem timestamp tick that keeps the size leaves the
+listing unchanged, and only hashing again catches it. A sync that failed (`StorageError`)
+is retried the same way; its error is `last_error` until one succeeds (memory_search shows
+it as `syncError`).
 
 The first round syncs unconditionally: an edit between the first search's own scan and the
 watcher's first listing is never missed.
@@ -51,24 +53,23 @@ class NotesWatcher:
     async def run(self) -> None:
         """Poll until cancelled or the memory closes (a sync answered `MemoryClosedError`)."""
         last = await self._listing()
-        changed_at: float | None = anyio.current_time() - self.debounce_s  # first round: sync
+        due: float | None = anyio.current_time()  # when to sync next; the first round: now
         while True:
-            if changed_at is None or anyio.current_time() - changed_at < self.debounce_s:
+            if due is None or anyio.current_time() < due:
                 await anyio.sleep(POLL_S)
                 now = await self._listing()
                 if now != last:  # changed since the last poll: the quiet time starts over
-                    last, changed_at = now, anyio.current_time()
+                    last, due = now, anyio.current_time() + self.debounce_s
+                if due is None or anyio.current_time() < due:
                     continue
-            if changed_at is None or anyio.current_time() - changed_at < self.debounce_s:
-                continue
-            changed_at = None
+            due = None
             try:
                 again = await self._sync()
                 self.last_error = None
             except MemoryClosedError:
                 return
-            except StorageError as exc:  # the index stays as it was: retried after the debounce
+            except StorageError as exc:  # the index stays as it was: retried later
                 self.last_error, again = str(exc), True
             self.syncs += 1
-            if again:
-                changed_at = anyio.current_time()
+            if again:  # at least one poll later: never a busy loop on a failing disk
+                due = anyio.current_time() + max(self.debounce_s, POLL_S)

@@ -8,15 +8,17 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import anyio
+import apsw
 import pytest
 import trio.testing
 
 import activememory as am
 from activememory.actors.notes_watcher import POLL_S
 from activememory.protocol.session_key import parse_session_key
+from activememory.storage import transcripts
 
 pytestmark = pytest.mark.anyio
 
@@ -115,3 +117,33 @@ async def test_a_read_only_memory_starts_no_watcher(tmp_path: Path) -> None:
         async with am.open_memory(tmp_path / "s", config=watch(), readonly=True) as ro:
             assert await found(ro, "Miso") == ["MEMORY.md"]
             assert ro.notes.watchers == {}
+
+
+@VIRTUAL
+async def test_a_failed_sync_is_said_and_retried(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def full(conn: object, cmd: object) -> NoReturn:
+        raise apsw.FullError("database or disk is full")
+
+    with anyio.fail_after(60):
+        async with am.open_memory(tmp_path / "s", config=watch(0), executor="inline") as mem:
+            note(mem, "The cat is Miso.\n", at=0)
+            assert await found(mem, "Miso") == ["MEMORY.md"]
+            with monkeypatch.context() as patched:
+                patched.setattr(transcripts, "apply_sync_notes", full)
+                note(mem, "The cat is Tofu.\n", at=1)
+                await anyio.sleep(POLL_S + 0.1)
+                result = await mem.notes.search(
+                    "main", {"query": "Miso"}, caller=CALLER, transcripts=None
+                )
+                assert result.data is not None and result.data["hits"] == 1  # the old index
+                assert result.data["syncError"] == (
+                    "memory notes of 'main': disk full or database size limit reached"
+                )
+            await anyio.sleep(POLL_S)  # retried after the debounce (0), at the next poll
+            result = await mem.notes.search(
+                "main", {"query": "Tofu"}, caller=CALLER, transcripts=None
+            )
+            assert result.data is not None and result.data["hits"] == 1
+            assert "syncError" not in result.data

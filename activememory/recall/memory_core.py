@@ -31,8 +31,8 @@ Debug fields of `memory_search` beyond docs/design.md §4.7's (`backend`, `effec
 transcript index is being rebuilt: results may be incomplete), `vectorsPending` (the
 embedder is still computing vectors of this agent's database: what was written last may be
 found by its words only), `ignored` (notes not
-indexed, and why), `syncError` (the rescan could not be written: the notes indexed before
-still answer) and `truncated` (results dropped to keep the answer within 16 000 characters).
+indexed, and why), `syncError` (the scan, or the notes watcher's last sync, could not be
+written: the notes indexed before still answer) and `truncated` (results dropped to keep the answer within 16 000 characters).
 """
 
 from __future__ import annotations
@@ -367,6 +367,9 @@ class MemoryCore:
             data["warning"] = sessions.warning
         if store.vectors_pending():  # the embedder is behind: by meaning may miss new rows
             data["vectorsPending"] = True
+        watcher = self.watchers.get(agent)
+        if sync_error is None and watcher is not None:
+            sync_error = watcher.last_error  # its last sync failed: retried after the debounce
         if sync_error is not None:
             data["syncError"] = sync_error
         if ignored := self._ignored.get(agent):
