@@ -147,3 +147,35 @@ async def test_a_failed_sync_is_said_and_retried(
             )
             assert result.data is not None and result.data["hits"] == 1
             assert "syncError" not in result.data
+
+
+def test_the_poll_listing_changes_with_every_change_a_sync_would_see(tmp_path: Path) -> None:
+    from activememory.recall.memory_core import _note_stats
+
+    root = tmp_path / "ws"
+    (root / "memory").mkdir(parents=True)
+    (root / "MEMORY.md").write_text("one\n")
+    elsewhere = tmp_path / "elsewhere.md"
+    elsewhere.write_text("outside\n")
+    seen = [_note_stats(root)]
+
+    def changed() -> bool:
+        seen.append(_note_stats(root))
+        return seen[-1] != seen[-2]
+
+    os.utime(root / "MEMORY.md", (PAST_S, PAST_S))  # same size, other mtime
+    assert changed()
+    (root / "memory" / "a.md").write_text("a\n")
+    assert changed()
+    (root / "memory" / "notes.txt").write_text("not a note\n")
+    (root / "memory" / ".hidden.md").write_text("hidden\n")
+    os.utime(root / "memory", ns=(seen[-1][1][1], seen[-1][1][1]))  # the folder's mtime back
+    assert not changed()
+    (root / "memory" / "link.md").symlink_to(elsewhere)
+    assert changed()
+    (root / "memory" / "link.md").unlink()
+    (root / "memory" / "link.md").symlink_to(root / "memory" / "a.md")  # retargeted
+    os.utime(root / "memory", ns=(seen[-1][1][1], seen[-1][1][1]))
+    assert changed()
+    (root / "memory" / "a.md").unlink()  # the link now dangles, and a.md is gone
+    assert changed()

@@ -206,7 +206,7 @@ class MemoryCore:
             return
         executor = make_executor(self._supervisor.executor_kind)  # never a reader's: no queue
 
-        async def listing() -> tuple[tuple[str, int, int], ...]:
+        async def listing() -> tuple[tuple[str, int, int, int], ...]:
             root = self._current().workspace(agent)
             return await executor.run(partial(_note_stats, root))
 
@@ -545,12 +545,35 @@ def _list_notes(root: Path) -> tuple[dict[str, tuple[Path, int, int]], list[tupl
     return found, ignored
 
 
-def _note_stats(root: Path) -> tuple[tuple[str, int, int], ...]:
-    """What the notes watcher compares between polls: each note's (path, mtime_ns, size),
-    and the skipped ones (their reasons may change without a stat that does)."""
-    found, ignored = _list_notes(root)
-    listing = [(rel, mtime_ns, size) for rel, (_, mtime_ns, size) in sorted(found.items())]
-    return (*listing, *((f"{rel}\0{why}", 0, 0) for rel, why in sorted(ignored)))
+def _note_stats(root: Path) -> tuple[tuple[str, int, int, int], ...]:
+    """What the notes watcher compares between polls: (path, mtime_ns, size, inode) of
+    `MEMORY.md`, of `memory/` and of each note name in it, links followed (a link that
+    points elsewhere shows another inode). Plain `os` calls on strings, no path resolving:
+    a poll runs every second, and the sync it triggers applies the rules (`_list_notes`).
+    """
+    base = os.fspath(root)
+    found: list[tuple[str, int, int, int]] = []
+    for rel in ("MEMORY.md", "memory"):
+        try:
+            st = os.stat(os.path.join(base, rel))
+        except (OSError, ValueError):
+            continue
+        found.append((rel, st.st_mtime_ns, st.st_size, st.st_ino))
+    try:
+        with os.scandir(os.path.join(base, "memory")) as entries:
+            for entry in entries:
+                rel = f"memory/{entry.name}"
+                if entry.name.startswith(".") or NOTE_PATH.fullmatch(rel) is None:
+                    continue
+                try:
+                    st = entry.stat()
+                except OSError:  # a dangling link: its presence is what counts
+                    found.append((rel, -1, -1, -1))
+                    continue
+                found.append((rel, st.st_mtime_ns, st.st_size, st.st_ino))
+    except (OSError, ValueError):  # no memory/ folder
+        pass
+    return tuple(sorted(found))
 
 
 def _inside(real_root: Path, rel: str) -> Path | None:
