@@ -76,10 +76,12 @@ from .records import RecordKeeper
 T = TypeVar("T")
 
 READERS = 3
-"""Reader connections per open database (docs/design.md §1.3): WAL readers run in parallel
-and apsw releases the GIL inside SQLite, so concurrent recalls of one agent no longer queue
-on one connection. Three: a search is mostly CPU, and two cores are the common host; a
-third covers one slow read (a stats scan, a vector index load) without stalling the rest."""
+"""Reader connections per open agent database (docs/design.md §1.3): WAL readers run in
+parallel and apsw releases the GIL inside SQLite, so concurrent recalls of one agent no
+longer queue on one connection. Three: a search is mostly CPU, and two cores are the common
+host; a third covers one slow read (a stats scan, a vector index load) without stalling the
+rest. `records.db` keeps one reader: its page cache is 64 MiB (`READER_CACHE_KIB`), which a
+pool would multiply."""
 
 
 class _Reader(Protocol):
@@ -443,7 +445,7 @@ class Supervisor:
     async def _open_records(self) -> RecordsDatabase:
         path = records_db_path(self.state_dir)
         actor, readers, lock = await self._open(
-            path, open_records_connection, RecordWriter, RecordKeeper
+            path, open_records_connection, RecordWriter, RecordKeeper, readers=1
         )
         embedder_reader: RecordReader | None = None
         embedder_executor: Executor | None = None
@@ -491,12 +493,14 @@ class Supervisor:
         connect: Callable[..., apsw.Connection],
         make_writer: Callable[[apsw.Connection], StorageWriter[C, A]],
         make_actor: type[GroupCommit[C, A]],
+        *,
+        readers: int,
     ) -> tuple[GroupCommit[C, A] | None, list[tuple[apsw.Connection, Executor]], WriterLock | None]:
-        """The single writer of `path` (holding its writer lock) and `READERS` reader
+        """The single writer of `path` (holding its writer lock) and `readers` reader
         connections, each on its own executor; `connect` opens a connection and migrates the
         writer's. Read-only: the readers alone (docs/design.md §1.6), no writer and no lock."""
         if self.readonly:
-            return None, await self._open_readers(path, connect, readonly=True), None
+            return None, await self._open_readers(path, connect, readers, readonly=True), None
         write_executor = make_executor(self.executor_kind)
         lock = WriterLock(path)
 
@@ -514,22 +518,22 @@ class Supervisor:
 
         writer = await write_executor.run(open_writer)
         try:
-            readers = await self._open_readers(path, connect, readonly=False)
+            conns = await self._open_readers(path, connect, readers, readonly=False)
         except BaseException:
             writer.conn.close()
             lock.release()
             raise
         actor = make_actor(writer, write_executor, max_batch=self.max_batch)
-        return actor, readers, lock
+        return actor, conns, lock
 
     async def _open_readers(
-        self, path: Path, connect: Callable[..., apsw.Connection], *, readonly: bool
+        self, path: Path, connect: Callable[..., apsw.Connection], count: int, *, readonly: bool
     ) -> list[tuple[apsw.Connection, Executor]]:
-        """`READERS` reader connections of `path`, each with its executor; if one cannot
-        be opened, those already open are closed."""
+        """`count` reader connections of `path`, each with its executor; if one cannot be
+        opened, those already open are closed."""
         readers: list[tuple[apsw.Connection, Executor]] = []
         try:
-            for _ in range(READERS):
+            for _ in range(count):
                 executor = make_executor(self.executor_kind)
                 if readonly:
                     conn = await executor.run(lambda: connect(path, writer=False, readonly=True))
@@ -554,7 +558,9 @@ class Supervisor:
 
     async def _open_agent(self, agent: str) -> AgentStore:
         path = agent_db_path(self.state_dir, agent)
-        actor, conns, lock = await self._open(path, open_connection, TranscriptWriter, Indexer)
+        actor, conns, lock = await self._open(
+            path, open_connection, TranscriptWriter, Indexer, readers=READERS
+        )
         readers = tuple(
             PooledReader(reader=TranscriptReader(c, agent), executor=e) for c, e in conns
         )
