@@ -30,9 +30,9 @@ Debug fields of `memory_search` beyond docs/design.md §4.7's (`backend`, `effec
 `searchMs`, `hits`), each present only when it applies: `indexing` and `warning` (the
 transcript index is being rebuilt: results may be incomplete), `vectorsPending` (the
 embedder is still computing vectors of this agent's database: what was written last may be
-found by its words only), `ignored` (notes not
-indexed, and why), `syncError` (the scan, or the notes watcher's last sync, could not be
-written: the notes indexed before still answer) and `truncated` (results dropped to keep the answer within 16 000 characters).
+found by its words only), `ignored` (notes not indexed, and why), `syncError` (the scan, or
+the notes watcher's last sync, could not be written: the notes indexed before still answer)
+and `truncated` (results dropped to keep the answer within 16 000 characters).
 """
 
 from __future__ import annotations
