@@ -143,6 +143,7 @@ def test_both_benchmarks_report_their_structure_through_the_cli(
     assert scaling["ratio"] == paired["ratio"] == pytest.approx(expected, rel=0.01)
     assert scaling["pass"] == (scaling["ratio"] >= bench_recall.TARGET_SCALING)
     assert f"{overhead['cores']} cores" in scaling["measure"]
+    assert paired["raw_ceiling"] > 0 and paired["raw_threads"] >= 2
     assert all(isinstance(v["pass"], bool) for v in verdicts)
 
 

@@ -95,12 +95,14 @@ import pstats
 import random
 import shutil
 import statistics
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+import apsw
 import trio
 
 import activememory as am
@@ -352,15 +354,18 @@ class RawFloor:
     def __init__(self, db: Path, stats: TermStats) -> None:
         self.conn = open_connection(db, writer=False)
         self.stats = stats  # the library's own term-statistics cache (see the module doc)
+        # More connections of our own, for the parallel ceiling (`parallel`).
+        self._more = [open_connection(db, writer=False) for _ in range(READERS - 1)]
 
-    def search(self, probe: Probe) -> set[str]:
+    def search(self, probe: Probe, conn: apsw.Connection | None = None) -> set[str]:
         """Run both searches for `probe`; the hits as memory_search would name them."""
+        conn = self.conn if conn is None else conn
         plan = plan_match(probe.query)
         if plan is None:
             return set()
-        found = search_notes(self.conn, plan, LIMIT)
+        found = search_notes(conn, plan, LIMIT)
         page = search_scope(
-            self.conn,
+            conn,
             plan,
             scope=SINGLE_OWNER,  # the corpus is one owner's (`_overhead_config`)
             caller=probe.caller,
@@ -371,6 +376,27 @@ class RawFloor:
         hits = {f"{n.path}:{n.start_line}" for n in found}
         hits |= {f"session:{c.session_key}#{c.event_id}" for c in page.candidates}
         return hits
+
+    def parallel(self, probes: Sequence[Probe]) -> float:
+        """Wall time of `probes` split over `READERS` plain threads, one connection each:
+        how far this machine lets the raw SQL itself scale right now (the ceiling)."""
+        conns = [self.conn, *self._more]
+        parts = [probes[i :: len(conns)] for i in range(len(conns))]
+
+        def run(conn: apsw.Connection, part: Sequence[Probe]) -> None:
+            for probe in part:
+                self.search(probe, conn)
+
+        threads = [
+            threading.Thread(target=run, args=(c, part))
+            for c, part in zip(conns, parts, strict=True)
+        ]
+        start = time.perf_counter()
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        return time.perf_counter() - start
 
     def warm(self, probes: Sequence[Probe]) -> None:
         """Untimed: settle which of these queries' terms are common, for every side."""
@@ -383,6 +409,8 @@ class RawFloor:
 
     def close(self) -> None:
         self.conn.close()
+        for conn in self._more:
+            conn.close()
 
 
 @dataclass
@@ -504,12 +532,14 @@ class OverheadBench:
                 timings.statuses[outcome.status] = timings.statuses.get(outcome.status, 0) + 1
         return timings
 
-    async def scaling(self, concurrency: int, rounds: int) -> tuple[list[float], list[float]]:
+    async def scaling(self, concurrency: int, rounds: int) -> ScalingTimings:
         """Per round, `concurrency` recalls one after another and `concurrency` others all
         at once (which goes first alternates): the wall times of each side, so a machine
-        whose load drifts slows both alike. Every recall is checked against the raw floor."""
-        serial_walls: list[float] = []
-        wide_walls: list[float] = []
+        whose load drifts slows both alike. Every recall is checked against the raw floor.
+        After each round, the ceiling: the raw floor of the same probes sequentially and
+        split over `READERS` threads."""
+        timings = ScalingTimings(concurrency)
+        serial_walls, wide_walls = timings.serial, timings.wide
         for r in range(rounds):
             serial = self.probes.take(self.callers(concurrency))
             wide = self.probes.take(self.callers(concurrency))
@@ -526,10 +556,12 @@ class OverheadBench:
                         serial_outcomes.append(await self.mem.recall(probe.turn))
                     serial_walls.append(time.perf_counter() - start)
             probes, outcomes = [*serial, *wide], [*serial_outcomes, *wide_outcomes]
-            _, hits = self._raw_pass(probes)  # untimed: for the checks only
+            raw, hits = self._raw_pass(probes)
             for probe, outcome, found in zip(probes, outcomes, hits, strict=True):
                 self._check(probe, outcome, found)
-        return serial_walls, wide_walls
+            timings.raw_serial.append(sum(raw))
+            timings.raw_parallel.append(self.floor.parallel(probes))
+        return timings
 
     def _last_scan(self) -> float | None:
         """When the notes index was last synced (a diagnostic: see the doc)."""
@@ -810,13 +842,25 @@ def meaning_report(t: MeaningTimings) -> dict[str, Any]:
 
 
 @dataclass
+class ScalingTimings:
+    """Wall times per interleaved round (seconds): recalls one by one and all at once, and
+    the raw floor of the round's probes sequentially and over `READERS` threads."""
+
+    concurrency: int
+    serial: list[float] = field(default_factory=list)
+    wide: list[float] = field(default_factory=list)
+    raw_serial: list[float] = field(default_factory=list)
+    raw_parallel: list[float] = field(default_factory=list)
+
+
+@dataclass
 class OverheadRun:
     """What one open memory measured."""
 
     levels: list[LevelTimings]
     sync_seconds: list[float]
     profile: list[str]
-    scaling: tuple[int, list[float], list[float]] | None = None  # (concurrency, walls...)
+    scaling: ScalingTimings | None = None
 
 
 async def run_overhead(
@@ -859,8 +903,7 @@ async def run_overhead(
                 run.levels.append(timings)
             widest = max(levels)
             if widest > 1 and args.scaling_rounds:
-                walls = await bench.scaling(widest, args.scaling_rounds)
-                run.scaling = (widest, *walls)
+                run.scaling = await bench.scaling(widest, args.scaling_rounds)
             for _ in range(SYNC_PROBES):  # a rescan that finds nothing changed
                 start = time.perf_counter()
                 await mem.notes.sync_notes(AGENT)
@@ -1095,7 +1138,8 @@ def verdicts(result: dict[str, Any]) -> list[dict[str, Any]]:
                     TARGET_SCALING,
                     ok,
                 )
-                + f" ({cores} cores)",
+                + f" ({cores} cores; the raw floor itself scaled {paired['raw_ceiling']:.2f}x "
+                f"over {paired['raw_threads']} threads meanwhile)",
             }
         )
     meaning = overhead.get("meaning") if overhead else None
@@ -1289,7 +1333,8 @@ def _scaling_lines(overhead: dict[str, Any]) -> list[str]:
             f"{paired['concurrency']} recalls one after another and {paired['concurrency']} "
             f"at once, alternating which goes first: serial {paired['serial_per_s']:,.0f}/s, "
             f"concurrent {paired['concurrent_per_s']:,.0f}/s = {paired['ratio']:.2f}x "
-            f"(per round: {rounds})"
+            f"(per round: {rounds}); the ceiling, the raw floor of the same probes in "
+            f"{paired['raw_threads']} plain threads against one: {paired['raw_ceiling']:.2f}x"
         )
     return lines
 
@@ -1468,20 +1513,22 @@ def overhead_section(args: argparse.Namespace, run_dir: Path, zipf: Zipf) -> dic
     }
 
 
-def scaling_report(scaling: tuple[int, list[float], list[float]] | None) -> dict[str, Any] | None:
-    """The interleaved serial / concurrent rounds: recalls per second each way, and the ratio."""
-    if scaling is None:
+def scaling_report(t: ScalingTimings | None) -> dict[str, Any] | None:
+    """The interleaved serial / concurrent rounds: recalls per second each way, the ratio,
+    and the raw floor's own ratio over `READERS` threads (this machine's ceiling then)."""
+    if t is None:
         return None
-    concurrency, serial, wide = scaling
-    count = concurrency * len(serial)
-    serial_rate, wide_rate = count / sum(serial), count / sum(wide)
+    count = t.concurrency * len(t.serial)
+    serial_rate, wide_rate = count / sum(t.serial), count / sum(t.wide)
     return {
-        "concurrency": concurrency,
-        "rounds": len(serial),
+        "concurrency": t.concurrency,
+        "rounds": len(t.serial),
         "serial_per_s": round(serial_rate, 1),
         "concurrent_per_s": round(wide_rate, 1),
         "ratio": round(wide_rate / serial_rate, 3),
-        "per_round": [round(s / w, 3) for s, w in zip(serial, wide, strict=True)],
+        "per_round": [round(s / w, 3) for s, w in zip(t.serial, t.wide, strict=True)],
+        "raw_threads": READERS,
+        "raw_ceiling": round(sum(t.raw_serial) / sum(t.raw_parallel), 3),
     }
 
 
