@@ -2,15 +2,15 @@
 
 It owns the task group of every actor. Agent databases are opened lazily, the first time a
 session of that agent is used; each gets its writer lock, an indexer actor with its bounded
-inbox, and a reader connection (and, with an embedder, an embedder actor with its own
-reader). The records store (`records.db`, one for all agents) is
+inbox, and a small pool of reader connections (`READERS`; and, with an embedder, an
+embedder actor with its own reader). The records store (`records.db`, one for all agents) is
 opened the same way on its first use, with the records keeper as its single writer (and,
 with an embedder, its own embedder actor, docs/design.md §5.7); both are a `Database`
 handle. A crashed actor is never silently lost: its exception propagates out of
 `open_memory()`.
 
-Read-only (`open_memory(readonly=True)`, docs/design.md §1.6): each database is only a
-reader connection — no writer lock, no writer, no reconciler, no embedder actor — and every
+Read-only (`open_memory(readonly=True)`, docs/design.md §1.6): each database is only its
+reader connections — no writer lock, no writer, no reconciler, no embedder actor — and every
 write is refused with `readonly_error`."""
 
 from __future__ import annotations
@@ -66,6 +66,7 @@ from .embedder import AgentFeed, EmbedderActor, RecordFeed
 from .embedder import open_inbox as embedder_inbox
 from .group_commit import MAX_BATCH, A, C, GroupCommit, StorageWriter
 from .indexer import Indexer
+from .notes_watcher import NotesWatcher
 from .recall_pool import RecallPool
 from .recall_pool import open_inbox as recall_pool_inbox
 from .reconciler import ReadDirty, Reconciler, Submit
@@ -73,6 +74,14 @@ from .reconciler import open_inbox as reconciler_inbox
 from .records import RecordKeeper
 
 T = TypeVar("T")
+
+READERS = 3
+"""Reader connections per open agent database (docs/design.md §1.3): WAL readers run in
+parallel and apsw releases the GIL inside SQLite, so concurrent recalls of one agent no
+longer queue on one connection. Three: a search is mostly CPU, and two cores are the common
+host; a third covers one slow read (a stats scan, a vector index load) without stalling the
+rest. `records.db` keeps one reader: its page cache is 64 MiB (`READER_CACHE_KIB`), which a
+pool would multiply."""
 
 
 class _Reader(Protocol):
@@ -84,24 +93,44 @@ R = TypeVar("R", bound=_Reader)
 
 
 @dataclass(kw_only=True)
-class Database(Generic[R, C, A]):
-    """Everything open for one database: its single writer (`actor`), its reader and lock.
+class PooledReader(Generic[R]):
+    """One reader connection of a database's pool, its executor, and the reads under way."""
 
-    Opened read-only (docs/design.md §1.6) it has a reader alone: `actor` and `lock` are
-    None, and `submit` raises `StorageError` naming readonly.
+    reader: R
+    executor: Executor
+    busy: int = 0
+
+
+@dataclass(kw_only=True)
+class Database(Generic[R, C, A]):
+    """Everything open for one database: its single writer (`actor`), its readers and lock.
+
+    `readers` is the pool of reader connections (`READERS`, docs/design.md §1.3); `reader`
+    and `read_executor` are its first, the one an idle database reads on. Opened read-only
+    (docs/design.md §1.6) it has readers alone: `actor` and `lock` are None, and `submit`
+    raises `StorageError` naming readonly.
     """
 
     path: Path
     actor: GroupCommit[C, A] | None
-    reader: R
-    read_executor: Executor
+    readers: tuple[PooledReader[R], ...]
     lock: WriterLock | None
     state_dir: Path
     stopped: anyio.Event = field(default_factory=anyio.Event)
 
     @property
+    def reader(self) -> R:
+        """The pool's first reader connection."""
+        return self.readers[0].reader
+
+    @property
+    def read_executor(self) -> Executor:
+        """The executor of the pool's first reader (for reads of files, not of SQLite)."""
+        return self.readers[0].executor
+
+    @property
     def readonly(self) -> bool:
-        """Opened by `open_memory(readonly=True)`: a reader alone."""
+        """Opened by `open_memory(readonly=True)`: readers alone."""
         return self.actor is None
 
     def writer(self) -> GroupCommit[C, A]:
@@ -115,16 +144,24 @@ class Database(Generic[R, C, A]):
         return await self.writer().submit(command)
 
     async def read(self, fn: Callable[[R], T]) -> T:
-        """Run `fn` on the reader connection; SQLite errors become `StorageError`.
+        """Run `fn` on the least busy reader of the pool; SQLite errors become `StorageError`.
+
+        Each call is its own read (its own snapshot); ties go to the first reader, so an
+        idle database keeps reading on one warm connection.
 
         Cancellation: a read that has started finishes on its worker; nothing is left behind.
         """
+        pooled = min(self.readers, key=lambda p: p.busy)
 
         def run() -> T:
             with translate_errors(self.path):
-                return fn(self.reader)
+                return fn(pooled.reader)
 
-        return await self.read_executor.run(run)
+        pooled.busy += 1
+        try:
+            return await pooled.executor.run(run)
+        finally:
+            pooled.busy -= 1
 
     async def run_writer(self) -> None:
         """The writer's loop (a task of the supervisor); `stopped` is set when it ends."""
@@ -139,11 +176,13 @@ class Database(Generic[R, C, A]):
             await self.actor.close_inbox()
 
     async def close(self) -> None:
-        """Once the writer has stopped (its inbox closed and drained): close the connections."""
+        """Once the writer has stopped (its inbox closed and drained): close the connections,
+        every pooled reader's too."""
         if self.actor is not None:
             await self.stopped.wait()
             await self.actor.executor.run(self.actor.writer.conn.close)
-        await self.read_executor.run(self.reader.conn.close)
+        for pooled in self.readers:
+            await pooled.executor.run(pooled.reader.conn.close)
         if self.lock is not None:
             self.lock.release()
 
@@ -181,7 +220,8 @@ class VectorDatabase(Database[R, C, A]):
         await self.embedder_stopped.wait()
         if self.embedder_reader is not None and self.embedder_read_executor is not None:
             await self.embedder_read_executor.run(self.embedder_reader.conn.close)
-        detach(self.reader.conn)  # its vector index goes now, not when collected
+        for pooled in self.readers:  # the shared vector index goes now, not when collected
+            detach(pooled.reader.conn)
         await super().close()
 
     def poke_embedder(self, reason: Literal["start", "write"]) -> None:
@@ -320,6 +360,8 @@ class Supervisor:
         self._control_scope = anyio.CancelScope()
         self._control_stopped = anyio.Event()
         self._control_stopped.set()  # until `serve_control` starts the actor
+        # The notes watchers (docs/design.md §4.7), each with its cancel scope and end.
+        self._watchers: list[tuple[anyio.CancelScope, anyio.Event]] = []
 
     def serve_control(self, handle: Handle) -> None:
         """Serve other processes' control requests with `handle` (docs/design.md §1.7):
@@ -338,6 +380,26 @@ class Supervisor:
                 await actor.run()
         finally:
             self._control_stopped.set()
+
+    def start_watcher(self, watcher: NotesWatcher) -> None:
+        """Run a notes watcher until the memory closes (it is cancelled then: it writes
+        through the indexer, which drains and closes after it). Nothing once closing."""
+        if self._closed:
+            return
+        scope, stopped = anyio.CancelScope(), anyio.Event()
+        self._watchers.append((scope, stopped))
+        self._tg.start_soon(
+            self._run_watcher, watcher, scope, stopped, name=f"notes-watcher:{watcher.agent}"
+        )
+
+    async def _run_watcher(
+        self, watcher: NotesWatcher, scope: anyio.CancelScope, stopped: anyio.Event
+    ) -> None:
+        try:
+            with scope:
+                await watcher.run()
+        finally:
+            stopped.set()
 
     async def _run_recall_pool(self) -> None:
         try:
@@ -382,8 +444,8 @@ class Supervisor:
 
     async def _open_records(self) -> RecordsDatabase:
         path = records_db_path(self.state_dir)
-        actor, reader, read_executor, lock = await self._open(
-            path, open_records_connection, RecordWriter, RecordKeeper
+        actor, readers, lock = await self._open(
+            path, open_records_connection, RecordWriter, RecordKeeper, readers=1
         )
         embedder_reader: RecordReader | None = None
         embedder_executor: Executor | None = None
@@ -395,7 +457,7 @@ class Supervisor:
                 )
             except BaseException:
                 await actor.executor.run(actor.writer.conn.close)
-                await read_executor.run(reader.close)
+                _close_all(readers)
                 if lock is not None:
                     lock.release()
                 raise
@@ -403,8 +465,7 @@ class Supervisor:
         records = RecordsDatabase(
             path=path,
             actor=actor,
-            reader=RecordReader(reader),
-            read_executor=read_executor,
+            readers=tuple(PooledReader(reader=RecordReader(c), executor=e) for c, e in readers),
             lock=lock,
             state_dir=self.state_dir,
             embedder_reader=embedder_reader,
@@ -432,14 +493,14 @@ class Supervisor:
         connect: Callable[..., apsw.Connection],
         make_writer: Callable[[apsw.Connection], StorageWriter[C, A]],
         make_actor: type[GroupCommit[C, A]],
-    ) -> tuple[GroupCommit[C, A] | None, apsw.Connection, Executor, WriterLock | None]:
-        """The single writer of `path` (holding its writer lock) and a reader connection,
-        each on its own executor; `connect` opens a connection and migrates the writer's.
-        Read-only: the reader alone (docs/design.md §1.6), no writer and no lock."""
-        read_executor = make_executor(self.executor_kind)
+        *,
+        readers: int,
+    ) -> tuple[GroupCommit[C, A] | None, list[tuple[apsw.Connection, Executor]], WriterLock | None]:
+        """The single writer of `path` (holding its writer lock) and `readers` reader
+        connections, each on its own executor; `connect` opens a connection and migrates the
+        writer's. Read-only: the readers alone (docs/design.md §1.6), no writer and no lock."""
         if self.readonly:
-            reader = await read_executor.run(lambda: connect(path, writer=False, readonly=True))
-            return None, reader, read_executor, None
+            return None, await self._open_readers(path, connect, readers, readonly=True), None
         write_executor = make_executor(self.executor_kind)
         lock = WriterLock(path)
 
@@ -457,13 +518,33 @@ class Supervisor:
 
         writer = await write_executor.run(open_writer)
         try:
-            reader = await read_executor.run(lambda: connect(path, writer=False))
+            conns = await self._open_readers(path, connect, readers, readonly=False)
         except BaseException:
             writer.conn.close()
             lock.release()
             raise
         actor = make_actor(writer, write_executor, max_batch=self.max_batch)
-        return actor, reader, read_executor, lock
+        return actor, conns, lock
+
+    async def _open_readers(
+        self, path: Path, connect: Callable[..., apsw.Connection], count: int, *, readonly: bool
+    ) -> list[tuple[apsw.Connection, Executor]]:
+        """`count` reader connections of `path`, each with its executor; if one cannot be
+        opened, those already open are closed."""
+        readers: list[tuple[apsw.Connection, Executor]] = []
+        try:
+            for _ in range(count):
+                executor = make_executor(self.executor_kind)
+                if readonly:
+                    conn = await executor.run(lambda: connect(path, writer=False, readonly=True))
+                else:
+                    conn = await executor.run(lambda: connect(path, writer=False))
+                readers.append((conn, executor))
+        except BaseException:
+            for conn, _ in readers:
+                conn.close()
+            raise
+        return readers
 
     def open_agents(self) -> list[AgentStore]:
         return list(self._agents.values())
@@ -477,16 +558,18 @@ class Supervisor:
 
     async def _open_agent(self, agent: str) -> AgentStore:
         path = agent_db_path(self.state_dir, agent)
-        actor, reader, read_executor, lock = await self._open(
-            path, open_connection, TranscriptWriter, Indexer
+        actor, conns, lock = await self._open(
+            path, open_connection, TranscriptWriter, Indexer, readers=READERS
         )
-        if actor is None:  # read-only: a reader alone (docs/design.md §1.6)
+        readers = tuple(
+            PooledReader(reader=TranscriptReader(c, agent), executor=e) for c, e in conns
+        )
+        if actor is None:  # read-only: readers alone (docs/design.md §1.6)
             store = AgentStore(
                 agent=agent,
                 path=path,
                 actor=None,
-                reader=TranscriptReader(reader, agent),
-                read_executor=read_executor,
+                readers=readers,
                 lock=None,
                 state_dir=self.state_dir,
                 reconciler=None,
@@ -495,11 +578,15 @@ class Supervisor:
             store.embedder_stopped.set()
             return store  # no vector index: a writer in another process feeds nothing here
         assert lock is not None
-        # The in-memory vector index of the reader's searches, fed by the writer's commits
+        # The in-memory vector index of the readers' searches, fed by the writer's commits
         # (storage/vector_index.py, docs/design.md §2.3); installed before the first write.
+        # One index shared by every pooled reader: one matrix in memory, loaded once
+        # (docs/design.md §2.3, "The vector index").
         feed = VectorFeed()
         await actor.executor.run(lambda: feed.install(actor.writer.conn))
-        attach(reader, VectorIndexes(feed))
+        indexes = VectorIndexes(feed)
+        for conn, _ in conns:
+            attach(conn, indexes)
         embedder_reader: TranscriptReader | None = None
         embedder_executor: Executor | None = None
         if self.embedder is not None:  # before any task starts: a failure leaves nothing
@@ -508,7 +595,7 @@ class Supervisor:
                 conn = await embedder_executor.run(lambda: open_connection(path, writer=False))
             except BaseException:
                 await actor.executor.run(actor.writer.conn.close)
-                await read_executor.run(reader.close)
+                _close_all(conns)
                 lock.release()
                 raise
             embedder_reader = TranscriptReader(conn, agent)
@@ -517,8 +604,7 @@ class Supervisor:
             agent=agent,
             path=path,
             actor=actor,
-            reader=TranscriptReader(reader, agent),
-            read_executor=read_executor,
+            readers=readers,
             lock=lock,
             state_dir=self.state_dir,
             reconciler=Reconciler(
@@ -583,6 +669,12 @@ class Supervisor:
         # A control request uses every writer: it ends first (answered with an error).
         self._control_scope.cancel()
         await self._control_stopped.wait()
+        # The notes watchers write through the indexers: cancelled (an edit not yet synced
+        # is found by the next open's first search).
+        for scope, _ in self._watchers:
+            scope.cancel()
+        for _, stopped in self._watchers:
+            await stopped.wait()
         # Recall runs read the agent databases: they end first (cancelled if still running).
         await self.recall_inbox.aclose()
         await self._recall_pool_stopped.wait()
@@ -658,6 +750,13 @@ async def open_supervisor(
         if len(group.exceptions) == 1:
             raise group.exceptions[0] from None
         raise
+
+
+def _close_all(readers: list[tuple[apsw.Connection, Executor]]) -> None:
+    """Close reader connections that no task uses yet (an open that failed half-way)."""
+    for conn, _ in readers:
+        detach(conn)
+        conn.close()
 
 
 def agents_on_disk(state_dir: Path) -> list[str]:

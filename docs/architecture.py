@@ -30,6 +30,7 @@ BOXES: dict[str, tuple[int, int, int, int, str, str, str]] = {
     "model": (790, 440, 170, 60, "recall model", "local or OpenAI-compatible", "outside"),
     "operator": (20, 300, 150, 60, "operator's CLI", "another process", "outside"),
     "control": (20, 420, 150, 60, "control actor", "actors/control.py", "actor"),
+    "watcher": (230, 420, 190, 60, "notes watcher (per agent)", "actors/notes_watcher.py", "actor"),
 }
 # (from, to, label, dashed): solid arrows are bounded inboxes of tagged Structs.
 ARROWS: list[tuple[str, str, str, bool]] = [
@@ -50,6 +51,7 @@ ARROWS: list[tuple[str, str, str, bool]] = [
     ("recall_pool", "model", "runs, tools", True),
     ("operator", "control", "spool files", True),
     ("control", "memory", "erase_identity", True),
+    ("watcher", "indexer", "SyncNotes", False),
 ]
 SUPERVISED = ("indexer", "reconciler", "embedder", "records", "recall_pool")
 FILL = {"outside": "#f3f3f3", "face": "#e6f0fa", "actor": "#fdf3dc", "store": "#e8f5e9"}

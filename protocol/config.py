@@ -451,6 +451,30 @@ class MemorySearchQuery(msgspec.Struct, frozen=True, kw_only=True, rename="camel
     hybrid: Annotated[HybridQuery, msgspec.Meta(description="Hybrid search")] = HybridQuery()
 
 
+MAX_WATCH_DEBOUNCE_MS = 600_000
+
+
+class MemorySearchSync(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """`agents.defaults.memorySearch.sync`: how the notes index follows the workspace
+    (docs/design.md §4.7). The host's other sync keys pass through."""
+
+    watch: Annotated[
+        bool,
+        msgspec.Meta(
+            description="Watch the workspace's notes and reindex edits in the background; "
+            "off: each search rescans (at most once a second)"
+        ),
+    ] = True
+    watch_debounce_ms: Annotated[
+        int,
+        msgspec.Meta(
+            ge=0,
+            le=MAX_WATCH_DEBOUNCE_MS,
+            description="Quiet time after the last edit seen before the notes are reindexed",
+        ),
+    ] = 1500
+
+
 class MemorySearchDefaults(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     """`agents.defaults.memorySearch`: how memory is embedded and searched (docs/design.md §4.7)."""
 
@@ -483,6 +507,9 @@ class MemorySearchDefaults(msgspec.Struct, frozen=True, kw_only=True, rename="ca
     )
     query: Annotated[MemorySearchQuery, msgspec.Meta(description="Query settings")] = (
         MemorySearchQuery()
+    )
+    sync: Annotated[MemorySearchSync, msgspec.Meta(description="Notes index sync")] = (
+        MemorySearchSync()
     )
 
 

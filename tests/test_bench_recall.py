@@ -24,6 +24,7 @@ TINY = [
     "--notes", "8",
     "--recalls", "6",
     "--concurrency", "1,4",
+    "--scaling-rounds", "2",
     "--runs", "3",
     "--runs-ignoring", "1",
     "--meaning-recalls", "4",
@@ -87,7 +88,8 @@ def test_both_benchmarks_report_their_structure_through_the_cli(
     assert overhead["inline"]["executor"] == "inline"
     assert set(overhead["note_rescan_ms"]) == PERCENTILES
     assert overhead["profile"][0] == "6 recalls at concurrency 1, thread executor"
-    assert "cumtime" in overhead["profile"][1]
+    assert "tottime" in overhead["profile"][1]
+    assert overhead["cores"] >= 1
 
     meaning = overhead["meaning"]
     assert meaning["recalls"] == 4 and meaning["statuses"] == {"ok": 8}
@@ -125,11 +127,23 @@ def test_both_benchmarks_report_their_structure_through_the_cli(
     assert [v["name"] for v in verdicts] == [
         "recall overhead, concurrency 1",
         "recall overhead, concurrency 4",
+        "recall against the raw query, concurrency 1",
+        "throughput scaling, concurrency 4 vs serial",
         "recall by meaning, concurrency 1",
         "budget overshoot, hang",
         "budget overshoot, ignores_cancellation",
     ]
     assert [v["measure"] for v in verdicts[:2]] == ["paired latency", "per op at throughput"]
+    ratio, scaling = verdicts[2], verdicts[3]
+    assert ratio["ratio"] == pytest.approx(one["recall_ms"]["p50"] / one["raw_ms"]["p50"], abs=1e-3)
+    assert ratio["pass"] == (ratio["ratio"] <= bench_recall.TARGET_RAW_RATIO)
+    paired = overhead["scaling"]
+    assert (paired["concurrency"], paired["rounds"], len(paired["per_round"])) == (4, 2, 2)
+    expected = paired["concurrent_per_s"] / paired["serial_per_s"]
+    assert scaling["ratio"] == paired["ratio"] == pytest.approx(expected, rel=0.01)
+    assert scaling["pass"] == (scaling["ratio"] >= bench_recall.TARGET_SCALING)
+    assert f"{overhead['cores']} cores" in scaling["measure"]
+    assert paired["raw_ceiling"] > 0 and paired["raw_threads"] >= 2
     assert all(isinstance(v["pass"], bool) for v in verdicts)
 
 
@@ -145,10 +159,11 @@ def test_the_state_dir_is_reused_and_the_report_ends_with_verdicts(
 
     assert "reused" not in first.splitlines()[2]
     assert "(reused: times from the run that loaded it)" in second.splitlines()[2]
-    tail = second.splitlines()[-3:]
+    tail = second.splitlines()[-4:]
     assert tail[0] == "Verdicts"
     assert tail[1].startswith(("  PASS recall overhead, concurrency 1", "  MISS recall overhead"))
-    assert tail[2].startswith(("  PASS recall by meaning", "  MISS recall by meaning"))
+    assert tail[2].startswith(("  PASS recall against the raw", "  MISS recall against the raw"))
+    assert tail[3].startswith(("  PASS recall by meaning", "  MISS recall by meaning"))
     assert "by meaning (default config: embedder local/all-MiniLM-L6-v2, hybrid;" in second
     assert "Recall budget overshoot" not in second
 

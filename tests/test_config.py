@@ -1513,6 +1513,28 @@ def test_candidate_multiplier_bounds_and_type() -> None:
     assert errors_of(hybrid(candidateMultiplier=2.5)) == (f"{key}: expected an integer, got 2.5",)
 
 
+def test_notes_sync_keys_defaults_bounds_and_types() -> None:
+    def sync(**keys: object) -> dict[str, object]:
+        return {"agents": {"defaults": {"memorySearch": {"sync": keys}}}}
+
+    default = load_config({}).memory_search.sync
+    assert (default.watch, default.watch_debounce_ms) == (True, 1500)
+    # The host's other sync keys pass through.
+    chosen = load_config(sync(watch=False, watchDebounceMs=0, onSearch=True)).memory_search.sync
+    assert (chosen.watch, chosen.watch_debounce_ms) == (False, 0)
+    key = f"{MS}.sync"
+    assert errors_of(sync(watch="yes")) == (f'{key}.watch: expected true or false, got "yes"',)
+    assert errors_of(sync(watchDebounceMs=-1)) == (
+        f"{key}.watchDebounceMs: -1 is below the minimum 0",
+    )
+    assert errors_of(sync(watchDebounceMs=600_001)) == (
+        f"{key}.watchDebounceMs: 600001 is above the maximum 600000",
+    )
+    assert errors_of(sync(watchDebounceMs=1.5)) == (
+        f"{key}.watchDebounceMs: expected an integer, got 1.5",
+    )
+
+
 def test_half_life_bounds_and_type() -> None:
     key = f"{MS}.query.hybrid.temporalDecay.halfLifeDays"
     decay = load_config(hybrid(temporalDecay={"halfLifeDays": 0.5})).memory_search

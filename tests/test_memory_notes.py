@@ -38,6 +38,9 @@ P = ParamSpec("P")
 CALLER = parse_session_key("agent:main:direct:alice")
 KEY = "sk-abc123DEF456ghi789JKL012mno345pqrWXYZ"
 PAST_NS = 1_600_000_000 * 10**9  # 2020: no file written by a test is "just written"
+# These tests edit and search at once: each search rescans (`RESCAN_S` 0, below) instead of
+# the notes watcher's debounce (tests/test_notes_watcher.py).
+NO_WATCH = {"agents": {"defaults": {"memorySearch": {"sync": {"watch": False}}}}}
 
 
 def bounded(test: Callable[P, Awaitable[None]]) -> Callable[P, Awaitable[None]]:
@@ -53,7 +56,7 @@ def bounded(test: Callable[P, Awaitable[None]]) -> Callable[P, Awaitable[None]]:
 
 @pytest.fixture
 async def mem(tmp_path: Path, executor: str) -> AsyncIterator[am.Memory]:
-    async with am.open_memory(tmp_path / "state", executor=executor) as memory:  # type: ignore[arg-type]
+    async with am.open_memory(tmp_path / "state", config=NO_WATCH, executor=executor) as memory:  # type: ignore[arg-type]
         yield memory
 
 
@@ -364,12 +367,12 @@ async def test_a_configured_workspace_is_used(tmp_path: Path, executor: str) -> 
     "anyio_backend",
     [pytest.param(("trio", {"clock": trio.testing.MockClock(autojump_threshold=0)}))],
 )
-async def test_edits_show_up_within_rescan_s(
+async def test_without_the_watcher_edits_show_up_within_rescan_s(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(_memory_core, "RESCAN_S", 1.0)
     with anyio.fail_after(30):
-        async with am.open_memory(tmp_path / "s", executor="inline") as mem:
+        async with am.open_memory(tmp_path / "s", config=NO_WATCH, executor="inline") as mem:
             core = MemoryCore(mem._supervisor, mem.sessions._search, lambda: mem._settings)
             start = anyio.current_time()
             note = write(mem, "MEMORY.md", "The cat is Miso.\n")

@@ -127,6 +127,48 @@ async def test_transcript_is_temporary_by_default(tmp_path: Path) -> None:
     assert not temp.exists()
 
 
+async def test_a_temporary_transcript_is_written_lazily(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nothing reads a temporary transcript: its lines stay in memory, no file is made on the
+    recall path; `spill` writes what it holds so far and the rest follows; the end deletes."""
+    opened: list[SubAgentTranscript] = []
+
+    class Recorded(SubAgentTranscript):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            opened.append(self)
+
+    monkeypatch.setattr(coordinator, "SubAgentTranscript", Recorded)
+    during: list[Any] = []
+
+    class Spills:
+        async def recall(self, request: am.RecallRequest, tools: am.RecallTools) -> str:
+            (transcript,) = opened
+            during.append([json.loads(line)["type"] for line in transcript.lines])
+            await tools.call("memory_search", {"query": "oolong tea"})
+            during.append(transcript.lines[-1:])  # the search's result, in memory
+            during.append(list(temp.iterdir()))  # no file yet
+            path = transcript.spill("run.jsonl")
+            assert path is not None
+            await tools.call("memory_search", {"query": "morning"})
+            during.append([json.loads(line)["type"] for line in path.read_text().splitlines()])
+            return "The user drinks oolong tea every morning."
+
+    async with am.open_memory(
+        tmp_path / "s", config=config(model="test/spill"), models={"test/spill": Spills()}
+    ) as mem:
+        temp = mem._transcripts.temp_dir()
+        await mem.sessions.append(SOURCE, am.Message(role="user", content=FACT))
+        out = await mem.recall(turn())
+        assert out.status == "ok"
+        assert list(temp.iterdir()) == []  # spilled, then deleted at the run's end
+    prompt, last, files, spilled = during
+    assert prompt == ["prompt"] and len(last) == 1 and files == []
+    assert spilled == ["prompt", "tool_call", "tool_result", "tool_call", "tool_result"]
+    assert opened[0].lines == [] and opened[0].spill("again.jsonl") is None  # ended
+
+
 async def test_persisted_transcript_is_private_and_complete(tmp_path: Path) -> None:
     settings = {"persistTranscripts": True, "transcriptDir": "am-runs"}
     async with am.open_memory(tmp_path / "s", config=config(**settings)) as mem:

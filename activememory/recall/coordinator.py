@@ -277,11 +277,14 @@ class Recaller:
         persist, path = am.persist_transcripts and self._transcripts.keep, None
         if persist:
             path = self._transcripts.kept_path(request.agent, am.transcript_dir, run_id)
-        keep = path is not None
-        if path is None:
-            path = self._transcripts.temp_dir() / f"{run_id}.jsonl"
-        transcript = SubAgentTranscript(path, keep=keep, started=anyio.current_time())
-        if persist and not keep:
+        # Temporary (not kept): in memory, a file only if something spills it (§4.11).
+        transcript = SubAgentTranscript(
+            path,
+            keep=path is not None,
+            started=anyio.current_time(),
+            spill_dir=self._transcripts.temp_dir,
+        )
+        if persist and path is None:
             transcript.failed = "transcriptDir leaves the sessions folder: transcript not kept"
         transcript.write(
             {

@@ -1,14 +1,17 @@
 """The memory-core memory tools: `memory_search` and `memory_get` (docs/design.md §4.7).
 
 Memory notes are `MEMORY.md` and `memory/*.md` (one level, no hidden files) in the agent's
-workspace (`Config.workspace`). A person edits them; the index follows: before a search the
-workspace is rescanned (a `stat` per file) at most once per `RESCAN_S` seconds per agent,
-and always on an agent's first search, so an edit in place shows up in searches within a
-second. Only files whose mtime or size changed are read, hashed and chunked; the changes go
-to the indexer as one `SyncNotes` command (storage/notes.py). A file edited twice within one
-filesystem timestamp tick, the second time keeping its size, is caught too: a file read
-less than two seconds after it was written is hashed again by the next scans until it is
-older than that.
+workspace (`Config.workspace`). A person edits them; the index follows. An agent's first
+search scans the workspace (a `stat` per file) before it searches, so it sees every note
+that existed then. After that, with `memorySearch.sync.watch` (the default), a notes
+watcher per agent (actors/notes_watcher.py) polls the files' stats off the recall path and
+reindexes `watchDebounceMs` after the last edit it saw: a search never scans again. With
+`watch: false` a search rescans at most once per `RESCAN_S` seconds per agent, inside the
+search. Either way only files whose mtime or size changed are read, hashed and chunked; the
+changes go to the indexer as one `SyncNotes` command (storage/notes.py). A file edited twice
+within one filesystem timestamp tick, the second time keeping its size, is caught too: a
+file read less than two seconds after it was written is hashed again by the next scans
+until it is older than that.
 
 Notes are redacted before they are chunked, as whole files, so a secret spanning lines (a
 PEM block) is masked even where chunks cut it; the masked lines keep their numbers. Every
@@ -27,9 +30,9 @@ Debug fields of `memory_search` beyond docs/design.md §4.7's (`backend`, `effec
 `searchMs`, `hits`), each present only when it applies: `indexing` and `warning` (the
 transcript index is being rebuilt: results may be incomplete), `vectorsPending` (the
 embedder is still computing vectors of this agent's database: what was written last may be
-found by its words only), `ignored` (notes not
-indexed, and why), `syncError` (the rescan could not be written: the notes indexed before
-still answer) and `truncated` (results dropped to keep the answer within 16 000 characters).
+found by its words only), `ignored` (notes not indexed, and why), `syncError` (the scan, or
+the notes watcher's last sync, could not be written: the notes indexed before still answer)
+and `truncated` (results dropped to keep the answer within 16 000 characters).
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ import anyio
 from .._redaction import Redactor
 from .._search import SessionSearch, make_snippet
 from .._settings import Settings
+from ..actors.notes_watcher import NotesWatcher
 from ..actors.supervisor import AgentStore, Supervisor
 from ..protocol.config import HybridQuery, PrivateScope
 from ..protocol.embeddings import Embedder
@@ -61,6 +65,7 @@ from ..protocol.search import MAX_LIMIT, SearchHit
 from ..protocol.session_key import AGENT_ID, SessionKey, parse_session_key
 from ..protocol.tools import DEFAULT_RESULTS as DEFAULT_RESULTS  # the benchmarks' default
 from ..protocol.tools import MemoryGetArgs, MemorySearchArgs
+from ..storage.executor import make_executor
 from ..storage.fts_query import plan_match, query_terms
 from ..storage.notes import (
     MAX_CHUNK_CHARS,
@@ -84,7 +89,8 @@ from .hybrid import (
 from .tools import MAX_TOOL_CONTENT_CHARS, tool_arguments, tool_failure
 
 RESCAN_S = 1.0
-"""A workspace is rescanned for edited notes at most this often (seconds, per agent)."""
+"""Without the notes watcher (`sync.watch: false`), a search rescans the workspace for
+edited notes at most this often (seconds, per agent)."""
 
 MAX_NOTE_BYTES = 1024 * 1024
 """Notes larger than this are not indexed nor served (listed under `ignored`)."""
@@ -149,6 +155,8 @@ class MemoryCore:
         self._locks: dict[str, anyio.Lock] = {}
         self._ignored: dict[str, tuple[tuple[str, str], ...]] = {}
         self._racy: dict[str, frozenset[str]] = {}
+        # The notes watcher of each agent a search has read (docs/design.md §4.7).
+        self.watchers: dict[str, NotesWatcher] = {}
         # The query side of recall by meaning; the same embedder the embedder actor uses.
         self.embedder: Embedder | None = None
 
@@ -173,13 +181,43 @@ class MemoryCore:
             return await self._sync(store, settings or self._current())
 
     async def _refresh(self, store: AgentStore, settings: Settings) -> None:
-        """`sync_notes` unless the workspace was scanned less than `RESCAN_S` ago, or the
-        memory is read-only (it searches the notes as the writer last indexed them)."""
-        if store.readonly or not self._stale(store.agent):
+        """Before a search: the agent's first search scans the workspace; later ones leave it
+        to the notes watcher (started here), or, with `sync.watch: false`, rescan unless the
+        workspace was scanned less than `RESCAN_S` ago. A read-only memory never scans (it
+        searches the notes as the writer last indexed them)."""
+        if store.readonly:
+            return
+        sync = settings.config.memory_search.sync
+        if sync.watch and store.agent in self._scanned_at:
+            self._watch(store, sync.watch_debounce_ms / 1000)
+            return
+        if not self._stale(store.agent):
             return
         async with self._lock(store.agent):
             if self._stale(store.agent):  # another search may have scanned while we waited
                 await self._sync(store, settings)
+        if sync.watch:
+            self._watch(store, sync.watch_debounce_ms / 1000)
+
+    def _watch(self, store: AgentStore, debounce_s: float) -> None:
+        """Start the notes watcher of `store`'s agent unless it runs (docs/design.md §4.7)."""
+        agent = store.agent
+        if agent in self.watchers:
+            return
+        executor = make_executor(self._supervisor.executor_kind)  # never a reader's: no queue
+
+        async def listing() -> tuple[tuple[str, int, int, int], ...]:
+            root = self._current().workspace(agent)
+            return await executor.run(partial(_note_stats, root))
+
+        async def sync() -> bool:
+            async with self._lock(agent):
+                await self._sync(store, self._current())
+            return bool(self._racy.get(agent))
+
+        watcher = NotesWatcher(agent, listing=listing, sync=sync, debounce_s=debounce_s)
+        self.watchers[agent] = watcher
+        self._supervisor.start_watcher(watcher)
 
     def _stale(self, agent: str) -> bool:
         last = self._scanned_at.get(agent)
@@ -329,6 +367,9 @@ class MemoryCore:
             data["warning"] = sessions.warning
         if store.vectors_pending():  # the embedder is behind: by meaning may miss new rows
             data["vectorsPending"] = True
+        watcher = self.watchers.get(agent)
+        if sync_error is None and watcher is not None:
+            sync_error = watcher.last_error  # its last sync failed: retried after the debounce
         if sync_error is not None:
             data["syncError"] = sync_error
         if ignored := self._ignored.get(agent):
@@ -502,6 +543,37 @@ def _list_notes(root: Path) -> tuple[dict[str, tuple[Path, int, int]], list[tupl
             continue
         found[rel] = (target, st.st_mtime_ns, st.st_size)
     return found, ignored
+
+
+def _note_stats(root: Path) -> tuple[tuple[str, int, int, int], ...]:
+    """What the notes watcher compares between polls: (path, mtime_ns, size, inode) of
+    `MEMORY.md`, of `memory/` and of each note name in it, links followed (a link that
+    points elsewhere shows another inode). Plain `os` calls on strings, no path resolving:
+    a poll runs every second, and the sync it triggers applies the rules (`_list_notes`).
+    """
+    base = os.fspath(root)
+    found: list[tuple[str, int, int, int]] = []
+    for rel in ("MEMORY.md", "memory"):
+        try:
+            st = os.stat(os.path.join(base, rel))
+        except (OSError, ValueError):
+            continue
+        found.append((rel, st.st_mtime_ns, st.st_size, st.st_ino))
+    try:
+        with os.scandir(os.path.join(base, "memory")) as entries:
+            for entry in entries:
+                rel = f"memory/{entry.name}"
+                if entry.name.startswith(".") or NOTE_PATH.fullmatch(rel) is None:
+                    continue
+                try:
+                    st = entry.stat()
+                except OSError:  # a dangling link: its presence is what counts
+                    found.append((rel, -1, -1, -1))
+                    continue
+                found.append((rel, st.st_mtime_ns, st.st_size, st.st_ino))
+    except (OSError, ValueError):  # no memory/ folder
+        pass
+    return tuple(sorted(found))
 
 
 def _inside(real_root: Path, rel: str) -> Path | None:
