@@ -650,7 +650,9 @@ def test_the_readme_lists_every_memory_search_key() -> None:
         assert f"| `{key}` |" in section, key
 
 
-def test_at_exit_running_embeds_are_stopped_and_waited_for(local: LocalEmbedder) -> None:
+def test_at_exit_running_embeds_are_stopped_and_waited_for(
+    local: LocalEmbedder, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # onnxruntime aborts the process when the interpreter is torn down under a running
     # session (seen as "terminate called" after a benchmark closed its memory mid-batch):
     # the exit hook asks abandoned runs to stop after their batch and waits for them.
@@ -672,5 +674,22 @@ def test_at_exit_running_embeds_are_stopped_and_waited_for(local: LocalEmbedder)
 
     anyio.run(abandon)
     assert done == [] and module._runs  # cancelled, but its thread is still embedding
+    monkeypatch.setattr(module, "_exiting", False)  # restored after: the process goes on
     module._stop_runs_at_exit()
     assert not module._runs  # stopped after its batch, long before 3000 texts were done
+
+
+def test_after_the_exit_hook_a_queued_run_never_starts_the_model(
+    local: LocalEmbedder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A run still queued for a worker thread when the exit hook ran reached the model after
+    # the hook had waited, and onnxruntime aborted the process at teardown (seen once in a
+    # few runs of a test file whose memories closed mid-batch): it must not start.
+    import threading
+
+    from activememory.embed import local as module
+
+    monkeypatch.setattr(module, "_exiting", False)
+    module._stop_runs_at_exit()
+    assert local._embed_sync(["a late sentence"], None, threading.Event()) is None
+    assert not module._runs

@@ -210,15 +210,19 @@ _models_lock = threading.Lock()
 # Runs still on a worker thread (an abandoned one goes on after its caller is cancelled).
 # The process must not end under them: onnxruntime aborts the whole process ("terminate
 # called") when the interpreter is torn down while a session runs. At exit they are asked
-# to stop after their batch, and waited for.
+# to stop after their batch, and waited for; a run that reaches its thread after that
+# (queued on a worker while the interpreter began to exit) never starts the model.
 _runs: set[threading.Event] = set()
 _runs_done = threading.Condition()
+_exiting = False
 EXIT_WAIT_S = 5.0
 
 
 @atexit.register
 def _stop_runs_at_exit() -> None:
+    global _exiting
     with _runs_done:
+        _exiting = True
         for stop in _runs:
             stop.set()
         _runs_done.wait_for(lambda: not _runs, timeout=EXIT_WAIT_S)
@@ -362,6 +366,8 @@ class LocalEmbedder:
         self, texts: list[str], stop_at: float | None, stop: threading.Event
     ) -> npt.NDArray[np.float32] | None:
         with _runs_done:
+            if _exiting:
+                return None  # the interpreter is exiting: its caller is gone
             _runs.add(stop)
         try:
             return self._embed_tracked(texts, stop_at, stop)
