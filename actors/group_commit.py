@@ -16,7 +16,7 @@ import anyio
 import apsw
 
 from ..protocol.errors import MemoryClosedError
-from ..storage.executor import Executor
+from ..storage.executor import Executor, dedicated
 
 INBOX_SIZE = 1024
 MAX_BATCH = 512
@@ -110,11 +110,14 @@ class GroupCommit(Generic[C, A]):
     async def run(self) -> None:
         """Serve until the inbox is closed; then return.
 
+        With the thread executor the batches run on a writer thread of their own, started
+        here and joined before this returns (`storage/executor.dedicated`).
+
         Cancellation: a batch already handed to the executor commits in full and is
         acknowledged; calls still queued are answered `rejected(...)` (not written).
         """
         batch: list[Call[C, A]] = []
-        async with self._inbox:
+        async with self._inbox, dedicated(self.executor, type(self).__name__) as executor:
             try:
                 async for first in self._inbox:
                     batch = [first]
@@ -127,7 +130,7 @@ class GroupCommit(Generic[C, A]):
                     # Shielded: once a batch is handed over it commits, and its callers must
                     # hear so; an ack of "closed" always means "not written".
                     with anyio.CancelScope(shield=True):
-                        acks = await self.executor.run(partial(self.writer.apply, commands))
+                        acks = await executor.run(partial(self.writer.apply, commands))
                     self._acknowledge(batch, acks)
                     self.batches += 1
                     self.commands += len(batch)
