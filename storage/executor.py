@@ -14,7 +14,8 @@ import contextlib
 import queue
 import threading
 from collections.abc import AsyncIterator, Callable
-from typing import Generic, Literal, Protocol, TypeAlias, TypeVar
+from functools import partial
+from typing import Any, Generic, Literal, Protocol, TypeAlias, TypeVar
 
 import anyio
 import anyio.lowlevel
@@ -78,34 +79,54 @@ def _call_soon_threadsafe() -> Callable[[Callable[[], object]], object]:
 _QUEUED, _STARTED, _DROPPED = range(3)
 
 
-class _Job(Generic[T]):
-    """One call handed to a `WriterThread`, and where its outcome lands."""
+class Job(Generic[T]):
+    """One call handed to a `WriterThread`, and its outcome once it has run."""
 
-    __slots__ = ("done", "error", "fn", "result", "state")
+    __slots__ = ("_done", "_error", "_result", "fn", "state")
 
-    def __init__(self, fn: Callable[[], T]) -> None:
+    def __init__(self, fn: Callable[[], T], done: Callable[[Job[T]], object]) -> None:
         self.fn = fn
-        self.state = _QUEUED  # changed under the thread's lock: started or dropped, once
-        self.done = anyio.Event()  # set on the loop's thread, by the writer thread's callback
-        self.result: T | None = None
-        self.error: BaseException | None = None
+        self._done = done
+        self.state = _QUEUED  # changed under the thread's lock, once: started or dropped
+        self._result: T | None = None
+        self._error: BaseException | None = None
+
+    def outcome(self) -> T:
+        """What the call returned; re-raises what it raised."""
+        if self._error is not None:
+            raise self._error
+        return self._result  # type: ignore[return-value]
+
+    def _run(self) -> None:
+        try:
+            self._result = self.fn()
+        except BaseException as exc:  # handed to whoever reads `outcome()`
+            self._error = exc
 
 
 class WriterThread:
     """One long-lived thread that runs a connection's calls in order, fed by a queue.
 
-    Started by `dedicated` and stopped (and joined) when its block ends. The thread wakes
-    the loop with the backend's own thread-safe callback (trio's token, asyncio's
-    `call_soon_threadsafe`): one wake-up per call, no thread-pool bookkeeping.
+    Started by `dedicated` and stopped (and joined) when its block ends. The thread hands
+    each finished call back with the backend's own thread-safe callback (trio's token,
+    asyncio's `call_soon_threadsafe`): one wake-up of the loop per call, nothing else.
     """
 
     def __init__(self, name: str) -> None:
-        self._jobs: queue.SimpleQueue[_Job[object] | None] = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[Job[Any] | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._call_soon = _call_soon_threadsafe()
         self._stopped = anyio.Event()
         self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
         self._thread.start()
+
+    def post(self, fn: Callable[[], T], done: Callable[[Job[T]], object]) -> Job[T]:
+        """Queue `fn` behind the calls posted before it; never blocks. Once it has run,
+        `done(job)` is called on the event loop's thread (it must not raise: under trio it
+        runs where an exception would end the run)."""
+        job = Job(fn, done)
+        self._jobs.put(job)
+        return job
 
     async def run(self, fn: Callable[[], T]) -> T:
         """Run `fn` on the thread, after the calls queued before it, and return its result.
@@ -113,19 +134,17 @@ class WriterThread:
         Cancellation: a call still queued is dropped (it never runs); a call that has
         started runs to completion and the cancellation is delivered when it returns.
         """
-        job = _Job(fn)
-        self._jobs.put(job)  # type: ignore[arg-type]
+        finished = anyio.Event()
+        job = self.post(fn, lambda job: finished.set())
         try:
-            await job.done.wait()
+            await finished.wait()
         finally:
-            if not job.done.is_set() and not self._drop(job):
-                with anyio.CancelScope(shield=True):  # started: it commits, we hear of it
-                    await job.done.wait()
-        if job.error is not None:
-            raise job.error
-        return job.result  # type: ignore[return-value]
+            if not finished.is_set() and not self._drop(job):
+                with anyio.CancelScope(shield=True):  # started: it finishes, we hear of it
+                    await finished.wait()
+        return job.outcome()
 
-    def _drop(self, job: _Job[T]) -> bool:
+    def _drop(self, job: Job[Any]) -> bool:
         with self._lock:
             if job.state == _QUEUED:
                 job.state = _DROPPED
@@ -138,11 +157,8 @@ class WriterThread:
                 if job.state == _DROPPED:
                     continue
                 job.state = _STARTED
-            try:
-                job.result = job.fn()
-            except BaseException as exc:  # handed to the caller, who re-raises it
-                job.error = exc
-            self._wake(job.done.set)
+            job._run()
+            self._wake(partial(job._done, job))
         self._wake(self._stopped.set)
 
     def _wake(self, callback: Callable[[], object]) -> None:
