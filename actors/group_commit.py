@@ -122,7 +122,12 @@ class GroupCommit(Generic[C, A]):
         Cancellation: a batch already handed to the executor commits in full and is
         acknowledged; calls still queued are answered `rejected(...)` (not written).
         """
-        async with self._inbox, dedicated(self.executor, type(self).__name__) as executor:
+        # The inbox closes first: between the last rejection of what it holds and its
+        # close there must be no checkpoint, or a call sent then would never be answered.
+        async with (
+            dedicated(self.executor, f"activememory-{type(self).__name__}") as executor,
+            self._inbox,
+        ):
             if isinstance(executor, WriterThread):
                 await self._run_pipelined(executor)
             else:
@@ -216,6 +221,9 @@ class GroupCommit(Generic[C, A]):
             pipeline.unapplied += batch
             if pipeline.failure is None and not isinstance(exc, _NotApplied):
                 pipeline.failure = exc
+                # The writer is done for: new calls are refused, and a writer waiting for
+                # one wakes (end of stream) to stop and raise this.
+                self._send.close()
         landed, pipeline.landed = pipeline.landed, anyio.Event()
         landed.set()
 
