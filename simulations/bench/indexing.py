@@ -519,7 +519,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         state_dir="where the databases go (a fresh bench-indexing-* directory inside it, kept); "
         "default: a temporary directory, removed afterwards",
     )
-    runner.add_sizes(parser, messages_per_appender=300, appenders=64, rounds=3)
+    runner.add_sizes(parser, messages_per_appender=300, appenders=64, rounds=5)
     parser.add_argument(
         "--durability",
         choices=DURABILITY_LEVELS,
