@@ -9,9 +9,11 @@ import msgspec
 
 from .protocol.config import PLUGIN_ID, SLOT_TOOLS, Config
 from .protocol.session_key import parse_session_key
+from .storage.footprint import DiskUsage, disk_usage, resident_bytes
 
 if TYPE_CHECKING:
     from ._memory import Memory
+    from .storage.transcripts import TranscriptReader
 
 Level = Literal["ok", "warn", "error"]
 AM_ENTRY = f"plugins.entries.{PLUGIN_ID}"
@@ -114,6 +116,8 @@ async def diagnose(memory: Memory) -> DoctorReport:
                     level = "warn"
                     fix = f"check agents.defaults.memorySearch in {where}; the vectors follow"
         add(f"index:{stats.agent}", level, detail, fix)
+        store = await memory._supervisor.agent(stats.agent)
+        add(f"disk:{stats.agent}", "ok", _disk_detail(await store.read(_disk_usage)))
     records = await memory._supervisor.records_with_vectors()
     if records is not None and records.embedder is not None:  # docs/design.md §5.7
         pending, error = await records.vector_lag()
@@ -133,11 +137,35 @@ async def diagnose(memory: Memory) -> DoctorReport:
             f" 'hello' --state-dir {state_dir}{_config_option(config)}"
         )
         add(f"breaker:{info.agent}/{info.model}", level, detail, fix)
+    agents = len(memory._supervisor.open_agents())
+    add("memory", "ok", f"process resident {_mb(resident_bytes())}, {agents} agent databases open")
     abandoned = memory._supervisor.recall_pool.abandoned
     detail = f"runs that ignored cancellation and outlived their budget: {abandoned}"
     fix = "fix the recall model or tool that ignores cancellation; restart to free its tasks"
     add("recall-pool", "warn" if abandoned else "ok", detail, fix)
     return DoctorReport(checks=tuple(checks))
+
+
+def _disk_usage(reader: TranscriptReader) -> DiskUsage:
+    return disk_usage(reader.conn)
+
+
+def _disk_detail(usage: DiskUsage) -> str:
+    """On-disk bytes of an agent database: the index (FTS tables) against the content."""
+    detail = f"{_mb(usage.total)} for {usage.messages} messages"
+    if usage.index is None:  # no dbstat in this SQLite: the total alone
+        return detail
+    parts = []
+    for name, size in (("index", usage.index), ("content", usage.content)):
+        each = usage.per_message(size)
+        per = "" if each is None else f", {each:,.0f} B/message"
+        parts.append(f"{name} {_mb(size or 0)}{per}")
+    parts += [f"vectors {_mb(usage.vectors or 0)}", f"other {_mb(usage.other or 0)}"]
+    return f"{detail}: {'; '.join(parts)}"
+
+
+def _mb(size: int) -> str:
+    return f"{size / 1e6:,.1f} MB"
 
 
 def _config_file(config: Config) -> str:

@@ -4,6 +4,10 @@ Inbox: `Call`s carrying commands, bounded. Loop: wait for one call, drain whatev
 already waiting (up to `max_batch`), apply the whole batch in one transaction through the
 storage writer, then acknowledge each call. An ack is only ever sent after the commit that
 holds its command. `actors/indexer.py` and `actors/records.py` are its two writers.
+
+With the thread executor the batches run on a writer thread of the loop's own
+(`storage/executor.WriterThread`) and two are in flight: the thread applies the next batch
+while the loop answers the callers of the last one and collects their next commands.
 """
 
 from __future__ import annotations
@@ -16,10 +20,12 @@ import anyio
 import apsw
 
 from ..protocol.errors import MemoryClosedError
-from ..storage.executor import Executor
+from ..storage.executor import Executor, Job, WriterThread, dedicated
 
 INBOX_SIZE = 1024
 MAX_BATCH = 512
+# Batches handed to a writer thread and not yet answered: one applying, one queued behind.
+PIPELINE_DEPTH = 2
 CLOSED = "the memory was closed before this command was applied"
 
 C = TypeVar("C")
@@ -110,32 +116,119 @@ class GroupCommit(Generic[C, A]):
     async def run(self) -> None:
         """Serve until the inbox is closed; then return.
 
+        With the thread executor the batches run on a writer thread of their own, started
+        here and joined before this returns (`storage/executor.dedicated`).
+
         Cancellation: a batch already handed to the executor commits in full and is
         acknowledged; calls still queued are answered `rejected(...)` (not written).
         """
-        batch: list[Call[C, A]] = []
-        async with self._inbox:
+        # The inbox closes first: between the last rejection of what it holds and its
+        # close there must be no checkpoint, or a call sent then would never be answered.
+        async with (
+            dedicated(self.executor, f"activememory-{type(self).__name__}") as executor,
+            self._inbox,
+        ):
+            if isinstance(executor, WriterThread):
+                await self._run_pipelined(executor)
+            else:
+                await self._run_serial(executor)
+
+    async def _next_batch(self) -> list[Call[C, A]]:
+        """The calls waiting, at least one (waits for it) and at most `max_batch`; [] once
+        the inbox is closed and empty."""
+        try:
+            batch = [await self._inbox.receive()]
+        except anyio.EndOfStream:
+            return []
+        while len(batch) < self.max_batch:
             try:
-                async for first in self._inbox:
-                    batch = [first]
-                    while len(batch) < self.max_batch:
-                        try:
-                            batch.append(self._inbox.receive_nowait())
-                        except (anyio.WouldBlock, anyio.EndOfStream):
-                            break
-                    commands = [call.command for call in batch]
-                    # Shielded: once a batch is handed over it commits, and its callers must
-                    # hear so; an ack of "closed" always means "not written".
-                    with anyio.CancelScope(shield=True):
-                        acks = await self.executor.run(partial(self.writer.apply, commands))
-                    self._acknowledge(batch, acks)
-                    self.batches += 1
-                    self.commands += len(batch)
-                    batch = []
-            finally:
-                self._reject_unapplied(batch)
+                batch.append(self._inbox.receive_nowait())
+            except (anyio.WouldBlock, anyio.EndOfStream):
+                break
+        return batch
+
+    def _applied(self, batch: list[Call[C, A]], acks: list[A]) -> None:
+        self._acknowledge(batch, acks)
+        self.batches += 1
+        self.commands += len(batch)
+
+    async def _run_serial(self, executor: Executor) -> None:
+        # One batch at a time, applied through `executor.run` (the inline executor).
+        batch: list[Call[C, A]] = []
+        try:
+            while True:
+                batch = await self._next_batch()
+                if not batch:
+                    break
+                commands = [call.command for call in batch]
+                # Shielded: once a batch is handed over it commits, and its callers must
+                # hear so; an ack of "closed" always means "not written".
+                with anyio.CancelScope(shield=True):
+                    acks = await executor.run(partial(self.writer.apply, commands))
+                self._applied(batch, acks)
+                batch = []
+        finally:
+            self._reject_unapplied(batch)
+
+    async def _run_pipelined(self, thread: WriterThread) -> None:
+        # Up to PIPELINE_DEPTH batches posted to the thread, answered in `_landed` on the
+        # loop's thread as each commits: the loop never waits on the thread to hand over.
+        pipeline = _Pipeline[C, A]()
+        batch: list[Call[C, A]] = []
+        try:
+            while True:
+                while len(pipeline.flying) >= PIPELINE_DEPTH and pipeline.failure is None:
+                    await pipeline.landed.wait()
+                if pipeline.failure is not None:
+                    break
+                batch = await self._next_batch()
+                if not batch:
+                    break
+                pipeline.flying.append(batch)
+                thread.post(
+                    partial(self._apply_unless_failed, pipeline, batch),
+                    partial(self._landed, pipeline, batch),
+                )
+                batch = []
+        finally:
+            # Shielded: what was handed over commits (or fails) and its callers hear so.
+            with anyio.CancelScope(shield=True):
+                while pipeline.flying:
+                    await pipeline.landed.wait()
+            self._reject_unapplied(batch + pipeline.unapplied)
+        if pipeline.failure is not None:
+            raise pipeline.failure
+
+    def _apply_unless_failed(self, pipeline: _Pipeline[C, A], batch: list[Call[C, A]]) -> list[A]:
+        # On the writer thread, in posting order: after a batch failed nothing later is
+        # applied, as when the batches ran one at a time (the actor stops on a failure).
+        if pipeline.thread_failed:
+            raise _NotApplied
+        try:
+            return self.writer.apply([call.command for call in batch])
+        except BaseException:
+            pipeline.thread_failed = True
+            raise
+
+    def _landed(
+        self, pipeline: _Pipeline[C, A], batch: list[Call[C, A]], job: Job[list[A]]
+    ) -> None:
+        # On the loop's thread, once per posted batch, in posting order; must not raise.
+        pipeline.flying.remove(batch)
+        try:
+            self._applied(batch, job.outcome())
+        except BaseException as exc:  # the batch failed, was skipped, or its acks do not fit
+            pipeline.unapplied += batch
+            if pipeline.failure is None and not isinstance(exc, _NotApplied):
+                pipeline.failure = exc
+                # The writer is done for: new calls are refused, and a writer waiting for
+                # one wakes (end of stream) to stop and raise this.
+                self._send.close()
+        landed, pipeline.landed = pipeline.landed, anyio.Event()
+        landed.set()
 
     def _reject_unapplied(self, batch: list[Call[C, A]]) -> None:
+        # The calls of `batch` and those still in the inbox: answered, as not written.
         while True:
             try:
                 batch.append(self._inbox.receive_nowait())
@@ -143,3 +236,18 @@ class GroupCommit(Generic[C, A]):
                 break
         unapplied = [call for call in batch if call.ack is None]
         self._acknowledge(unapplied, [self.rejected(CLOSED)] * len(unapplied))
+
+
+class _NotApplied(Exception):
+    """A batch skipped on the writer thread because one posted before it failed."""
+
+
+class _Pipeline(Generic[C, A]):
+    """The batches a pipelined group commit has posted to its writer thread."""
+
+    def __init__(self) -> None:
+        self.flying: list[list[Call[C, A]]] = []  # posted, not yet answered; oldest first
+        self.landed = anyio.Event()  # set (and replaced) each time a batch is answered
+        self.unapplied: list[Call[C, A]] = []  # calls of batches that failed or were skipped
+        self.failure: BaseException | None = None  # the first failure: `run` raises it
+        self.thread_failed = False  # read and written on the writer thread alone

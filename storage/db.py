@@ -229,8 +229,40 @@ def configure(
     if readonly:
         conn.pragma("query_only", True)
         return
-    apsw.bestpractice.connection_optimize(conn)
+    optimize(conn)
     conn.pragma("synchronous", _SYNCHRONOUS[durability])
+
+
+# FTS5's shadow tables (`<name>_data`, `_idx`, `_config`, `_docsize`): FTS5 reads them by key
+# alone, so their statistics can only mislead the planner (docs/design.md §1.3).
+_FTS_SHADOW_STATS = (
+    "DELETE FROM sqlite_stat1 WHERE tbl GLOB '*_fts_data' OR tbl GLOB '*_fts_idx'"
+    " OR tbl GLOB '*_fts_config' OR tbl GLOB '*_fts_docsize'"
+)
+
+
+def optimize(conn: apsw.Connection) -> None:
+    """`PRAGMA optimize(0x10002)` (apsw's best practice at open), less FTS5's shadow tables.
+
+    Analysed just after the schema was made, `message_fts_data` counts 2 rows; the planner
+    trusts that for the life of the process, and every commit's segment merge cost 40% more
+    CPU. The statistics go in the same transaction as the analysis, which other connections
+    see at once (a new schema cookie); `ANALYZE sqlite_schema` reloads this one's.
+    """
+    if conn.readonly("main"):
+        return
+    try:
+        with conn:
+            apsw.bestpractice.connection_optimize(conn)
+            stats = conn.execute(
+                "SELECT 1 FROM sqlite_schema WHERE type = 'table' AND name = 'sqlite_stat1'"
+            ).fetchone()
+            if stats is not None:
+                conn.execute(_FTS_SHADOW_STATS)
+                if conn.changes():
+                    conn.execute("ANALYZE sqlite_schema")
+    except apsw.ReadOnlyError:  # the journal or the directory may still be read-only
+        pass
 
 
 def migrate(conn: apsw.Connection, migrations: tuple[Migration, ...] = MIGRATIONS) -> int:

@@ -73,3 +73,17 @@ def test_the_cli_doctor_shows_the_recall_pool(
         "level": "ok",
         "detail": "runs that ignored cancellation and outlived their budget: 0",
     }
+
+
+@pytest.mark.anyio
+async def test_doctor_states_the_disk_and_memory_cost(tmp_path: Path) -> None:
+    config = {"agents": {"defaults": {"memorySearch": {"provider": "none"}}}}
+    async with am.open_memory(tmp_path / "s", config=config, executor="inline") as mem:
+        for n in range(4):
+            await mem.sessions.append("agent:main:main", am.Message(role="user", content=f"m{n}"))
+        checks = {c.name: c for c in (await mem.doctor()).checks}
+    disk = checks["disk:main"].detail
+    assert " MB for 4 messages: index " in disk and " B/message; content " in disk
+    assert "; vectors 0.0 MB; other " in disk
+    assert checks["memory"].detail.startswith("process resident ")
+    assert checks["memory"].detail.endswith(" MB, 1 agent databases open")

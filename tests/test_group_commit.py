@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import threading
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from pathlib import Path
 
 import anyio
+import anyio.abc
 import anyio.lowlevel
 import apsw
 import pytest
 
 import activememory as am
 from activememory.actors.group_commit import CLOSED, GroupCommit
-from activememory.storage.executor import make_executor
+from activememory.storage.executor import ThreadExecutor, dedicated, make_executor
 
 from index_probe import agent_db, indexed_tokens
 
@@ -157,3 +159,186 @@ async def test_the_group_commit_rejects_what_it_never_applied(executor: str) -> 
                 scope.cancel()
                 await actor.run()
     assert acks == {n: -1 for n in range(5)} and writer.batches == []
+
+
+class _Ledger:
+    """A storage writer over a real table: acks each command with ten times it, only once
+    its transaction has committed; a negative command raises after the ones before it in
+    its batch were written (the transaction then rolls back). With `gate`, the first batch
+    waits on the writer thread until the test opens it."""
+
+    def __init__(self, gate: threading.Event | None = None) -> None:
+        self.conn = apsw.Connection(":memory:")
+        self.conn.execute("CREATE TABLE ledger(n INTEGER)")
+        self.gate = gate
+        self.batches: list[list[int]] = []
+        self.committed: set[int] = set()
+
+    def apply(self, commands: Sequence[int]) -> list[int]:
+        self.batches.append(list(commands))
+        if self.gate is not None and len(self.batches) == 1:
+            assert self.gate.wait(10)
+        with self.conn:
+            for n in commands:
+                if n < 0:
+                    raise RuntimeError(f"command {n} failed")
+                self.conn.execute("INSERT INTO ledger VALUES (?)", (n,))
+        self.committed.update(commands)
+        return [n * 10 for n in commands]
+
+    def rows(self) -> list[int]:
+        return sorted(n for (n,) in self.conn.execute("SELECT n FROM ledger"))
+
+
+class _LedgerWriter(GroupCommit[int, int]):
+    def rejected(self, message: str) -> int:
+        assert message == CLOSED
+        return -1
+
+
+def _writer_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("activememory-")]
+
+
+async def test_an_ack_comes_only_after_the_commit_that_holds_it(executor: str) -> None:
+    writer = _Ledger()
+    actor = _LedgerWriter(writer, make_executor(executor), max_batch=5)
+
+    async def submit(n: int) -> None:
+        ack = await actor.submit(n)
+        assert ack == n * 10 and n in writer.committed  # never ahead of its commit
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(actor.run)
+            async with anyio.create_task_group() as callers:
+                for n in range(40):
+                    callers.start_soon(submit, n)
+            await actor.close_inbox()
+    assert writer.rows() == list(range(40)) and actor.commands == 40
+
+
+async def test_a_batch_that_fails_midway_acks_nothing_as_written(executor: str) -> None:
+    writer = _Ledger()
+    actor = _LedgerWriter(writer, make_executor(executor))
+    outcomes: dict[int, int] = {}
+
+    async def submit(n: int) -> None:
+        outcomes[n] = await actor.submit(n)
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            for n in (1, 2, -3, 4):
+                tg.start_soon(submit, n)
+            await anyio.wait_all_tasks_blocked()  # all four queued: one batch
+            with pytest.raises(RuntimeError, match="^command -3 failed$"):
+                await actor.run()
+    assert outcomes == {1: -1, 2: -1, -3: -1, 4: -1}  # "closed": not written
+    assert writer.rows() == [] and writer.committed == set() and actor.commands == 0
+    with pytest.raises(am.MemoryClosedError, match="^the memory is closed$"):
+        await actor.submit(5)  # the writer has stopped: nothing more is taken
+
+
+async def _open_when_the_thread_holds_the_first_batch(
+    writer: _Ledger, gate: threading.Event, cancel: anyio.CancelScope | None = None
+) -> None:
+    while not writer.batches:  # noqa: ASYNC110 - the writer thread is not a task to wait on
+        await anyio.sleep(0.001)
+    await anyio.wait_all_tasks_blocked()  # the writer has handed over what it could
+    if cancel is not None:
+        cancel.cancel()
+    gate.set()
+
+
+async def _queue_in_order(
+    tg: anyio.abc.TaskGroup, submit: Callable[[int], Awaitable[None]], commands: Iterable[int]
+) -> None:
+    for n in commands:  # one at a time: the scheduler may start tasks in any order
+        tg.start_soon(submit, n)
+        await anyio.wait_all_tasks_blocked()
+
+
+async def test_after_a_failed_batch_the_one_queued_behind_it_is_not_applied() -> None:
+    # Thread executor only: its writer thread holds two batches, one applying and one
+    # queued; the queued one must not commit after the one before it failed.
+    gate = threading.Event()
+    writer = _Ledger(gate)
+    actor = _LedgerWriter(writer, make_executor("thread"), max_batch=2)
+    outcomes: dict[int, int] = {}
+
+    async def submit(n: int) -> None:
+        outcomes[n] = await actor.submit(n)
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            await _queue_in_order(tg, submit, (1, -2, 3, 4, 5))
+            tg.start_soon(_open_when_the_thread_holds_the_first_batch, writer, gate)
+            with pytest.raises(RuntimeError, match="^command -2 failed$"):
+                await actor.run()
+    assert outcomes == {n: -1 for n in (1, -2, 3, 4, 5)}
+    assert writer.batches == [[1, -2]] and writer.rows() == [] and _writer_threads() == []
+
+
+async def test_cancelling_the_writer_commits_what_it_handed_over_and_rejects_the_rest() -> None:
+    gate = threading.Event()
+    writer = _Ledger(gate)
+    actor = _LedgerWriter(writer, make_executor("thread"), max_batch=2)
+    outcomes: dict[int, int] = {}
+
+    async def submit(n: int) -> None:
+        outcomes[n] = await actor.submit(n)
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            await _queue_in_order(tg, submit, range(1, 8))
+            with anyio.CancelScope() as scope:
+                # Cancelled with two batches handed over and three commands still queued.
+                tg.start_soon(_open_when_the_thread_holds_the_first_batch, writer, gate, scope)
+                await actor.run()
+    written = [n for batch in writer.batches for n in batch]
+    assert written == [1, 2, 3, 4] and writer.rows() == written
+    assert outcomes == {n: n * 10 if n in written else -1 for n in range(1, 8)}
+    assert _writer_threads() == []
+
+
+async def test_closing_the_memory_leaves_no_writer_thread(tmp_path: Path) -> None:
+    config = {"agents": {"defaults": {"memorySearch": {"provider": "none"}}}}
+    async with am.open_memory(tmp_path / "state", executor="thread", config=config) as mem:
+        await mem.sessions.append("agent:main:main", am.Message(role="user", content="hi"))
+        await mem.records.add("a record", user_id="u1")
+        assert sorted(_writer_threads()) == ["activememory-Indexer", "activememory-RecordKeeper"]
+    assert _writer_threads() == []
+
+
+async def test_the_writer_thread_drops_a_queued_call_and_finishes_a_started_one() -> None:
+    started, gate = threading.Event(), threading.Event()
+    ran: list[str] = []
+    returned: list[str] = []
+
+    def first() -> str:
+        started.set()
+        assert gate.wait(10)
+        ran.append("first")
+        return "first"
+
+    async def call_first(scope: anyio.CancelScope) -> None:
+        with scope:
+            returned.append(await thread.run(first))
+
+    with anyio.fail_after(10):
+        async with (
+            dedicated(ThreadExecutor(), "activememory-test") as thread,
+            anyio.create_task_group() as tg,
+        ):
+            first_caller = anyio.CancelScope()
+            tg.start_soon(call_first, first_caller)
+            while not started.is_set():  # noqa: ASYNC110 - set on the writer thread
+                await anyio.sleep(0.001)
+            with anyio.CancelScope() as queued:
+                queued.cancel()
+                await thread.run(lambda: ran.append("second"))  # queued: dropped
+            first_caller.cancel()  # started: it runs to the end, the caller hears Cancelled
+            await anyio.sleep(0.01)
+            assert ran == []
+            gate.set()
+    assert ran == ["first"] and returned == [] and _writer_threads() == []

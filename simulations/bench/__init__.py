@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 # name -> what it measures; the module of the same name runs it (imported only then).
 BENCHMARKS = {
-    "indexing": "append throughput against raw apsw inserts",
+    "indexing": "append throughput against raw apsw at the same batches; memory and disk cost",
     "locomo": "retrieval quality (recall@k) on LoCoMo",
     "search": "sessions_search latency against a raw FTS5 query",
     "cjk": "index size and write time of CJK bigrams and the context column",
