@@ -7,9 +7,9 @@ SQLite store never needs it (it is the `postgres` extra).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import msgspec
 
@@ -18,6 +18,10 @@ from ...protocol.errors import InvalidInputError, StorageError
 if TYPE_CHECKING:
     import psycopg
     import psycopg_pool
+
+# Given the connection a writer or reader lost (server restarted, backend terminated),
+# a live one in its place; `StorageError` when the server cannot be reached yet.
+Reopen: TypeAlias = Callable[["psycopg.Connection[Any]"], "psycopg.Connection[Any]"]
 
 # Every table lives in this schema, so none can clash with a host's own `sessions`.
 SCHEMA = "activememory"
@@ -352,6 +356,35 @@ def open_pool(
             f"{settings.pool_min} connection(s) in {CONNECT_TIMEOUT_S * 2} s"
         ) from None
     return pool
+
+
+def reopen_connection(settings: PgSettings) -> Reopen:
+    """A `Reopen` that closes the lost connection and connects again (`connect`)."""
+
+    def reopen(lost: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
+        lost.close()
+        return connect(settings)
+
+    return reopen
+
+
+def reopen_from_pool(
+    pool: psycopg_pool.ConnectionPool[psycopg.Connection[tuple[object, ...]]],
+) -> Reopen:
+    """A `Reopen` that gives the lost connection back to `pool` (which discards a broken
+    one and opens another in the background) and takes a live one from it."""
+    import psycopg_pool
+
+    def reopen(lost: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
+        pool.putconn(lost)
+        try:
+            return pool.getconn(timeout=CONNECT_TIMEOUT_S)
+        except psycopg_pool.PoolTimeout:
+            raise StorageError(
+                f"storage.dsn: the pool had no live connection in {CONNECT_TIMEOUT_S} s"
+            ) from None
+
+    return reopen
 
 
 def schema_version(conn: psycopg.Connection[tuple[object, ...]]) -> int | None:
