@@ -13,13 +13,16 @@ faults").
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -392,3 +395,84 @@ def test_the_checks_see_a_broken_tree_and_index(pg_dsn: str) -> None:
     assert violations(conn, writer.agent) == {}
     conn.close()
     writer.conn.close()
+
+
+# -- a stopped server: on a private cluster, never the shared one ---------------------------
+
+PG_BIN = Path(os.environ.get("ACTIVEMEMORY_TEST_PG_BIN", "/usr/lib/postgresql/15/bin"))
+
+
+class PrivateCluster:
+    """A throw-away cluster in a temporary directory on its own port, which a test may stop
+    and start (the shared server stays up for the other test files)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.port = 55000 + os.getpid() % 5000
+        self.dsn = f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+        # initdb refuses to run as root: then the cluster is the postgres user's
+        self._as = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+        if self._as:
+            shutil.chown(root, user="postgres")
+
+    def _run(self, *args: str) -> None:
+        subprocess.run([*self._as, *args], check=True, capture_output=True, timeout=60)
+
+    def init(self) -> None:
+        self._run(str(PG_BIN / "initdb"), "-D", str(self.root / "data"), "-A", "trust",
+                  "-U", "postgres", "-E", "UTF8", "--no-sync")  # fmt: skip
+
+    def start(self) -> None:
+        options = f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off"
+        self._run(str(PG_BIN / "pg_ctl"), "-D", str(self.root / "data"), "-o", options,
+                  "-l", str(self.root / "log"), "-w", "start")  # fmt: skip
+
+    def stop(self) -> None:
+        # immediate: the server dies as in a crash, and recovers from its log at start
+        self._run(str(PG_BIN / "pg_ctl"), "-D", str(self.root / "data"), "-m", "immediate",
+                  "-w", "stop")  # fmt: skip
+
+
+@pytest.fixture
+def cluster() -> Iterator[PrivateCluster]:
+    if not (PG_BIN / "initdb").exists():
+        pytest.skip(f"no PostgreSQL binaries in {PG_BIN} for a private cluster")
+    # Not under pytest's tmp_path: the postgres user must be able to reach the directory.
+    root = Path(tempfile.mkdtemp(prefix="activememory_cluster_"))
+    try:
+        made = PrivateCluster(root)
+        made.init()
+        made.start()
+        try:
+            yield made
+        finally:
+            with contextlib.suppress(subprocess.CalledProcessError):
+                made.stop()  # unless the test left it stopped
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_a_stopped_server_rejects_then_the_same_writer_and_reader_recover(
+    cluster: PrivateCluster,
+) -> None:
+    settings = PgSettings(dsn=cluster.dsn)
+    reopen = pg_db.reopen_connection(settings)
+    writer = PgTranscriptWriter(connect(settings), fresh_agent(), reopen=reopen)
+    reader = PgTranscriptReader(connect(settings), writer.agent, reopen=reopen)
+    assert all(isinstance(ack, Appended) for ack in _append(writer, "kept"))
+    cluster.stop()
+    for text in ("lost 1", "lost 2"):  # the lost connection, then no server to reconnect to
+        (ack,) = _append(writer, text)
+        assert isinstance(ack, Rejected) and ack.reason == "storage", ack
+    assert "cannot connect" in ack.message and "Connection refused" in ack.message
+    for _ in range(2):
+        with pytest.raises(StorageError):
+            reader.sessions()
+    cluster.start()
+    assert all(isinstance(ack, Appended) for ack in _append(writer, "after"))
+    history = reader.history(KEY.raw)
+    assert history is not None
+    assert [e.message.content for e in history] == ["kept", "after"]  # type: ignore[union-attr]
+    assert violations(reader.conn, writer.agent) == {}
+    writer.conn.close()
+    reader.conn.close()
