@@ -452,27 +452,40 @@ def cluster() -> Iterator[PrivateCluster]:
         shutil.rmtree(root, ignore_errors=True)
 
 
+@pytest.mark.parametrize("pooled", [False, True], ids=["connect", "pool"])
 def test_a_stopped_server_rejects_then_the_same_writer_and_reader_recover(
-    cluster: PrivateCluster,
+    cluster: PrivateCluster, pooled: bool
 ) -> None:
     settings = PgSettings(dsn=cluster.dsn)
-    reopen = pg_db.reopen_connection(settings)
-    writer = PgTranscriptWriter(connect(settings), fresh_agent(), reopen=reopen)
-    reader = PgTranscriptReader(connect(settings), writer.agent, reopen=reopen)
+    pool = pg_db.open_pool(settings) if pooled else None
+    if pool is None:
+        reopen = pg_db.reopen_connection(settings)
+        conns = connect(settings), connect(settings)
+    else:
+        reopen = pg_db.reopen_from_pool(pool, timeout=0.5)
+        conns = pool.getconn(), pool.getconn()
+    writer = PgTranscriptWriter(conns[0], fresh_agent(), reopen=reopen)
+    reader = PgTranscriptReader(conns[1], writer.agent, reopen=reopen)
     assert all(isinstance(ack, Appended) for ack in _append(writer, "kept"))
     cluster.stop()
     # The lost connection, then no server to reconnect to: both rejected, saying why.
     lost = [ack for text in ("lost 1", "lost 2") for ack in _append(writer, text)]
     assert [(type(a), getattr(a, "reason", None)) for a in lost] == [(Rejected, "storage")] * 2
-    assert "cannot connect" in str(lost[1]) and "Connection refused" in str(lost[1])
+    why = "no live connection from the pool" if pooled else "Connection refused"
+    assert why in str(lost[1])
     for _ in range(2):
         with pytest.raises(StorageError):
             reader.sessions()
     cluster.start()
+    if pool is not None:
+        pool.wait(timeout=30)  # the pool reconnects on its own schedule (back-off)
     assert all(isinstance(ack, Appended) for ack in _append(writer, "after"))
     history = reader.history(KEY.raw)
     assert history is not None
     assert [e.message.content for e in history] == ["kept", "after"]  # type: ignore[union-attr]
     assert violations(reader.conn, writer.agent) == {}
-    writer.conn.close()
-    reader.conn.close()
+    if pool is None:
+        writer.conn.close()
+        reader.conn.close()
+    else:
+        pool.close()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 import msgspec
@@ -370,18 +370,24 @@ def reopen_connection(settings: PgSettings) -> Reopen:
 
 def reopen_from_pool(
     pool: psycopg_pool.ConnectionPool[psycopg.Connection[tuple[object, ...]]],
+    *,
+    timeout: float = CONNECT_TIMEOUT_S,
 ) -> Reopen:
     """A `Reopen` that gives the lost connection back to `pool` (which discards a broken
-    one and opens another in the background) and takes a live one from it."""
-    import psycopg_pool
+    one and opens another in the background) and waits up to `timeout` s for a live one.
+    While the server is down, the pool's own reconnection rules apply (psycopg_pool's
+    `reconnect_timeout`)."""
+    import psycopg
 
     def reopen(lost: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
-        pool.putconn(lost)
+        # ValueError: given back already, by an earlier attempt that found no live one
+        with suppress(ValueError):
+            pool.putconn(lost)
         try:
-            return pool.getconn(timeout=CONNECT_TIMEOUT_S)
-        except psycopg_pool.PoolTimeout:
+            return pool.getconn(timeout=timeout)
+        except psycopg.Error as exc:  # PoolTimeout, PoolClosed
             raise StorageError(
-                f"storage.dsn: the pool had no live connection in {CONNECT_TIMEOUT_S} s"
+                f"storage.dsn: no live connection from the pool: {describe(exc)}"
             ) from None
 
     return reopen
