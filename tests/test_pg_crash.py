@@ -216,6 +216,9 @@ def test_kill_9_of_a_worker_loses_nothing_acknowledged(pg_dsn: str, tmp_path: Pa
     # proved less than it says).
     per_victim = [acknowledged([v.acks])[0] for v in victims]
     assert all(per_victim) and rewinds > 0
+    print(
+        f"{ROUNDS} kill -9 rounds: {len(acked)} acknowledged appends and {rewinds} rewinds, all stored"
+    )
     conn.close()
 
 
