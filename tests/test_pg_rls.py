@@ -22,7 +22,9 @@ import pytest
 import activememory as am
 from activememory.protocol.indexer import Appended, AppendMessage, Rejected, SetSwitches
 from activememory.protocol.recall import SessionSwitches
+from activememory.storage.fts_query import plan_match
 from activememory.storage.pg.db import SCHEMA, PgSettings, connect
+from activememory.storage.pg.search import search_scope
 from activememory.storage.pg.transcripts import PgTranscriptReader, PgTranscriptWriter
 
 from pg_server import ADMIN_DSN, scratch_database
@@ -71,6 +73,21 @@ def _populated(dsn: str, roles: tuple[str, str]) -> Store:
             assert all(not isinstance(ack, Rejected) for ack in acks), acks
     owner.close()
     return Store(dsn=dsn, roles=roles, agents=agents)
+
+
+def _found(reader: PgTranscriptReader, query: str) -> bool:
+    plan = plan_match(query)
+    assert plan is not None
+    page = search_scope(
+        reader.connection(),
+        reader.agent,
+        plan,
+        scope="all",
+        caller=KEY.raw,
+        session_key=None,
+        keep=5,
+    )
+    return bool(page.candidates)
 
 
 def _autocommit(conn: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
@@ -122,6 +139,7 @@ def test_each_role_reads_and_writes_its_agents_through_the_store(store: Store) -
             assert reader.switches(KEY.raw).verbose
             stats = reader.stats()
             assert stats.sessions == 1 and stats.events >= 2 and stats.fts_integrity_ok
+            assert _found(reader, "owner wrote")
             writer.conn.close()
             reader.conn.close()
 
@@ -137,6 +155,7 @@ def test_another_agents_rows_are_invisible_and_unwritable_through_the_store(
             assert reader.switches(KEY.raw) == SessionSwitches()  # theirs has verbose on
             stats = reader.stats()
             assert (stats.sessions, stats.events, stats.indexed_messages) == (0, 0, 0)
+            assert not _found(reader, "owner wrote")
             writer = PgTranscriptWriter(store.as_role(role), agent)
             (ack,) = writer.apply([_append("not mine")])
             assert isinstance(ack, Rejected) and ack.reason == "storage"
