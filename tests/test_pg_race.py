@@ -44,7 +44,7 @@ def test_two_processes_appending_to_one_session_keep_one_tree(pg_dsn: str) -> No
         for worker in workers:
             worker.kill()
     assert [w.returncode for w in workers] == [0, 0]
-    acked = [ack for out in outputs for ack in json.loads(out)]
+    acked = [ack for out in outputs for line in out.splitlines() for ack in json.loads(line)]
     assert len(acked) == 2 * PER_WORKER
 
     conn = connect(PgSettings(dsn=pg_dsn))

@@ -7,9 +7,9 @@ SQLite store never needs it (it is the `postgres` extra).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
-from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import msgspec
 
@@ -18,6 +18,10 @@ from ...protocol.errors import InvalidInputError, StorageError
 if TYPE_CHECKING:
     import psycopg
     import psycopg_pool
+
+# Given the connection a writer or reader lost (server restarted, backend terminated),
+# a live one in its place; `StorageError` when the server cannot be reached yet.
+Reopen: TypeAlias = Callable[["psycopg.Connection[Any]"], "psycopg.Connection[Any]"]
 
 # Every table lives in this schema, so none can clash with a host's own `sessions`.
 SCHEMA = "activememory"
@@ -143,6 +147,106 @@ $$;
 """
 
 
+# Row-level security (docs/design.md §11 "Row-level security"): a worker role sees and
+# writes only the agents `grant_agent` bound it to; the owner that created the schema (and
+# superusers) bypass it. Created in the schema's own transaction, after every table.
+_ROW_SECURITY_DDL = f"""
+CREATE TABLE {SCHEMA}.agent_roles(
+    role name NOT NULL,
+    agent text NOT NULL,
+    PRIMARY KEY (role, agent)
+);
+-- A worker reads its own bindings (the policies below ask them), never another's.
+ALTER TABLE {SCHEMA}.agent_roles ENABLE ROW LEVEL SECURITY;
+CREATE POLICY own_bindings ON {SCHEMA}.agent_roles FOR SELECT USING (role = current_user);
+-- Every table of the schema with an `agent` column, whoever added it (records, vectors...).
+CREATE FUNCTION {SCHEMA}.agent_tables() RETURNS SETOF regclass LANGUAGE sql STABLE AS $$
+    SELECT c.oid::regclass FROM pg_catalog.pg_class c
+    JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+    JOIN pg_catalog.pg_attribute a ON a.attrelid = c.oid AND a.attname = 'agent'
+        AND NOT a.attisdropped
+    WHERE n.nspname = '{SCHEMA}' AND c.relkind IN ('r', 'p') AND c.relname <> 'agent_roles'
+    ORDER BY c.relname
+$$;
+-- The privileges a bound worker needs: its rows are then cut down by the policies.
+CREATE FUNCTION {SCHEMA}.grant_tables(worker name) RETURNS void LANGUAGE plpgsql AS $$
+DECLARE t regclass;
+BEGIN
+    EXECUTE format('GRANT USAGE ON SCHEMA {SCHEMA} TO %I', worker);
+    EXECUTE format('GRANT SELECT ON {SCHEMA}.activememory_meta, {SCHEMA}.agent_roles TO %I',
+                   worker);
+    -- nextval for event ids; setval when an import keeps its ids (docs/design.md §2.6)
+    EXECUTE format('GRANT USAGE, SELECT, UPDATE ON ALL SEQUENCES IN SCHEMA {SCHEMA} TO %I',
+                   worker);
+    FOR t IN SELECT * FROM {SCHEMA}.agent_tables() LOOP
+        EXECUTE format('GRANT SELECT, INSERT, UPDATE, DELETE ON %s TO %I', t, worker);
+    END LOOP;
+END $$;
+-- Idempotent: a schema version that adds a table calls it again.
+CREATE FUNCTION {SCHEMA}.secure_agent_tables() RETURNS void LANGUAGE plpgsql AS $$
+DECLARE t regclass; worker name;
+BEGIN
+    FOR t IN SELECT * FROM {SCHEMA}.agent_tables() LOOP
+        EXECUTE format('ALTER TABLE %s ENABLE ROW LEVEL SECURITY', t);
+        EXECUTE format('DROP POLICY IF EXISTS bound_agents ON %s', t);
+        EXECUTE format(
+            'CREATE POLICY bound_agents ON %s'
+            ' USING (agent IN (SELECT g.agent FROM {SCHEMA}.agent_roles g'
+            '  WHERE g.role = current_user))'
+            ' WITH CHECK (agent IN (SELECT g.agent FROM {SCHEMA}.agent_roles g'
+            '  WHERE g.role = current_user))', t);
+    END LOOP;
+    FOR worker IN SELECT DISTINCT role FROM {SCHEMA}.agent_roles LOOP
+        PERFORM {SCHEMA}.grant_tables(worker);
+    END LOOP;
+END $$;
+-- Bind `worker` to `agent_id`: it may then read and write that agent's rows, and no other's.
+CREATE FUNCTION {SCHEMA}.grant_agent(worker name, agent_id text) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE bypasses boolean;
+BEGIN
+    IF agent_id IS NULL OR agent_id = '' THEN
+        RAISE EXCEPTION 'grant_agent: agent: expected an agent id, got %', quote_nullable(agent_id);
+    END IF;
+    SELECT r.rolsuper OR r.rolbypassrls OR pg_has_role(r.oid, c.relowner, 'USAGE')
+      INTO bypasses FROM pg_catalog.pg_roles r, pg_catalog.pg_class c
+     WHERE r.rolname = worker AND c.oid = '{SCHEMA}.agent_roles'::regclass;
+    IF bypasses IS NULL THEN
+        RAISE EXCEPTION 'grant_agent: role: no role %', quote_ident(worker);
+    ELSIF bypasses THEN
+        RAISE EXCEPTION 'grant_agent: role: % bypasses row-level security (a superuser, '
+            'BYPASSRLS or the schema''s owner): it would see every agent', quote_ident(worker);
+    END IF;
+    INSERT INTO {SCHEMA}.agent_roles(role, agent) VALUES (worker, agent_id)
+        ON CONFLICT DO NOTHING;
+    PERFORM {SCHEMA}.grant_tables(worker);
+END $$;
+-- Unbind `worker` from `agent_id`, or from every agent when it is NULL; a role left with no
+-- agent loses its privileges too (then DROP ROLE needs nothing else from this schema).
+CREATE FUNCTION {SCHEMA}.revoke_agent(worker name, agent_id text DEFAULT NULL) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    DELETE FROM {SCHEMA}.agent_roles g
+     WHERE g.role = worker AND (agent_id IS NULL OR g.agent = agent_id);
+    IF NOT EXISTS (SELECT 1 FROM {SCHEMA}.agent_roles g WHERE g.role = worker)
+       AND EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = worker) THEN
+        EXECUTE format('REVOKE ALL ON ALL TABLES IN SCHEMA {SCHEMA} FROM %I', worker);
+        EXECUTE format('REVOKE ALL ON ALL SEQUENCES IN SCHEMA {SCHEMA} FROM %I', worker);
+        EXECUTE format('REVOKE ALL ON SCHEMA {SCHEMA} FROM %I', worker);
+    END IF;
+END $$;
+REVOKE ALL ON FUNCTION {SCHEMA}.grant_tables(name), {SCHEMA}.secure_agent_tables(),
+    {SCHEMA}.grant_agent(name, text), {SCHEMA}.revoke_agent(name, text) FROM PUBLIC;
+"""
+
+
+def create_row_security(conn: psycopg.Connection[tuple[object, ...]]) -> None:
+    """Row-level security on every table of the schema with an `agent` column, and the
+    functions an owner binds worker roles to agents with (docs/design.md §11)."""
+    conn.execute(_ROW_SECURITY_DDL.encode())
+    conn.execute(f"SELECT {SCHEMA}.secure_agent_tables()")
+
+
 class PgSettings(msgspec.Struct, frozen=True, kw_only=True):
     """Where the PostgreSQL store is and how many connections it keeps.
 
@@ -254,6 +358,41 @@ def open_pool(
     return pool
 
 
+def reopen_connection(settings: PgSettings) -> Reopen:
+    """A `Reopen` that closes the lost connection and connects again (`connect`)."""
+
+    def reopen(lost: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
+        lost.close()
+        return connect(settings)
+
+    return reopen
+
+
+def reopen_from_pool(
+    pool: psycopg_pool.ConnectionPool[psycopg.Connection[tuple[object, ...]]],
+    *,
+    timeout: float = CONNECT_TIMEOUT_S,
+) -> Reopen:
+    """A `Reopen` that gives the lost connection back to `pool` (which discards a broken
+    one and opens another in the background) and waits up to `timeout` s for a live one.
+    While the server is down, the pool's own reconnection rules apply (psycopg_pool's
+    `reconnect_timeout`)."""
+    import psycopg
+
+    def reopen(lost: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
+        # ValueError: given back already, by an earlier attempt that found no live one
+        with suppress(ValueError):
+            pool.putconn(lost)
+        try:
+            return pool.getconn(timeout=timeout)
+        except psycopg.Error as exc:  # PoolTimeout, PoolClosed
+            raise StorageError(
+                f"storage.dsn: no live connection from the pool: {describe(exc)}"
+            ) from None
+
+    return reopen
+
+
 def schema_version(conn: psycopg.Connection[tuple[object, ...]]) -> int | None:
     """The store's schema version, or None when the schema does not exist yet."""
     row = conn.execute(
@@ -280,6 +419,7 @@ def ensure_schema(conn: psycopg.Connection[tuple[object, ...]]) -> int:
                 for name in EXTENSIONS:
                     conn.execute(f'CREATE EXTENSION IF NOT EXISTS "{name}"')
                 conn.execute(_DDL.encode())
+                create_row_security(conn)  # last: it covers every table made above
                 conn.execute(
                     f"INSERT INTO {SCHEMA}.activememory_meta(key, value)"
                     " VALUES ('schema_version', %s)",

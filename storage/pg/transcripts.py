@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Sequence
-from typing import Any, TypeAlias, cast
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any, Concatenate, ParamSpec, TypeAlias, TypeVar, cast
 
 import msgspec
 import psycopg
 import psycopg.errors
 
 from ...protocol.content import Content, Message
+from ...protocol.errors import StorageError
 from ...protocol.indexer import (
     Appended,
     AppendMessage,
@@ -51,7 +53,7 @@ from ...protocol.recall import SessionSwitches
 from ...protocol.session_key import SessionKey
 from ...protocol.transcript import Event, ImportEntry, IndexStats, SessionInfo
 from ..transcripts import _entry_field
-from .db import SCHEMA, describe
+from .db import SCHEMA, Reopen, describe, translate_errors
 from .terms import index_terms
 
 Connection: TypeAlias = psycopg.Connection[Any]
@@ -130,11 +132,18 @@ def configure_reader(conn: Connection) -> Connection:
 
 
 class PgTranscriptWriter:
-    """Applies indexer commands for one agent, a batch per transaction (group commit)."""
+    """Applies indexer commands for one agent, a batch per transaction (group commit).
 
-    def __init__(self, conn: Connection, agent: str) -> None:
+    A batch whose connection is lost is rejected whole (`Rejected(storage)`, the server's
+    answer); with `reopen` (`db.reopen_connection`, `db.reopen_from_pool`) the next batch
+    first replaces the connection, so the writer recovers without being made again
+    (docs/design.md §11 "Crash safety and faults").
+    """
+
+    def __init__(self, conn: Connection, agent: str, *, reopen: Reopen | None = None) -> None:
         self.conn = configure_writer(conn)
         self.agent = agent
+        self._reopen = reopen
         self._sessions: dict[str, _SessionState] = {}
         self._touched: dict[str, _SessionState] = {}
         self._event_rows: list[tuple[object, ...]] = []
@@ -149,6 +158,13 @@ class PgTranscriptWriter:
         the batch again; any other failure rolls it back and, for a batch of several, tries
         each command in its own transaction so one bad command cannot sink the others.
         """
+        if self._reopen is not None and (self.conn.broken or self.conn.closed):
+            # Lost in an earlier batch, which was rejected: never retried here, since its
+            # commit may have reached the server before the connection went.
+            try:
+                self.conn = configure_writer(self._reopen(self.conn))
+            except StorageError as exc:
+                return [Rejected(reason="storage", message=str(exc)) for _ in commands]
         failure: psycopg.Error | None = None
         for _ in range(_RACE_RETRIES):
             try:
@@ -831,14 +847,46 @@ def _session_info(row: Sequence[object]) -> SessionInfo:
     return msgspec.convert(values, SessionInfo)
 
 
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _read(
+    method: Callable[Concatenate[PgTranscriptReader, _P], _R],
+) -> Callable[Concatenate[PgTranscriptReader, _P], _R]:
+    """A read of `PgTranscriptReader`: on a live connection (`connection()`), its
+    failures a `StorageError` with the server's answer."""
+
+    @functools.wraps(method)
+    def read(reader: PgTranscriptReader, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        reader.connection()
+        with translate_errors(f"reading agent {reader.agent!r}"):
+            return method(reader, *args, **kwargs)
+
+    return read
+
+
 class PgTranscriptReader:
     """Reads one agent's transcripts (the methods of `TranscriptReader`), each read one
-    snapshot on a connection of its own (`configure_reader`)."""
+    snapshot on a connection of its own (`configure_reader`).
 
-    def __init__(self, conn: Connection, agent: str) -> None:
+    A read that loses its connection raises `StorageError`; with `reopen` the next read
+    replaces the connection first (docs/design.md §11 "Crash safety and faults").
+    """
+
+    def __init__(self, conn: Connection, agent: str, *, reopen: Reopen | None = None) -> None:
         self.conn = configure_reader(conn)
         self.agent = agent
+        self._reopen = reopen
 
+    def connection(self) -> Connection:
+        """The reader's connection, replaced first if it was lost (and `reopen` given);
+        for the searches that read through it (storage/pg/search.py)."""
+        if self._reopen is not None and (self.conn.broken or self.conn.closed):
+            self.conn = configure_reader(self._reopen(self.conn))
+        return self.conn
+
+    @_read
     def session(self, key: str) -> SessionInfo | None:
         row = self.conn.execute(
             f"SELECT {_SESSION_COLUMNS} FROM {_S}.sessions WHERE agent = %s AND key = %s",
@@ -846,6 +894,7 @@ class PgTranscriptReader:
         ).fetchone()
         return _session_info(row) if row else None
 
+    @_read
     def sessions(self) -> list[SessionInfo]:
         rows = self.conn.execute(
             f"SELECT {_SESSION_COLUMNS} FROM {_S}.sessions WHERE agent = %s ORDER BY id",
@@ -853,6 +902,7 @@ class PgTranscriptReader:
         ).fetchall()
         return [_session_info(row) for row in rows]
 
+    @_read
     def history(self, key: str, limit: int | None = None) -> list[Event] | None:
         """The active branch, root first (the last `limit` messages); None if no session."""
         with self.conn.transaction():
@@ -879,10 +929,12 @@ class PgTranscriptReader:
             for event_id, parent_id, seq, ts, role, content in reversed(rows)
         ]
 
+    @_read
     def switches(self, key: str) -> SessionSwitches:
         """The session's slash-command switches (the defaults if never set)."""
         return read_switches(self.conn, self.agent, key)
 
+    @_read
     def dirty_sessions(self, limit: int) -> list[tuple[str, int]]:
         """Up to `limit` dirty sessions as (key, revision), oldest first."""
         rows = self.conn.execute(
@@ -892,6 +944,7 @@ class PgTranscriptReader:
         ).fetchall()
         return [(str(key), int(revision)) for key, revision in rows]
 
+    @_read
     def stats(
         self,
         *,
