@@ -7,7 +7,7 @@ SQLite store never needs it (it is the `postgres` extra).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
@@ -21,7 +21,6 @@ if TYPE_CHECKING:
 
 # Every table lives in this schema, so none can clash with a host's own `sessions`.
 SCHEMA = "activememory"
-SCHEMA_VERSION = 1
 # The extensions the schema needs: btree_gin lets the GIN index of the terms be keyed by
 # agent first (docs/design.md §11). A module constant so a test can ask for a missing one.
 EXTENSIONS: tuple[str, ...] = ("btree_gin",)
@@ -29,12 +28,15 @@ CONNECT_TIMEOUT_S = 5
 # Any two processes creating the schema at once: the second waits, then finds it made.
 _SCHEMA_LOCK = 0x616D_7367  # "amsg"
 
-_DDL = f"""
+# Made before any step: it records which steps ran.
+_META_DDL = f"""
 CREATE SCHEMA {SCHEMA};
 CREATE TABLE {SCHEMA}.activememory_meta(
     key text PRIMARY KEY,
     value text NOT NULL
 );
+"""
+_DDL = f"""
 -- Event ids are unique per agent (the primary key) and drawn from one sequence, so they
 -- grow with each session's seq whichever process appends (docs/design.md §11).
 CREATE SEQUENCE {SCHEMA}.event_ids;
@@ -141,6 +143,22 @@ CREATE FUNCTION {SCHEMA}.bm25(
     ) f
 $$;
 """
+
+
+def _transcripts_ddl() -> str:
+    return _DDL
+
+
+def _records_ddl() -> str:
+    from .records import records_ddl  # psycopg and the records stack: only when creating
+
+    return records_ddl()
+
+
+# The schema's steps (SQL text, each run once, in order, in one transaction): a store at
+# version v lacks STEPS[v:]. A new table or index is a new step at the end.
+STEPS: tuple[Callable[[], str], ...] = (_transcripts_ddl, _records_ddl)
+SCHEMA_VERSION = len(STEPS)
 
 
 class PgSettings(msgspec.Struct, frozen=True, kw_only=True):
@@ -279,10 +297,19 @@ def ensure_schema(conn: psycopg.Connection[tuple[object, ...]]) -> int:
             if version is None:
                 for name in EXTENSIONS:
                     conn.execute(f'CREATE EXTENSION IF NOT EXISTS "{name}"')
-                conn.execute(_DDL.encode())
+                conn.execute(_META_DDL.encode())
                 conn.execute(
                     f"INSERT INTO {SCHEMA}.activememory_meta(key, value)"
-                    " VALUES ('schema_version', %s)",
+                    " VALUES ('schema_version', '0')"
+                )
+                version = 0
+            if version < SCHEMA_VERSION:
+                # The steps this store lacks, in order, in this one transaction.
+                for step in STEPS[version:]:
+                    conn.execute(step().encode())
+                conn.execute(
+                    f"UPDATE {SCHEMA}.activememory_meta SET value = %s"
+                    " WHERE key = 'schema_version'",
                     (str(SCHEMA_VERSION),),
                 )
                 version = SCHEMA_VERSION
