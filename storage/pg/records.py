@@ -209,22 +209,18 @@ class PgRecordWriter:
                 with self.conn.transaction():
                     acks = [self._apply_one(cmd) for cmd in commands]
                     self._flush_stats()
-                break
             except _RACES as exc:
                 failure = exc
+                continue
             except psycopg.Error as exc:
                 failure = exc
                 break
-        else:
-            acks = []
-        if failure is not None and not acks:
-            if len(commands) == 1 or self.conn.broken or self.conn.closed:
-                message = describe(failure)
-                return [RecordRejected(reason="storage", message=message) for _ in commands]
-            return [ack for cmd in commands for ack in self.apply([cmd])]
-        if self._erased:
-            acks = self._purged(acks)
-        return acks
+            return self._purged(acks) if self._erased else acks
+        assert failure is not None
+        if len(commands) == 1 or self.conn.broken or self.conn.closed:
+            message = describe(failure)
+            return [RecordRejected(reason="storage", message=message) for _ in commands]
+        return [ack for cmd in commands for ack in self.apply([cmd])]
 
     def _apply_one(self, cmd: RecordCommand) -> RecordAck:
         match cmd:
