@@ -60,7 +60,7 @@ from activememory.storage.records import (
     open_records_connection,
 )
 
-from pg_server import fresh_agent, pg_dsn
+from pg_server import fresh_agent, pg_dsn, scratch_database
 
 __all__ = ["pg_dsn"]  # the fixture, imported for pytest
 
@@ -460,3 +460,18 @@ def test_query_terms_of_the_test_vocabulary_have_distinct_stems() -> None:
     # The premise of `contents`: no two drawn words share a stem.
     terms = [t for w in WORDS for _, _, t in index_tokens(w.encode("utf-8"))]
     assert len(terms) == len(set(terms))
+
+
+def test_a_store_made_before_the_records_step_gets_it() -> None:
+    with scratch_database() as dsn, pytest.MonkeyPatch.context() as patch:
+        patch.setattr(pg_db, "STEPS", pg_db.STEPS[:1])
+        patch.setattr(pg_db, "SCHEMA_VERSION", 1)
+        pg_db.connect(pg_db.PgSettings(dsn=dsn)).close()
+        patch.undo()
+        conn = pg_db.connect(pg_db.PgSettings(dsn=dsn))
+        assert pg_db.schema_version(conn) == pg_db.SCHEMA_VERSION == 2
+        conn.close()
+        writer = PgRecordWriter(pg_db.connect(pg_db.PgSettings(dsn=dsn)), fresh_agent())
+        record = Record(id="r1", content="seat", timestamp=NOW)
+        assert writer.apply([AddRecord(record=record, at=NOW)])[0].id == "r1"  # type: ignore[union-attr]
+        writer.conn.close()
