@@ -75,7 +75,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -500,18 +500,8 @@ class RecordReader:
                 ranked = self._fused(plan, query, meaning)
             roots = [seq for seq, rec, _ in ranked if rec.record_type == RecordType.MEMORY]
             trees = self._expand(roots, query)
-            records = self._records({n.seq for tree in trees.values() for n in _walk(tree)})
-        id_of = {seq: rec.id for seq, rec, _ in ranked} | {s: r.id for s, r in records.items()}
-        return [
-            RecordHit(
-                record=rec,
-                distance=distance,
-                linked=[_linked(child, records, id_of) for child in trees[seq].children]
-                if seq in trees
-                else [],
-            )
-            for seq, rec, distance in ranked
-        ]
+            records = self._records(linked_seqs(trees))
+        return hits_of(ranked, trees, records)
 
     def _fused(
         self, plan: MatchPlan, query: RecordQuery, meaning: RecordMeaning
@@ -639,31 +629,23 @@ class RecordReader:
     def _steps(
         self, plan: MatchPlan, total: int, *, bounded: bool
     ) -> tuple[str | None, str | None, int]:
-        """(the expression ranked by BM25, the expression answered by recency after it, the
-        lowest seq the ranked one reads), either expression None: see the module docstring.
-        `total`: the indexed records; `bounded`: not a small listed scope, so the ranked
-        terms are held to `RANK_BUDGET` rows (`storage.search.rankable`)."""
-        if total <= COMMON_DOCS:
-            return plan.expression(), None, 0
-        docs = [self._terms.docs(self.conn, expr, total) for expr in plan.term_exprs]
-        ranked, rarest, windowed = rankable(docs, COMMON_DOCS, bounded=bounded)
-        since = newest_match(self.conn, "record_fts", plan.term_exprs[rarest]) if windowed else 0
-        if all(ranked) and not since:
-            return plan.expression(), None, 0
-        # By recency after the ranked ones: the terms left out, and with a window every term
-        # (the rarest's older matches come after the window's best).
-        rest = [e for e, r in zip(plan.term_exprs, ranked, strict=True) if since or not r]
-        if not any(ranked):
-            return None, " OR ".join(rest), 0
-        # Without the phrase unless every term is ranked: matching it walks the others'
-        # doclists.
-        return plan.expression(ranked), " OR ".join(rest), since
+        """`search_steps` as FTS5 expressions: (ranked by BM25, answered by recency after
+        it, the lowest seq the ranked one reads), either expression None."""
+        found = search_steps(
+            plan,
+            total,
+            bounded=bounded,
+            docs=lambda i: self._terms.docs(self.conn, plan.term_exprs[i], total),
+            newest=lambda i: newest_match(self.conn, "record_fts", plan.term_exprs[i]),
+        )
+        ranked = None if found.ranked is None else plan.expression(found.ranked)
+        recent = None
+        if found.recent is not None:
+            recent = " OR ".join(e for e, r in zip(plan.term_exprs, found.recent, strict=True) if r)
+        return ranked, recent, found.since
 
     def _expand(self, roots: list[int], query: RecordQuery) -> dict[int, _Node]:
         """Each root's shortest-path tree, grown breadth first, one query per hop."""
-        trees = {seq: _Node(seq, None) for seq in roots}
-        if query.num_hops == 0 or query.max_linked == 0 or not trees:
-            return trees
         params: dict[str, object] = {}
         link_filters = ["n.record_type = 'memory'", *_filters("n", query, params)]
         where = " AND ".join(link_filters)
@@ -678,34 +660,12 @@ class RecordReader:
             " CROSS JOIN relations e ON e.target = fr.value JOIN records n ON n.seq = e.source"
             f" WHERE {where}"
         )
-        visited = {seq: {seq} for seq in trees}
-        frontiers = {seq: [tree] for seq, tree in trees.items()}
-        for _hop in range(query.num_hops):
-            wanted = sorted({node.seq for nodes in frontiers.values() for node in nodes})
-            if not wanted:
-                break
+
+        def edges_of(wanted: list[int]) -> list[Edge]:
             params["frontier"] = msgspec.json.encode(wanted).decode()
-            edges: dict[int, list[tuple[int, str, int, int]]] = {}
-            for edge_id, name, source, target, vertex in self.conn.execute(sql, params):
-                edges.setdefault(vertex, []).append((edge_id, name, source, target))
-            for found in edges.values():
-                found.sort()  # insertion order, both directions merged
-            for root, frontier in frontiers.items():
-                seen = visited[root]
-                room = query.max_linked - (len(seen) - 1)
-                nxt: list[_Node] = []
-                for node in frontier:
-                    for edge in edges.get(node.seq, ()):
-                        other = edge[3] if edge[2] == node.seq else edge[2]
-                        if other in seen or room <= 0:
-                            continue
-                        seen.add(other)
-                        room -= 1
-                        child = _Node(other, edge)
-                        node.children.append(child)
-                        nxt.append(child)
-                frontiers[root] = nxt
-        return trees
+            return cast(list[Edge], self.conn.execute(sql, params).fetchall())
+
+        return grow_trees(roots, query, edges_of)
 
     def _records(self, seqs: set[int]) -> dict[int, Record]:
         if not seqs:
@@ -716,6 +676,114 @@ class RecordReader:
             (msgspec.json.encode(sorted(seqs)).decode(),),
         )
         return dict(_record(row) for row in rows)
+
+
+Edge = tuple[int, str, int, int, int]
+"""A relation found by one hop: (relation id, name, source seq, target seq, the frontier
+vertex it touches)."""
+
+
+class SearchSteps(NamedTuple):
+    """What a search ranks and what it answers by recency (module docstring): a keep-mask
+    over the plan's terms for each step (`ranked` all True: the whole query, phrase
+    included), None for a step not run; `since`, the lowest seq the ranked step reads."""
+
+    ranked: list[bool] | None
+    recent: list[bool] | None
+    since: int
+
+
+def search_steps(
+    plan: MatchPlan,
+    total: int,
+    *,
+    bounded: bool,
+    docs: Callable[[int], int],
+    newest: Callable[[int], int],
+) -> SearchSteps:
+    """The common-term and rank-budget rules of a records search, for any store: `total`
+    indexed records; `docs(i)` how many hold term i, counted up to `COMMON_DOCS` + 1;
+    `newest(i)` the seq of term i's `RANK_BUDGET`-th newest record; `bounded` as for
+    `storage.search.rankable`."""
+    every = [True] * len(plan.term_exprs)
+    if total <= COMMON_DOCS:
+        return SearchSteps(every, None, 0)
+    counts = [docs(i) for i in range(len(plan.term_exprs))]
+    ranked, rarest, windowed = rankable(counts, COMMON_DOCS, bounded=bounded)
+    since = newest(rarest) if windowed else 0
+    if all(ranked) and not since:
+        return SearchSteps(every, None, 0)
+    # By recency after the ranked ones: the terms left out, and with a window every term
+    # (the rarest's older matches come after the window's best).
+    rest = [bool(since) or not r for r in ranked]
+    if not any(ranked):
+        return SearchSteps(None, rest, 0)
+    # Without the phrase unless every term is ranked: matching it walks the others'
+    # doclists.
+    return SearchSteps(ranked, rest, since)
+
+
+def grow_trees(
+    roots: list[int], query: RecordQuery, edges_of: Callable[[list[int]], list[Edge]]
+) -> dict[int, _Node]:
+    """Each root's shortest-path tree (module docstring, "Tie-breaking"), breadth first:
+    `edges_of(frontier)` answers one hop for every tree at once (the relations touching
+    those seqs whose other end passes the link filters)."""
+    trees = {seq: _Node(seq, None) for seq in roots}
+    if query.num_hops == 0 or query.max_linked == 0 or not trees:
+        return trees
+    visited = {seq: {seq} for seq in trees}
+    frontiers = {seq: [tree] for seq, tree in trees.items()}
+    for _hop in range(query.num_hops):
+        wanted = sorted({node.seq for nodes in frontiers.values() for node in nodes})
+        if not wanted:
+            break
+        edges: dict[int, list[tuple[int, str, int, int]]] = {}
+        for edge_id, name, source, target, vertex in edges_of(wanted):
+            edges.setdefault(vertex, []).append((edge_id, name, source, target))
+        for found in edges.values():
+            found.sort()  # insertion order, both directions merged
+        for root, frontier in frontiers.items():
+            seen = visited[root]
+            room = query.max_linked - (len(seen) - 1)
+            nxt: list[_Node] = []
+            for node in frontier:
+                for edge in edges.get(node.seq, ()):
+                    other = edge[3] if edge[2] == node.seq else edge[2]
+                    if other in seen or room <= 0:
+                        continue
+                    seen.add(other)
+                    room -= 1
+                    child = _Node(other, edge)
+                    node.children.append(child)
+                    nxt.append(child)
+            frontiers[root] = nxt
+    return trees
+
+
+def hits_of(
+    ranked: list[tuple[int, Record, float]],
+    trees: dict[int, _Node],
+    records: dict[int, Record],
+) -> list[RecordHit]:
+    """The search's answer: each ranked (seq, record, distance) with its linked tree;
+    `records` holds every linked record by seq."""
+    id_of = {seq: rec.id for seq, rec, _ in ranked} | {s: r.id for s, r in records.items()}
+    return [
+        RecordHit(
+            record=rec,
+            distance=distance,
+            linked=[_linked(child, records, id_of) for child in trees[seq].children]
+            if seq in trees
+            else [],
+        )
+        for seq, rec, distance in ranked
+    ]
+
+
+def linked_seqs(trees: dict[int, _Node]) -> set[int]:
+    """The seqs of every linked record of these trees."""
+    return {n.seq for tree in trees.values() for n in _walk(tree)}
 
 
 def _walk(node: _Node) -> list[_Node]:

@@ -22,6 +22,7 @@ from activememory.protocol.record_results import RecordSearchResult
 from activememory.protocol.records import (
     AddRecord,
     EraseUserRecords,
+    InvalidateRecord,
     LinkRecords,
     Record,
     RecordRelation,
@@ -32,6 +33,7 @@ from activememory.protocol.records import (
 from activememory.storage.fts_query import plan_match
 from activememory.storage.records import (
     LinkedNode,
+    RecordHit,
     RecordQuery,
     RecordReader,
     RecordWriter,
@@ -257,47 +259,48 @@ def distances(kinds: list[str], edges: list[tuple[int, int, str]]) -> dict[int, 
     return dist
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(graphs())
-def test_expansion_is_the_reference_shortest_path_tree(
-    graph: tuple[list[str], list[tuple[int, int, str]], int, int],
-) -> None:
-    kinds, edges, hops, cap = graph
-    conn = open_records_connection(Path(":memory:"), writer=True)
-    try:
-        writer, reader = RecordWriter(conn), RecordReader(conn)
-        commands: list[Any] = []
-        for i, kind in enumerate(kinds):
-            record = Record(
-                id=f"v{i}",
-                content="anchor" if i == 0 else f"vertex {i}",
-                record_type=RecordType.DOCUMENT if kind == "document" else RecordType.MEMORY,
-                user_id="u2" if kind == "other_user" else "u1",
-                timestamp=NOW,
-                expires_at=NOW if kind == "expired" else None,
-            )
-            commands.append(AddRecord(record=record, at=NOW))
-        for s, t, name in edges:
-            rel = RecordRelation(relation=name, source_id=f"v{s}", target_id=f"v{t}")
-            commands.append(LinkRecords(relation=rel, at=NOW))
-        writer.apply(commands)
-        for i, kind in enumerate(kinds):
-            if kind == "invalid":
-                conn.execute("UPDATE records SET status = 'invalid' WHERE id = ?", (f"v{i}",))
-        scope = SearchScope(
-            user_id="u1",
-            agent_id=None,
-            thread_id=None,
-            exact_user_match=True,
-            exact_agent_match=False,
-            exact_thread_match=False,
+def graph_commands(kinds: list[str], edges: list[tuple[int, int, str]]) -> list[Any]:
+    """The records and relations of a drawn graph as writer commands (vertex i is `v{i}`;
+    0, the only "anchor", is the search's one direct match)."""
+    commands: list[Any] = []
+    for i, kind in enumerate(kinds):
+        record = Record(
+            id=f"v{i}",
+            content="anchor" if i == 0 else f"vertex {i}",
+            record_type=RecordType.DOCUMENT if kind == "document" else RecordType.MEMORY,
+            user_id="u2" if kind == "other_user" else "u1",
+            timestamp=NOW,
+            expires_at=NOW if kind == "expired" else None,
         )
-        query = RecordQuery(scope=scope, now=NOW, limit=10, num_hops=hops, max_linked=cap)
-        plan = plan_match("anchor")
-        assert plan is not None
-        [hit] = reader.search(plan, query)
-    finally:
-        conn.close()
+        commands.append(AddRecord(record=record, at=NOW))
+    for s, t, name in edges:
+        rel = RecordRelation(relation=name, source_id=f"v{s}", target_id=f"v{t}")
+        commands.append(LinkRecords(relation=rel, at=NOW))
+    commands += [
+        InvalidateRecord(id=f"v{i}", reason="drawn", at=NOW)
+        for i, kind in enumerate(kinds)
+        if kind == "invalid"
+    ]
+    return commands
+
+
+def graph_query(hops: int, cap: int) -> RecordQuery:
+    scope = SearchScope(
+        user_id="u1",
+        agent_id=None,
+        thread_id=None,
+        exact_user_match=True,
+        exact_agent_match=False,
+        exact_thread_match=False,
+    )
+    return RecordQuery(scope=scope, now=NOW, limit=10, num_hops=hops, max_linked=cap)
+
+
+def assert_shortest_path_tree(
+    hit: RecordHit, kinds: list[str], edges: list[tuple[int, int, str]], hops: int, cap: int
+) -> None:
+    """The graph property, for any store: the reference tree, and independently of the
+    tie-break every vertex at most once, at its true distance, as many as allowed."""
 
     def shape(nodes: list[LinkedNode]) -> list[Any]:
         return [
@@ -313,7 +316,6 @@ def test_expansion_is_the_reference_shortest_path_tree(
 
     got = shape(hit.linked)
     assert got == reference_tree(kinds, edges, hops, cap)
-    # Independently of the tie-break: every vertex at most once, at its true distance.
     dist = distances(kinds, edges)
     seen: list[int] = []
 
@@ -326,6 +328,24 @@ def test_expansion_is_the_reference_shortest_path_tree(
     walk(got, 1)
     assert len(seen) == len(set(seen)) and 0 not in seen
     assert len(seen) == min(cap, sum(1 for v, d in dist.items() if 0 < d <= hops))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(graphs())
+def test_expansion_is_the_reference_shortest_path_tree(
+    graph: tuple[list[str], list[tuple[int, int, str]], int, int],
+) -> None:
+    kinds, edges, hops, cap = graph
+    conn = open_records_connection(Path(":memory:"), writer=True)
+    try:
+        writer, reader = RecordWriter(conn), RecordReader(conn)
+        writer.apply(graph_commands(kinds, edges))
+        plan = plan_match("anchor")
+        assert plan is not None
+        [hit] = reader.search(plan, graph_query(hops, cap))
+    finally:
+        conn.close()
+    assert_shortest_path_tree(hit, kinds, edges, hops, cap)
 
 
 def test_a_mapped_reader_follows_the_file_as_it_grows_and_shrinks(tmp_path: Path) -> None:

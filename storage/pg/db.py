@@ -25,7 +25,6 @@ Reopen: TypeAlias = Callable[["psycopg.Connection[Any]"], "psycopg.Connection[An
 
 # Every table lives in this schema, so none can clash with a host's own `sessions`.
 SCHEMA = "activememory"
-SCHEMA_VERSION = 1
 # The extensions the schema needs: btree_gin lets the GIN index of the terms be keyed by
 # agent first (docs/design.md §11). A module constant so a test can ask for a missing one.
 EXTENSIONS: tuple[str, ...] = ("btree_gin",)
@@ -33,12 +32,15 @@ CONNECT_TIMEOUT_S = 5
 # Any two processes creating the schema at once: the second waits, then finds it made.
 _SCHEMA_LOCK = 0x616D_7367  # "amsg"
 
-_DDL = f"""
+# Made before any step: it records which steps ran.
+_META_DDL = f"""
 CREATE SCHEMA {SCHEMA};
 CREATE TABLE {SCHEMA}.activememory_meta(
     key text PRIMARY KEY,
     value text NOT NULL
 );
+"""
+_DDL = f"""
 -- Event ids are unique per agent (the primary key) and drawn from one sequence, so they
 -- grow with each session's seq whichever process appends (docs/design.md §11).
 CREATE SEQUENCE {SCHEMA}.event_ids;
@@ -240,11 +242,28 @@ REVOKE ALL ON FUNCTION {SCHEMA}.grant_tables(name), {SCHEMA}.secure_agent_tables
 """
 
 
-def create_row_security(conn: psycopg.Connection[tuple[object, ...]]) -> None:
+def _row_security_ddl() -> str:
     """Row-level security on every table of the schema with an `agent` column, and the
-    functions an owner binds worker roles to agents with (docs/design.md §11)."""
-    conn.execute(_ROW_SECURITY_DDL.encode())
-    conn.execute(f"SELECT {SCHEMA}.secure_agent_tables()")
+    functions an owner binds worker roles to agents with (docs/design.md §11). A later step
+    that adds a table ends with `SELECT activememory.secure_agent_tables()` again."""
+    return _ROW_SECURITY_DDL + f"SELECT {SCHEMA}.secure_agent_tables();\n"
+
+
+def _transcripts_ddl() -> str:
+    return _DDL
+
+
+def _records_ddl() -> str:
+    from .records import records_ddl  # psycopg and the records stack: only when creating
+
+    return records_ddl()
+
+
+# The schema's steps (SQL text, each run once, in order, in one transaction): a store at
+# version v lacks STEPS[v:]. A new table or index is a new step at the end.
+# Row security comes after the tables it covers.
+STEPS: tuple[Callable[[], str], ...] = (_transcripts_ddl, _records_ddl, _row_security_ddl)
+SCHEMA_VERSION = len(STEPS)
 
 
 class PgSettings(msgspec.Struct, frozen=True, kw_only=True):
@@ -418,11 +437,19 @@ def ensure_schema(conn: psycopg.Connection[tuple[object, ...]]) -> int:
             if version is None:
                 for name in EXTENSIONS:
                     conn.execute(f'CREATE EXTENSION IF NOT EXISTS "{name}"')
-                conn.execute(_DDL.encode())
-                create_row_security(conn)  # last: it covers every table made above
+                conn.execute(_META_DDL.encode())
                 conn.execute(
                     f"INSERT INTO {SCHEMA}.activememory_meta(key, value)"
-                    " VALUES ('schema_version', %s)",
+                    " VALUES ('schema_version', '0')"
+                )
+                version = 0
+            if version < SCHEMA_VERSION:
+                # The steps this store lacks, in order, in this one transaction.
+                for step in STEPS[version:]:
+                    conn.execute(step().encode())
+                conn.execute(
+                    f"UPDATE {SCHEMA}.activememory_meta SET value = %s"
+                    " WHERE key = 'schema_version'",
                     (str(SCHEMA_VERSION),),
                 )
                 version = SCHEMA_VERSION
