@@ -439,9 +439,9 @@ def scope_sql(scope: DbScope, caller: str, session_key: str | None) -> tuple[str
     `id, dirty` and its named bindings (`:caller`, `:only`, and `private_params`'s).
 
     `session_key` narrows it to that one session, if visible (with `all`: that session).
-    The one definition of a scope: the text side (`search_scope`, which embeds it in its
-    FTS5 query, docs/design.md §3) and the vector side (`storage/vectors.nearest_messages`)
-    both read it, so a vector can never reach a session the full-text search would not.
+    The one definition of a scope: the text side (`search_scope`, through `visible`,
+    docs/design.md §3) and the vector side (`storage/vectors.nearest_messages`) both read
+    it, so a vector can never reach a session the full-text search would not.
     """
     sql: str
     params: ScopeParams
