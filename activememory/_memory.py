@@ -9,7 +9,7 @@ import os
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import anyio
 
@@ -155,8 +155,13 @@ class Sessions:
         elif message.timestamp is not None:  # a mapping's is checked by message_from_mapping
             check_timestamp("message.timestamp", message.timestamp)
         command = AppendMessage(key=key, message=message, at=self._clock())
-        ack = await self._submit(key, command, Appended)
-        return ack.event
+        # The hot path of every bot turn, flattened (docs/design.md §1.2): one await each for
+        # the store and the ack, not `_submit` → `_store` → `_submit_to`; the same errors.
+        store = await self._supervisor.agent(key.store_agent)
+        ack = await store.submit(command)
+        if isinstance(ack, Appended):
+            return ack.event
+        return _refused(ack)
 
     async def rewind(self, session_key: str, to_event_id: int) -> None:
         """Move the session's leaf back to `to_event_id` (an earlier message, on any branch).
@@ -748,6 +753,11 @@ async def _submit_to(store: AgentStore, command: IndexerCommand, expect: type[A]
     ack = await store.submit(command)
     if isinstance(ack, expect):
         return ack
+    return _refused(ack)
+
+
+def _refused(ack: IndexerAck) -> NoReturn:
+    """Raise what an ack other than the one expected means (`raise_rejected`)."""
     assert isinstance(ack, Rejected), ack
     raise_rejected(ack, SessionNotFoundError)
 

@@ -46,7 +46,7 @@ class ScopePage:
 
 
 _TREE = (
-    "WITH RECURSIVE tree(key) AS (VALUES (?) UNION"
+    "WITH RECURSIVE tree(key) AS (VALUES (:caller) UNION"
     " SELECT s.key FROM sessions s JOIN tree t ON s.spawned_by = t.key)"
     " SELECT s.id, s.dirty FROM sessions s JOIN tree USING (key)"
 )
@@ -57,14 +57,14 @@ _TREE = (
 _MATCH_FILTERED = (
     "SELECT f.rowid, {rank}, e.session_id, e.depth FROM message_fts f"
     " JOIN events e ON e.id = f.rowid"
-    " WHERE message_fts MATCH ? AND f.rowid BETWEEN ? AND ? AND {where}"
-    " ORDER BY {order} LIMIT ?"
+    " WHERE message_fts MATCH :expr AND f.rowid BETWEEN :low AND :high AND {where}"
+    " ORDER BY {order} LIMIT :lim"
 )
 # Nothing to filter: rank first, then look up only the pool's rows.
 _MATCH_ALL = (
     "SELECT m.rowid, m.r, e.session_id, e.depth FROM"
-    " (SELECT rowid, {rank} AS r FROM message_fts f WHERE message_fts MATCH ?"
-    "  AND f.rowid >= ? ORDER BY {order} LIMIT ?) m"
+    " (SELECT rowid, {rank} AS r FROM message_fts f WHERE message_fts MATCH :expr"
+    "  AND f.rowid >= :low ORDER BY {order} LIMIT :lim) m"
     " JOIN events e ON e.id = m.rowid ORDER BY m.r, m.rowid DESC"
 )
 _BY_RANK = {"rank": "f.rank", "order": "f.rank, f.rowid DESC"}
@@ -269,6 +269,51 @@ def newest_match(conn: apsw.Connection, table: str, term_expr: str) -> int:
     return 0 if row is None else int(row[0])
 
 
+class Visible(NamedTuple):
+    """What a scope admits in this database (`visible`): its clean sessions' ids as one
+    JSON array (`json_each` reads it in each FTS5 query), how many sessions of the scope are
+    dirty (hidden while they are rebuilt), whether any session of the database is, and for
+    a small scope the event-id span of its clean sessions."""
+
+    clean_ids: str
+    clean: int
+    dirty: int
+    any_dirty: bool
+    span: tuple[int, int] | None  # None: more than SPAN_MAX_SESSIONS clean sessions
+
+
+def visible(conn: apsw.Connection, scope_sql: str, params: ScopeParams) -> Visible:
+    """Resolve the sessions of `scope_sql` (a SELECT of `id, dirty`, named bindings) in one
+    statement; a small scope's span in a second one.
+
+    The session list comes back as one JSON text built inside SQLite, never as a row per
+    session: at a thousand sessions those rows, each a return to the interpreter, were a
+    search's largest share of time holding the GIL (docs/design.md §3). The ids are then
+    bound as that text (`json_each`): a subquery of the scope inside each FTS5 query was
+    re-planned per query with an automatic index, 3-5 times slower than reading the text.
+    """
+    row = conn.execute(
+        "SELECT coalesce(json_group_array(v.id) FILTER (WHERE NOT v.dirty), '[]'),"
+        " count(*) FILTER (WHERE NOT v.dirty), count(*) FILTER (WHERE v.dirty),"
+        " (SELECT 1 FROM sessions WHERE dirty LIMIT 1)"
+        f" FROM ({scope_sql}) v",
+        params,
+    ).fetchone()
+    assert row is not None  # an aggregate always has its row
+    ids, clean, dirty, any_dirty = str(row[0]), int(row[1]), int(row[2]), bool(row[3])
+    if not clean or clean > SPAN_MAX_SESSIONS:
+        return Visible(ids, clean, dirty, any_dirty, None)
+    # Two index seeks per session (ids grow with seq), inside SQLite.
+    span = conn.execute(
+        "SELECT min((SELECT id FROM events WHERE session_id = v.value ORDER BY seq LIMIT 1)),"
+        " max((SELECT id FROM events WHERE session_id = v.value ORDER BY seq DESC LIMIT 1))"
+        " FROM json_each(?) v",
+        (ids,),
+    ).fetchone()
+    low, high = span if span is not None else (None, None)
+    return Visible(ids, clean, dirty, any_dirty, (low or 0, high or 0))
+
+
 def search_scope(
     conn: apsw.Connection,
     plan: MatchPlan,
@@ -281,36 +326,32 @@ def search_scope(
 ) -> ScopePage:
     """The `keep` best visible matches of `plan` (from `plan_match`)."""
     with conn:  # one read transaction: visibility and matches from the same snapshot
-        any_dirty = conn.execute("SELECT 1 FROM sessions WHERE dirty LIMIT 1").fetchone()
-        params: list[object] = []
+        params: dict[str, object] = {}
         sql = _MATCH_ALL
         low, high = 0, 2**62
         bounded = True  # the search reads the whole table
         if scope == "all" and session_key is None:
-            visible_dirty = 0
+            row = conn.execute("SELECT count(*) FROM sessions WHERE dirty").fetchone()
+            visible_dirty = int(row[0]) if row is not None else 0
+            any_dirty = visible_dirty > 0
             if any_dirty:
-                (visible_dirty,) = conn.execute(
-                    "SELECT count(*) FROM sessions WHERE dirty"
-                ).fetchone() or (0,)
                 sql = _MATCH_FILTERED.replace(
                     "{where}", "e.session_id NOT IN (SELECT id FROM sessions WHERE dirty)"
                 )
         else:
-            visible = _visible_sessions(conn, scope, caller, session_key)
-            clean = [sid for sid, dirty in visible if not dirty]
-            visible_dirty = len(visible) - len(clean)
-            if not clean:
-                return ScopePage([], visible_dirty, bool(any_dirty))
-            # The visible sessions' rowid span bounds what FTS5 walks (ids grow with seq). It
-            # costs two index seeks per session, and for many sessions the span is most of
-            # the table anyway: only a small scope is worth bounding.
-            if len(clean) <= SPAN_MAX_SESSIONS:
-                low, high = _rowid_span(conn, clean)
+            seen_scope = visible(conn, *scope_sql(scope, caller, session_key))
+            visible_dirty, any_dirty = seen_scope.dirty, seen_scope.any_dirty
+            if not seen_scope.clean:
+                return ScopePage([], visible_dirty, any_dirty)
+            # The visible sessions' rowid span bounds what FTS5 walks. For many sessions the
+            # span is most of the table anyway: only a small scope is worth bounding.
+            if seen_scope.span is not None:
+                low, high = seen_scope.span
                 bounded = False  # ranking reads only the span's rows
             sql = _MATCH_FILTERED.replace(
-                "{where}", "e.session_id IN (SELECT value FROM json_each(?))"
+                "{where}", "e.session_id IN (SELECT value FROM json_each(:ids))"
             )
-            params.append(json.dumps(clean))
+            params = {"ids": seen_scope.clean_ids}
         pool_size = max(POOL, keep)
         pooled: list[tuple[int, float, int, int]] = []
         seen: set[int] = set()
@@ -318,10 +359,10 @@ def search_scope(
             query = sql.format(**step.ordering)
             limit = step.wide or pool_size - len(pooled)
             if sql == _MATCH_ALL:
-                bounds: list[object] = [step.since]
+                bindings: dict[str, object] = {"expr": step.expression, "low": step.since}
             else:
-                bounds = [max(low, step.since), high]
-            found = conn.execute(query, [step.expression, *bounds, *params, limit]).fetchall()
+                bindings = {"expr": step.expression, "low": max(low, step.since), "high": high}
+            found = conn.execute(query, {**params, **bindings, "lim": limit}).fetchall()
             rows = cast(list[tuple[int, float, int, int]], found)
             if step.wide:
                 rows = every_term_first(conn, stats.table, plan, rows)
@@ -332,7 +373,7 @@ def search_scope(
             if len(pooled) >= pool_size:
                 break
         if not pooled:
-            return ScopePage([], visible_dirty, bool(any_dirty))
+            return ScopePage([], visible_dirty, any_dirty)
         ranked = rerank(pooled)[:keep]
         details = {
             row[0]: row
@@ -344,7 +385,7 @@ def search_scope(
         candidates.append(
             Candidate(rowid, score, int(session_id), str(key), float(ts), str(role), str(text))
         )
-    return ScopePage(candidates, visible_dirty, bool(any_dirty))
+    return ScopePage(candidates, visible_dirty, any_dirty)
 
 
 def rerank(pooled: list[tuple[int, float, int, int]]) -> list[tuple[int, float]]:
@@ -366,22 +407,6 @@ def rerank(pooled: list[tuple[int, float, int, int]]) -> list[tuple[int, float]]
         scored.append((rowid, score))
     scored.sort(key=lambda item: (-item[1], -item[0]))
     return scored
-
-
-def _rowid_span(conn: apsw.Connection, session_ids: list[int]) -> tuple[int, int]:
-    """The smallest and largest event id of these sessions: two index seeks each."""
-    low = high = None
-    for sid in session_ids:
-        row = conn.execute(
-            "SELECT (SELECT id FROM events WHERE session_id = ?1 ORDER BY seq LIMIT 1),"
-            " (SELECT id FROM events WHERE session_id = ?1 ORDER BY seq DESC LIMIT 1)",
-            (sid,),
-        ).fetchone()
-        if row is None or row[0] is None:
-            continue
-        low = row[0] if low is None else min(low, row[0])
-        high = row[1] if high is None else max(high, row[1])
-    return (low or 0, high or 0)
 
 
 # The privacy boundary of cross-conversation recall, as SQL: only the same agent's other
@@ -406,17 +431,17 @@ def private_params(agent: str, caller: str, scope: PrivateScope) -> dict[str, ob
     return {"agent": agent, "caller": caller, "peers": peers, "owner": scope.owner}
 
 
-ScopeParams: TypeAlias = list[object] | dict[str, object]
+ScopeParams: TypeAlias = dict[str, object]
 
 
 def scope_sql(scope: DbScope, caller: str, session_key: str | None) -> tuple[str, ScopeParams]:
     """The sessions of this database `caller` may see under `scope`, as SQL: a SELECT of
-    `id, dirty` and its bindings (positional, or named for a `PrivateScope`).
+    `id, dirty` and its named bindings (`:caller`, `:only`, and `private_params`'s).
 
     `session_key` narrows it to that one session, if visible (with `all`: that session).
-    The one definition of a scope: the text side (`search_scope`) and the vector side
-    (`storage/vectors.nearest_messages`, docs/design.md §3) both read it, so a vector can
-    never reach a session the full-text search would not.
+    The one definition of a scope: the text side (`search_scope`, through `visible`,
+    docs/design.md §3) and the vector side (`storage/vectors.nearest_messages`) both read
+    it, so a vector can never reach a session the full-text search would not.
     """
     sql: str
     params: ScopeParams
@@ -427,26 +452,19 @@ def scope_sql(scope: DbScope, caller: str, session_key: str | None) -> tuple[str
             sql, params = "SELECT id, dirty FROM sessions WHERE 0", {}
         else:
             sql, params = _PRIVATE, private_params(key.agent, key.raw, scope)
+    elif scope == "all":
+        sql, params = "SELECT id, dirty FROM sessions", {}
         if session_key is not None:
-            sql = f"SELECT id, dirty FROM ({sql}) WHERE id IN ({_ONE_NAMED})"
-            params = {**params, "only": session_key}
-        return sql, params
-    if scope == "all":
-        if session_key is None:
-            return "SELECT id, dirty FROM sessions", []
-        return "SELECT id, dirty FROM sessions WHERE key = ?", [session_key]
-    sql = "SELECT id, dirty FROM sessions WHERE key = ?" if scope == "self" else _TREE
+            return "SELECT id, dirty FROM sessions WHERE key = :only", {"only": session_key}
+    else:
+        sql = "SELECT id, dirty FROM sessions WHERE key = :caller" if scope == "self" else _TREE
+        params = {"caller": caller}
     if session_key is None:
-        return sql, [caller]
-    return f"SELECT id, dirty FROM ({sql}) WHERE id IN ({_ONE})", [caller, session_key]
+        return sql, params
+    return f"SELECT id, dirty FROM ({sql}) WHERE id IN ({_ONE_NAMED})", {
+        **params,
+        "only": session_key,
+    }
 
 
-_ONE = "SELECT id FROM sessions WHERE key = ?"
 _ONE_NAMED = "SELECT id FROM sessions WHERE key = :only"
-
-
-def _visible_sessions(
-    conn: apsw.Connection, scope: DbScope, caller: str, session_key: str | None = None
-) -> list[tuple[int, int]]:
-    sql, params = scope_sql(scope, caller, session_key)
-    return [(int(sid), int(dirty)) for sid, dirty in conn.execute(sql, params)]
