@@ -12,7 +12,7 @@ import copy
 import dataclasses
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import apsw
 import msgspec
@@ -556,41 +556,7 @@ class TranscriptWriter:
                 (state.id, len(cmd.entries) + 1),
             ).fetchall(),
         )
-        position: dict[int, int] = {}  # stored event id -> its position
-        index = {entry.id: i for i, entry in enumerate(cmd.entries)}
-        for i, entry in enumerate(cmd.entries):
-            where = entry.source or f"entries[{i}]"
-            if i >= len(rows):
-                return (
-                    f"{where}: session {cmd.key.raw!r} holds the messages before this one,"
-                    " not this one; import into a new session"
-                )
-            event_id, parent_id, kind, ts, role, content = rows[i]
-            position[event_id] = i
-            parent = None if entry.parent_id is None else index[entry.parent_id]
-            what = None
-            stored_parent = None if parent_id is None else position.get(parent_id, -1)
-            if kind != "message" or stored_parent != parent:
-                what = "its place in the tree"
-            elif ts != entry.timestamp:
-                what = "its timestamp"
-            elif role != entry.message.role:
-                what = "its role"
-            elif bytes(content) != _encode_content(entry.message.content):
-                what = "its content"
-            if what is not None:
-                return (
-                    f"{where}: session {cmd.key.raw!r} already holds other messages (stored event"
-                    f" #{event_id} differs in {what}); import into a new session"
-                )
-        if len(rows) == len(cmd.entries) and leaf_import_id is not None:
-            leaf = rows[index[leaf_import_id]][0]
-            if state.leaf_event_id != leaf:
-                return (
-                    f"leaf_id: session {cmd.key.raw!r} holds these messages but its leaf is"
-                    f" event #{state.leaf_event_id}, not {leaf_import_id!r}"
-                )
-        return None
+        return import_prefix_differs(cmd, rows, state.leaf_event_id, leaf_import_id)
 
     def _rebuild(self, cmd: RebuildIndex) -> IndexerAck:
         if cmd.key is not None:
@@ -704,6 +670,54 @@ class TranscriptWriter:
         state.indexed_seq = state.next_seq - 1
         self._touched[key] = state
         return rows
+
+
+def import_prefix_differs(
+    cmd: ImportTranscript,
+    rows: Sequence[Sequence[Any]],
+    leaf_event_id: int | None,
+    leaf_import_id: str | None,
+) -> str | None:
+    """Why a session's first stored events (`rows`: id, parent_id, kind, ts, role, content in
+    write order, up to one more than the entries) are not `cmd`'s entries, or None if they
+    are (docs/design.md §2.5). Both stores' writers ask it, so a resumed import is judged
+    by one rule.
+    """
+    position: dict[int, int] = {}  # stored event id -> its position
+    index = {entry.id: i for i, entry in enumerate(cmd.entries)}
+    for i, entry in enumerate(cmd.entries):
+        where = entry.source or f"entries[{i}]"
+        if i >= len(rows):
+            return (
+                f"{where}: session {cmd.key.raw!r} holds the messages before this one,"
+                " not this one; import into a new session"
+            )
+        event_id, parent_id, kind, ts, role, content = rows[i]
+        position[event_id] = i
+        parent = None if entry.parent_id is None else index[entry.parent_id]
+        what = None
+        stored_parent = None if parent_id is None else position.get(parent_id, -1)
+        if kind != "message" or stored_parent != parent:
+            what = "its place in the tree"
+        elif ts != entry.timestamp:
+            what = "its timestamp"
+        elif role != entry.message.role:
+            what = "its role"
+        elif bytes(content) != _encode_content(entry.message.content):
+            what = "its content"
+        if what is not None:
+            return (
+                f"{where}: session {cmd.key.raw!r} already holds other messages (stored event"
+                f" #{event_id} differs in {what}); import into a new session"
+            )
+    if len(rows) == len(cmd.entries) and leaf_import_id is not None:
+        leaf = rows[index[leaf_import_id]][0]
+        if leaf_event_id != leaf:
+            return (
+                f"leaf_id: session {cmd.key.raw!r} holds these messages but its leaf is"
+                f" event #{leaf_event_id}, not {leaf_import_id!r}"
+            )
+    return None
 
 
 def _entry_field(i: int, entry: ImportEntry, field: str) -> str:

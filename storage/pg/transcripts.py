@@ -52,7 +52,7 @@ from ...protocol.indexer import (
 from ...protocol.recall import SessionSwitches
 from ...protocol.session_key import SessionKey
 from ...protocol.transcript import Event, ImportEntry, IndexStats, SessionInfo
-from ..transcripts import _entry_field
+from ..transcripts import _entry_field, import_prefix_differs
 from .db import SCHEMA, Reopen, describe, translate_errors
 from .terms import index_terms
 
@@ -676,41 +676,7 @@ class PgTranscriptWriter:
             " WHERE agent = %s AND session_id = %s ORDER BY seq LIMIT %s",
             (self.agent, state.id, len(cmd.entries) + 1),
         ).fetchall()
-        position: dict[int, int] = {}
-        index = {entry.id: i for i, entry in enumerate(cmd.entries)}
-        for i, entry in enumerate(cmd.entries):
-            where = entry.source or f"entries[{i}]"
-            if i >= len(rows):
-                return (
-                    f"{where}: session {cmd.key.raw!r} holds the messages before this one,"
-                    " not this one; import into a new session"
-                )
-            event_id, parent_id, kind, ts, role, content = rows[i]
-            position[event_id] = i
-            parent = None if entry.parent_id is None else index[entry.parent_id]
-            what = None
-            stored_parent = None if parent_id is None else position.get(parent_id, -1)
-            if kind != "message" or stored_parent != parent:
-                what = "its place in the tree"
-            elif ts != entry.timestamp:
-                what = "its timestamp"
-            elif role != entry.message.role:
-                what = "its role"
-            elif bytes(content) != _encode_content(entry.message.content):
-                what = "its content"
-            if what is not None:
-                return (
-                    f"{where}: session {cmd.key.raw!r} already holds other messages (stored event"
-                    f" #{event_id} differs in {what}); import into a new session"
-                )
-        if len(rows) == len(cmd.entries) and leaf_import_id is not None:
-            leaf = rows[index[leaf_import_id]][0]
-            if state.leaf_event_id != leaf:
-                return (
-                    f"leaf_id: session {cmd.key.raw!r} holds these messages but its leaf is"
-                    f" event #{state.leaf_event_id}, not {leaf_import_id!r}"
-                )
-        return None
+        return import_prefix_differs(cmd, rows, state.leaf_event_id, leaf_import_id)
 
     def _rebuild(self, cmd: RebuildIndex) -> IndexerAck:
         if cmd.key is not None:
