@@ -32,7 +32,7 @@ import numpy
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from ..protocol.embedder import EmbedPoke
-from ..protocol.embeddings import Embedder
+from ..protocol.embeddings import BACKGROUND, Embedder
 from ..protocol.errors import EmbeddingError, MemoryClosedError, StorageError
 from ..protocol.indexer import (
     IndexerAck,
@@ -322,6 +322,7 @@ class EmbedderActor(PokedActor, Generic[F]):
     async def _embed(self, texts: Sequence[str]) -> list[bytes]:
         """The embedder's vectors as stored BLOBs; any failure is `EmbedderFailed`."""
         self.embed_calls += 1
+        background = BACKGROUND.set(True)  # the backlog yields the CPU to queries
         try:
             with anyio.fail_after(self.timeout):
                 deadline = anyio.current_time() + self.timeout
@@ -332,6 +333,8 @@ class EmbedderActor(PokedActor, Generic[F]):
             raise EmbedderFailed(str(exc)) from exc
         except Exception as exc:  # fail-open: a broken embedder never takes the memory down
             raise EmbedderFailed(f"{self.name}: {type(exc).__name__}: {exc}") from exc
+        finally:
+            BACKGROUND.reset(background)
         array = numpy.asarray(matrix)
         dim = self.embedder.dim
         if array.shape != (len(texts), dim) or not numpy.all(numpy.isfinite(array)):

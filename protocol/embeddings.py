@@ -7,12 +7,19 @@ ranked together, and a change of embedder re-embeds in the background.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from .errors import EmbeddingError
 
 if TYPE_CHECKING:
     import numpy
+
+# True while the embedder actor embeds its backlog (messages, notes, records behind their
+# acks), False for a query a search or recall waits on. An embedder may run background work
+# at a lower CPU priority (the shipped one does, docs/design.md §4.7): on a small host the
+# backlog must not take the CPU a recall's budget needs.
+BACKGROUND: ContextVar[bool] = ContextVar("activememory_embed_background", default=False)
 
 
 @runtime_checkable

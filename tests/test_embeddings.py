@@ -693,3 +693,41 @@ def test_after_the_exit_hook_a_queued_run_never_starts_the_model(
     module._stop_runs_at_exit()
     assert local._embed_sync(["a late sentence"], None, threading.Event()) is None
     assert not module._runs
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="per-thread CPU priority is Linux's")
+def test_background_work_runs_at_a_lower_cpu_priority_and_a_query_does_not(
+    local: LocalEmbedder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The embedder actor's backlog must not take the CPU a recall's query needs: on two
+    # cores, the default model at 67 appends/s kept the breaker open for most recalls.
+    import os
+    import threading
+
+    from activememory.embed import local as module
+    from activememory.protocol.embeddings import BACKGROUND
+
+    seen: list[tuple[int, str]] = []
+    real = module._Model.embed
+
+    def recording(self, texts, stop_at, stop):  # type: ignore[no-untyped-def]
+        tid = threading.get_native_id()
+        seen.append((os.getpriority(os.PRIO_PROCESS, tid), threading.current_thread().name))
+        return real(self, texts, stop_at, stop)
+
+    monkeypatch.setattr(module._Model, "embed", recording)
+
+    async def both() -> None:
+        await local.embed(["a query"])
+        token = BACKGROUND.set(True)
+        try:
+            await local.embed(["a stored message"])
+        finally:
+            BACKGROUND.reset(token)
+        await local.embed(["a query again"])
+
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    anyio.run(both)
+    query, background, query_again = seen
+    assert query[0] == base and query_again[0] == base
+    assert background == (min(19, base + module.BACKGROUND_NICE), "activememory-embed-background")

@@ -18,6 +18,7 @@ import trio.testing
 import activememory as am
 from activememory.actors.supervisor import AgentStore
 from activememory.protocol.config import PrivateScope
+from activememory.protocol.embeddings import BACKGROUND
 from activememory.protocol.indexer import (
     AppendMessage,
     NoteChunk,
@@ -573,3 +574,33 @@ def test_store_vectors_round_trips_and_checks_dimensions() -> None:
     short = VectorRow(id=2, digest=b"d", vector=to_blob(numpy.ones(DIM - 1)))
     with pytest.raises(ValueError, match="float32 vectors of one dimension"):
         StoreVectors(agent="main", name="x", messages=(row,), notes=(short,))
+
+
+class Marked(FakeEmbedder):
+    """Records, per call, whether it ran as background work (protocol BACKGROUND)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.marks: list[tuple[bool, tuple[str, ...]]] = []
+
+    async def embed(self, texts, *, deadline=None):  # type: ignore[no-untyped-def]
+        self.marks.append((BACKGROUND.get(), tuple(texts)))
+        return await super().embed(texts, deadline=deadline)
+
+
+async def test_the_backlog_is_embedded_as_background_work_and_a_query_is_not(
+    tmp_path: Path, executor: str
+) -> None:
+    # The shipped embedder runs background work at a lower CPU priority, so that on a small
+    # host the backlog does not take the CPU a recall's budget needs (docs/design.md §4.7).
+    embedder = Marked()
+    async with am.open_memory(tmp_path / "s", executor=executor, embedder=embedder) as mem:  # type: ignore[arg-type]
+        await mem.sessions.append(DIRECT, user("the aisle seat on long flights"))
+        await settle(mem)
+        await mem.sessions.search("seat preference", caller=DIRECT, mode="hybrid")
+    stored = [
+        background for background, texts in embedder.marks if any("aisle" in t for t in texts)
+    ]
+    queries = [background for background, texts in embedder.marks if texts == ("seat preference",)]
+    assert stored and all(stored)
+    assert queries == [False]

@@ -25,18 +25,19 @@ import atexit
 import hashlib
 import json
 import math
+import os
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import anyio
 import anyio.to_thread
 import numpy as np
 
-from ..protocol.embeddings import EmbeddingDeadlineError
+from ..protocol.embeddings import BACKGROUND, EmbeddingDeadlineError
 from ..protocol.errors import EmbeddingError
 
 if TYPE_CHECKING:
@@ -218,6 +219,42 @@ _exiting = False
 EXIT_WAIT_S = 5.0
 
 
+T = TypeVar("T")
+
+# How much lower a background run's CPU priority is than its caller's (a nice increment,
+# Linux: per thread). At +10 a busy recall thread gets about nine tenths of a contended core.
+BACKGROUND_NICE = 10
+
+
+def _on_a_lower_priority_thread(fn: Callable[[], T]) -> T:
+    """`fn()` on a new thread whose CPU priority is BACKGROUND_NICE below the caller's (where
+    the OS sets a thread's own priority; elsewhere at the caller's). A new thread, not the
+    caller's: worker threads are pooled, and a lowered priority cannot be raised back
+    without privileges."""
+    out: list[T] = []
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            tid = threading.get_native_id()
+            os.setpriority(
+                os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + BACKGROUND_NICE
+            )
+        except (AttributeError, OSError):  # no per-thread priority here: run as it is
+            pass
+        try:
+            out.append(fn())
+        except BaseException as exc:  # handed to the caller's thread
+            failed.append(exc)
+
+    thread = threading.Thread(target=run, name="activememory-embed-background", daemon=True)
+    thread.start()
+    thread.join()
+    if failed:
+        raise failed[0]
+    return out[0]
+
+
 @atexit.register
 def _stop_runs_at_exit() -> None:
     global _exiting
@@ -352,9 +389,10 @@ class LocalEmbedder:
                 raise EmbeddingDeadlineError("embedding deadline passed before the model ran")
             stop_at = time.monotonic() + left
         stop = threading.Event()
+        background = BACKGROUND.get()
         try:
             vectors = await anyio.to_thread.run_sync(
-                self._embed_sync, texts, stop_at, stop, abandon_on_cancel=True
+                self._embed_sync, texts, stop_at, stop, background, abandon_on_cancel=True
             )
         finally:
             stop.set()
@@ -363,13 +401,21 @@ class LocalEmbedder:
         return vectors
 
     def _embed_sync(
-        self, texts: list[str], stop_at: float | None, stop: threading.Event
+        self,
+        texts: list[str],
+        stop_at: float | None,
+        stop: threading.Event,
+        background: bool = False,
     ) -> npt.NDArray[np.float32] | None:
         with _runs_done:
             if _exiting:
                 return None  # the interpreter is exiting: its caller is gone
             _runs.add(stop)
         try:
+            if background:  # the embedder actor's backlog: recall's queries go first
+                return _on_a_lower_priority_thread(
+                    lambda: self._embed_tracked(texts, stop_at, stop)
+                )
             return self._embed_tracked(texts, stop_at, stop)
         finally:
             with _runs_done:
