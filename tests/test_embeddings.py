@@ -730,4 +730,7 @@ def test_background_work_runs_at_a_lower_cpu_priority_and_a_query_does_not(
     anyio.run(both)
     query, background, query_again = seen
     assert query[0] == base and query_again[0] == base
-    assert background == (min(19, base + module.BACKGROUND_NICE), "activememory-embed-background")
+    assert background == (
+        min(19, base + module.BACKGROUND_NICE),
+        "activememory embedder (background)",
+    )

@@ -247,7 +247,8 @@ def _on_a_lower_priority_thread(fn: Callable[[], T]) -> T:
         except BaseException as exc:  # handed to the caller's thread
             failed.append(exc)
 
-    thread = threading.Thread(target=run, name="activememory-embed-background", daemon=True)
+    # Not "activememory-…": that prefix names the writer threads, which close must join.
+    thread = threading.Thread(target=run, name="activememory embedder (background)", daemon=True)
     thread.start()
     thread.join()
     if failed:
