@@ -240,6 +240,22 @@ def _record(row: Sequence[Any]) -> tuple[int, Record]:
     )
 
 
+def link_ends(
+    rel: RecordRelation, source: int | None, target: int | None
+) -> tuple[int, int] | RecordRejected:
+    """The seqs of a link's two records (None: not stored), or why they cannot be linked.
+    Both stores' writers ask it."""
+    if source is None:
+        return RecordRejected(reason="not_found", message=f"source_id: no record {rel.source_id!r}")
+    if target is None:
+        return RecordRejected(reason="not_found", message=f"target_id: no record {rel.target_id!r}")
+    if source == target:
+        return RecordRejected(
+            reason="invalid", message="target_id: a record cannot be linked to itself"
+        )
+    return source, target
+
+
 class RecordWriter:
     """Applies record commands, a batch per transaction (group commit).
 
@@ -342,20 +358,10 @@ class RecordWriter:
 
     def _link(self, cmd: LinkRecords) -> RecordAck:
         rel = cmd.relation
-        source = self._seq(rel.source_id)
-        if source is None:
-            return RecordRejected(
-                reason="not_found", message=f"source_id: no record {rel.source_id!r}"
-            )
-        target = self._seq(rel.target_id)
-        if target is None:
-            return RecordRejected(
-                reason="not_found", message=f"target_id: no record {rel.target_id!r}"
-            )
-        if source == target:
-            return RecordRejected(
-                reason="invalid", message="target_id: a record cannot be linked to itself"
-            )
+        ends = link_ends(rel, self._seq(rel.source_id), self._seq(rel.target_id))
+        if isinstance(ends, RecordRejected):
+            return ends
+        source, target = ends
         self.conn.execute(
             "INSERT OR IGNORE INTO relations(source, target, relation, created_at)"
             " VALUES (?, ?, ?, ?)",

@@ -457,21 +457,10 @@ class TranscriptWriter:
 
     def _import(self, cmd: ImportTranscript) -> IndexerAck:
         key = cmd.key.raw
-        depths: dict[str, int] = {}
-        for i, entry in enumerate(cmd.entries):
-            if entry.id in depths:
-                where = _entry_field(i, entry, "id")
-                return Rejected(reason="invalid", message=f"{where}: {entry.id!r} is repeated")
-            if entry.parent_id is not None and entry.parent_id not in depths:
-                where = _entry_field(i, entry, "parent_id")
-                return Rejected(
-                    reason="invalid",
-                    message=f"{where}: {entry.parent_id!r} names no earlier entry",
-                )
-            depths[entry.id] = depths[entry.parent_id] + 1 if entry.parent_id else 1
-        leaf_import_id = cmd.leaf_id or (cmd.entries[-1].id if cmd.entries else None)
-        if leaf_import_id is not None and leaf_import_id not in depths:
-            return Rejected(reason="invalid", message=f"leaf_id: {leaf_import_id!r} names no entry")
+        shape = import_tree(cmd)
+        if isinstance(shape, Rejected):
+            return shape
+        depths, leaf_import_id = shape
         state = self._session(key)
         if state is not None and state.leaf_event_id is not None:
             if not cmd.resume:
@@ -670,6 +659,28 @@ class TranscriptWriter:
         state.indexed_seq = state.next_seq - 1
         self._touched[key] = state
         return rows
+
+
+def import_tree(cmd: ImportTranscript) -> tuple[dict[str, int], str | None] | Rejected:
+    """The depth of each entry of `cmd` and the entry id its leaf will be, or why the
+    entries are not a tree in write order. Both stores' writers ask it (docs/design.md §2.5).
+    """
+    depths: dict[str, int] = {}
+    for i, entry in enumerate(cmd.entries):
+        if entry.id in depths:
+            where = _entry_field(i, entry, "id")
+            return Rejected(reason="invalid", message=f"{where}: {entry.id!r} is repeated")
+        if entry.parent_id is not None and entry.parent_id not in depths:
+            where = _entry_field(i, entry, "parent_id")
+            return Rejected(
+                reason="invalid",
+                message=f"{where}: {entry.parent_id!r} names no earlier entry",
+            )
+        depths[entry.id] = depths[entry.parent_id] + 1 if entry.parent_id else 1
+    leaf_import_id = cmd.leaf_id or (cmd.entries[-1].id if cmd.entries else None)
+    if leaf_import_id is not None and leaf_import_id not in depths:
+        return Rejected(reason="invalid", message=f"leaf_id: {leaf_import_id!r} names no entry")
+    return depths, leaf_import_id
 
 
 def import_prefix_differs(

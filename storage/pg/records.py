@@ -72,6 +72,7 @@ from ..records import (
     distance_of,
     grow_trees,
     hits_of,
+    link_ends,
     linked_seqs,
     search_steps,
 )
@@ -288,20 +289,10 @@ class PgRecordWriter:
 
     def _link(self, cmd: LinkRecords) -> RecordAck:
         rel = cmd.relation
-        source = self._seq(rel.source_id)
-        if source is None:
-            return RecordRejected(
-                reason="not_found", message=f"source_id: no record {rel.source_id!r}"
-            )
-        target = self._seq(rel.target_id)
-        if target is None:
-            return RecordRejected(
-                reason="not_found", message=f"target_id: no record {rel.target_id!r}"
-            )
-        if source == target:
-            return RecordRejected(
-                reason="invalid", message="target_id: a record cannot be linked to itself"
-            )
+        ends = link_ends(rel, self._seq(rel.source_id), self._seq(rel.target_id))
+        if isinstance(ends, RecordRejected):
+            return ends
+        source, target = ends
         cur = self.conn.execute(
             f"INSERT INTO {_S}.record_relations(agent, id, source, target, relation, created_at)"
             f" VALUES (%s, nextval('{_S}.relation_ids'), %s, %s, %s, %s)"

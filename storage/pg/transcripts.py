@@ -52,7 +52,7 @@ from ...protocol.indexer import (
 from ...protocol.recall import SessionSwitches
 from ...protocol.session_key import SessionKey
 from ...protocol.transcript import Event, ImportEntry, IndexStats, SessionInfo
-from ..transcripts import _entry_field, import_prefix_differs
+from ..transcripts import import_prefix_differs, import_tree
 from .db import SCHEMA, Reopen, describe, translate_errors
 from .terms import index_terms
 
@@ -572,21 +572,10 @@ class PgTranscriptWriter:
 
     def _import(self, cmd: ImportTranscript) -> IndexerAck:
         key = cmd.key.raw
-        depths: dict[str, int] = {}
-        for i, entry in enumerate(cmd.entries):
-            if entry.id in depths:
-                where = _entry_field(i, entry, "id")
-                return Rejected(reason="invalid", message=f"{where}: {entry.id!r} is repeated")
-            if entry.parent_id is not None and entry.parent_id not in depths:
-                where = _entry_field(i, entry, "parent_id")
-                return Rejected(
-                    reason="invalid",
-                    message=f"{where}: {entry.parent_id!r} names no earlier entry",
-                )
-            depths[entry.id] = depths[entry.parent_id] + 1 if entry.parent_id else 1
-        leaf_import_id = cmd.leaf_id or (cmd.entries[-1].id if cmd.entries else None)
-        if leaf_import_id is not None and leaf_import_id not in depths:
-            return Rejected(reason="invalid", message=f"leaf_id: {leaf_import_id!r} names no entry")
+        shape = import_tree(cmd)
+        if isinstance(shape, Rejected):
+            return shape
+        depths, leaf_import_id = shape
         state = self._session(key)
         if state is not None and state.leaf_event_id is not None:
             if not cmd.resume:
