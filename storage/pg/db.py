@@ -377,6 +377,19 @@ def open_pool(
     return pool
 
 
+def lost(conn: psycopg.Connection[Any]) -> bool:
+    """Whether `conn` can no longer run a transaction: closed, broken, or left stuck by a
+    failure mid-pipeline (a backend terminated during `executemany` leaves psycopg's
+    pipeline aborted and the connection not marked broken; every later query then fails
+    with "PQsendQuery not allowed in pipeline mode"). A caller holding a `Reopen`
+    replaces such a connection; one that does not closes it."""
+    from psycopg import pq
+
+    if conn.closed or conn.broken:
+        return True
+    return conn.pgconn.pipeline_status != pq.PipelineStatus.OFF
+
+
 def reopen_connection(settings: PgSettings) -> Reopen:
     """A `Reopen` that closes the lost connection and connects again (`connect`)."""
 

@@ -77,7 +77,7 @@ from ..records import (
     search_steps,
 )
 from ..search import RANK_BUDGET
-from .db import SCHEMA, describe
+from .db import SCHEMA, describe, lost
 from .search import _bm25_params
 from .terms import PgQuery, index_terms, pg_query
 from .transcripts import Connection, _text, _text_bytes, configure_reader, configure_writer
@@ -218,7 +218,7 @@ class PgRecordWriter:
                 break
             return self._purged(acks) if self._erased else acks
         assert failure is not None
-        if len(commands) == 1 or self.conn.broken or self.conn.closed:
+        if len(commands) == 1 or lost(self.conn):
             message = describe(failure)
             return [RecordRejected(reason="storage", message=message) for _ in commands]
         return [ack for cmd in commands for ack in self.apply([cmd])]

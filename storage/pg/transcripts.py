@@ -53,7 +53,7 @@ from ...protocol.recall import SessionSwitches
 from ...protocol.session_key import SessionKey
 from ...protocol.transcript import Event, ImportEntry, IndexStats, SessionInfo
 from ..transcripts import import_prefix_differs, import_tree
-from .db import SCHEMA, Reopen, describe, translate_errors
+from .db import SCHEMA, Reopen, describe, lost, translate_errors
 from .terms import index_terms
 
 Connection: TypeAlias = psycopg.Connection[Any]
@@ -134,10 +134,12 @@ def configure_reader(conn: Connection) -> Connection:
 class PgTranscriptWriter:
     """Applies indexer commands for one agent, a batch per transaction (group commit).
 
-    A batch whose connection is lost is rejected whole (`Rejected(storage)`, the server's
-    answer); with `reopen` (`db.reopen_connection`, `db.reopen_from_pool`) the next batch
-    first replaces the connection, so the writer recovers without being made again
-    (docs/design.md §11 "Crash safety and faults").
+    A batch whose connection is lost during its commit is rejected whole
+    (`Rejected(storage)`, the server's answer); with `reopen` (`db.reopen_connection`,
+    `db.reopen_from_pool`) the next batch first replaces the connection, so the writer
+    recovers without being made again. A batch that finds its connection lost before it
+    sent COMMIT is tried once more on a new one (docs/design.md §11 "Crash safety and
+    faults").
     """
 
     def __init__(self, conn: Connection, agent: str, *, reopen: Reopen | None = None) -> None:
@@ -158,18 +160,19 @@ class PgTranscriptWriter:
         the batch again; any other failure rolls it back and, for a batch of several, tries
         each command in its own transaction so one bad command cannot sink the others.
         """
-        if self._reopen is not None and (self.conn.broken or self.conn.closed):
-            # Lost in an earlier batch, which was rejected: never retried here, since its
-            # commit may have reached the server before the connection went.
-            try:
-                self.conn = configure_writer(self._reopen(self.conn))
-            except StorageError as exc:
-                return [Rejected(reason="storage", message=str(exc)) for _ in commands]
+        # Lost in an earlier batch, which was rejected: never retried here, since its
+        # commit may have reached the server before the connection went.
+        lost_before = self._reopen is not None and lost(self.conn)
+        if lost_before and (refused := self._replace_connection()) is not None:
+            return [Rejected(reason="storage", message=refused) for _ in commands]
         failure: psycopg.Error | None = None
+        replaced = False
         for _ in range(_RACE_RETRIES):
+            sent_commit = False
             try:
                 with self.conn.transaction():
                     acks = self._apply_batch(commands)
+                    sent_commit = True  # from here the server may commit what we cannot see
                 return acks
             except (*_RACES, psycopg.errors.UniqueViolation) as exc:
                 failure = exc
@@ -179,12 +182,27 @@ class PgTranscriptWriter:
             except psycopg.Error as exc:
                 failure = exc
                 self._forget()
-                break
+                if sent_commit or replaced or self._reopen is None or not lost(self.conn):
+                    break
+                # Lost before COMMIT was sent (a connection that died while idle): the
+                # server rolled back, so once on a new connection is safe.
+                replaced = True
+                if (refused := self._replace_connection()) is not None:
+                    return [Rejected(reason="storage", message=refused) for _ in commands]
         assert failure is not None
-        if len(commands) == 1 or self.conn.broken or self.conn.closed:
+        if len(commands) == 1 or lost(self.conn):
             message = describe(failure)
             return [Rejected(reason="storage", message=message) for _ in commands]
         return [ack for cmd in commands for ack in self.apply([cmd])]
+
+    def _replace_connection(self) -> str | None:
+        """Swap the lost connection for a new one (`reopen`); the error when none came."""
+        assert self._reopen is not None
+        try:
+            self.conn = configure_writer(self._reopen(self.conn))
+        except StorageError as exc:
+            return str(exc)
+        return None
 
     def _forget(self) -> None:
         self._sessions.clear()
@@ -810,12 +828,21 @@ def _read(
     method: Callable[Concatenate[PgTranscriptReader, _P], _R],
 ) -> Callable[Concatenate[PgTranscriptReader, _P], _R]:
     """A read of `PgTranscriptReader`: on a live connection (`connection()`), its
-    failures a `StorageError` with the server's answer."""
+    failures a `StorageError` with the server's answer. A read whose connection turns out
+    lost (it died while idle) runs once more on a new one: a read changes nothing."""
 
     @functools.wraps(method)
     def read(reader: PgTranscriptReader, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        what = f"reading agent {reader.agent!r}"
         reader.connection()
-        with translate_errors(f"reading agent {reader.agent!r}"):
+        try:
+            with translate_errors(what):
+                return method(reader, *args, **kwargs)
+        except StorageError:
+            if reader._reopen is None or not lost(reader.conn):
+                raise
+        reader.connection()
+        with translate_errors(what):
             return method(reader, *args, **kwargs)
 
     return read
@@ -825,8 +852,9 @@ class PgTranscriptReader:
     """Reads one agent's transcripts (the methods of `TranscriptReader`), each read one
     snapshot on a connection of its own (`configure_reader`).
 
-    A read that loses its connection raises `StorageError`; with `reopen` the next read
-    replaces the connection first (docs/design.md §11 "Crash safety and faults").
+    A read that loses its connection raises `StorageError`; with `reopen` it is tried once
+    more on a new connection, and the next read replaces a lost one first (docs/design.md
+    §11 "Crash safety and faults").
     """
 
     def __init__(self, conn: Connection, agent: str, *, reopen: Reopen | None = None) -> None:
@@ -837,7 +865,7 @@ class PgTranscriptReader:
     def connection(self) -> Connection:
         """The reader's connection, replaced first if it was lost (and `reopen` given);
         for the searches that read through it (storage/pg/search.py)."""
-        if self._reopen is not None and (self.conn.broken or self.conn.closed):
+        if self._reopen is not None and lost(self.conn):
             self.conn = configure_reader(self._reopen(self.conn))
         return self.conn
 
