@@ -130,6 +130,7 @@ def _parser() -> argparse.ArgumentParser:
     reindex.add_argument("--json", action="store_true")
     reindex.set_defaults(run=_reindex)
     _add_userdata_parsers(commands)
+    _add_mcp_parser(commands)
     from ._records_cli import add_records_parser  # records add|search|link|invalidate
 
     add_records_parser(commands)
@@ -911,3 +912,42 @@ def _erase(args: argparse.Namespace) -> int:
         for problem in problems:
             print(f"warning: {problem}", file=sys.stderr)
     return 0 if summary.dry_run or summary.purged else 1
+
+
+# -- the MCP server (docs/design.md §12.2) ----------------------------------------------------
+
+
+def _add_mcp_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    mcp = commands.add_parser(
+        "mcp", help="serve one conversation's memory tools over MCP (stdio or streamable HTTP)"
+    )
+    mcp.add_argument("state_dir", type=Path, metavar="STATE_DIR")
+    mcp.add_argument(
+        "--session-key", required=True, help="the conversation every tool runs as (the caller)"
+    )
+    mcp.add_argument("--transport", choices=("stdio", "http"), default="stdio")
+    mcp.add_argument("--host", default="127.0.0.1", help="http: the address (default loopback)")
+    mcp.add_argument("--port", type=int, default=8765, help="http: the port (0: any free one)")
+    mcp.add_argument("--config", type=Path, help="JSON5 config file")
+    mcp.add_argument(
+        "--token", help="http: the bearer token, or ${NAME} to read it from the environment"
+    )
+    mcp.add_argument("--readonly", action="store_true", help="beside a running bot: no writes")
+    mcp.set_defaults(run=_mcp)
+
+
+def _mcp(args: argparse.Namespace) -> int:
+    from .service.mcp import serve  # the `mcp` extra: imported only by this command
+
+    if args.readonly:
+        _existing_state_dir(args.state_dir)
+    return serve(
+        args.state_dir,
+        session_key=args.session_key,
+        transport=args.transport,
+        host=args.host,
+        port=args.port,
+        config=args.config,
+        token=args.token,
+        readonly=args.readonly,
+    )

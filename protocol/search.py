@@ -11,6 +11,9 @@ VISIBILITIES: tuple[Visibility, ...] = ("self", "tree", "agent", "all")
 SandboxVisibility: TypeAlias = Literal["spawned", "all"]
 SearchMode: TypeAlias = Literal["text", "hybrid"]
 SEARCH_MODES: tuple[SearchMode, ...] = ("text", "hybrid")
+# How the last query term matches (docs/design.md §3): as a word, or as a prefix too.
+MatchMode: TypeAlias = Literal["phrase", "prefix"]
+MATCH_MODES: tuple[MatchMode, ...] = ("phrase", "prefix")
 NO_EMBEDDER = "no embedder is configured (agents.defaults.memorySearch)"
 
 DEFAULT_LIMIT = 10

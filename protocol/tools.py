@@ -16,7 +16,14 @@ from typing import Annotated, Any, TypeAlias
 
 import msgspec
 
-from .search import MAX_QUERY_CHARS
+from .records import RecordType
+from .search import (
+    DEFAULT_LIMIT,
+    MAX_LIMIT,
+    MAX_QUERY_CHARS,
+    MatchMode,
+    SearchMode,
+)
 
 DEFAULT_RESULTS = 6
 MAX_RESULTS = 25
@@ -82,6 +89,69 @@ TOOL_ARGUMENTS: dict[str, type[msgspec.Struct]] = {
 }
 
 
+# -- the tools of `activememory mcp` beyond the recall tools (docs/design.md §12.2) -------------
+# Each is a thin call of the public API (`mem.sessions.search`, `mem.records.add`/`link`/
+# `invalidate`), so its arguments keep that API's names: an error it raises names the
+# argument as the model sent it. The caller and the record scope are never arguments: they
+# come from the server's launch configuration.
+
+
+class SessionsSearchArgs(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Search the stored conversations this conversation may see (by default its own and
+    those it spawned). Returns the best matching messages, best first."""
+
+    query: Query
+    limit: Annotated[
+        int, msgspec.Meta(ge=1, le=MAX_LIMIT, description="How many results at most")
+    ] = DEFAULT_LIMIT
+    match: Annotated[
+        MatchMode, msgspec.Meta(description="prefix: the last term also matches as a prefix")
+    ] = "phrase"
+    mode: Annotated[
+        SearchMode, msgspec.Meta(description="hybrid: by meaning too, not only by words")
+    ] = "text"
+    session_key: Annotated[
+        str | None, msgspec.Meta(description="Only this session (one that may be seen)")
+    ] = None
+
+
+_Id: TypeAlias = Annotated[str, msgspec.Meta(min_length=1, description="A record id")]
+
+
+class RecordAddArgs(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Remember something about the user of this conversation: store a memory record that
+    memory_recall finds from now on. Returns the record's id."""
+
+    content: Annotated[
+        str, msgspec.Meta(min_length=1, pattern=_NOT_BLANK, description="What to remember")
+    ]
+    record_type: Annotated[RecordType, msgspec.Meta(description="What the record holds")] = (
+        RecordType.MEMORY
+    )
+    metadata: Annotated[
+        dict[str, Any] | None, msgspec.Meta(description="JSON data kept with the record")
+    ] = None
+
+
+class RecordLinkArgs(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Link two records of this conversation's user: source -relation-> target (e.g.
+    "about", "part_of", "supersedes"); memory_recall returns linked records together."""
+
+    source_id: _Id
+    target_id: _Id
+    relation: Annotated[
+        str, msgspec.Meta(min_length=1, description="A letter, then letters, digits, _ or -")
+    ]
+
+
+class RecordInvalidateArgs(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Mark a record of this conversation's user as no longer true, saying why;
+    memory_recall stops returning it."""
+
+    id: _Id
+    reason: Annotated[str, msgspec.Meta(min_length=1, description="Why it is no longer true")]
+
+
 def function_schema(args: type[msgspec.Struct]) -> dict[str, Any]:
     """`args` as an OpenAI function's `description` and `parameters` (a JSON schema).
 
@@ -92,8 +162,10 @@ def function_schema(args: type[msgspec.Struct]) -> dict[str, Any]:
 
     def inline(node: Any) -> Any:
         if isinstance(node, dict):
-            if "$ref" in node:
-                return inline(defs[node["$ref"].rpartition("/")[2]])
+            if "$ref" in node:  # the field's own keys (its description) over the type's
+                found = inline(defs[node["$ref"].rpartition("/")[2]])
+                found.pop("title", None)
+                return found | {k: inline(v) for k, v in node.items() if k != "$ref"}
             return {key: inline(value) for key, value in node.items()}
         return [inline(item) for item in node] if isinstance(node, list) else node
 

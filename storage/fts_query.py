@@ -30,12 +30,14 @@ from __future__ import annotations
 import re
 import threading
 from collections.abc import Iterator, Sequence
-from typing import Literal, NamedTuple, TypeAlias
+from typing import NamedTuple
 
 import apsw
 
 from ..protocol.content import check_nonblank
+from ..protocol.search import MATCH_MODES as MATCH_MODES
 from ..protocol.search import MAX_QUERY_CHARS
+from ..protocol.search import MatchMode as MatchMode
 
 # One constant for the schema, the query side and the tests' index probe.
 TOKENIZER_ARGS = ("unicode61", "remove_diacritics", "2")
@@ -46,8 +48,6 @@ RANK = "bm25(1.0, 1.0, 0.4)"
 # How much of the previous message goes into `context`: its end, where a question is.
 CONTEXT_CHARS = 300
 
-MatchMode: TypeAlias = Literal["phrase", "prefix"]
-MATCH_MODES: tuple[MatchMode, ...] = ("phrase", "prefix")
 
 # Han (+ extensions and compatibility), kana, Hangul (syllables and jamo), bopomofo.
 _CJK = (

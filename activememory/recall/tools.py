@@ -26,6 +26,7 @@ from ..protocol.tools import TOOL_ARGUMENTS, function_schema
 if TYPE_CHECKING:  # they import this module
     from .._records import Records
     from .._settings import Settings
+    from ..protocol.config import Config, PrivateScope
     from ..storage.run_transcripts import SubAgentTranscript
     from .memory_core import MemoryCore
 
@@ -236,17 +237,19 @@ def run_tools(
 ) -> RecallTools:
     """The tools of one run: the built-in ones under `settings`, then the host's."""
     handlers: dict[str, ToolHandler] = {}
-    agent, config = request.agent, settings.config
     # The other private conversations this run may read (docs/design.md §4.2), or none.
-    transcripts = config.private_scope(key) if request.transcripts else None
+    transcripts = settings.config.private_scope(key) if request.transcripts else None
     for name in request.tools:
-        if name in ("memory_search", "memory_get"):
-            tool = core.search if name == "memory_search" else core.get
-            handlers[name] = partial(
-                tool, agent, caller=key, transcripts=transcripts, settings=settings
+        if name in BUILTIN_TOOLS and not (name == "memory_recall" and name in host_tools):
+            handlers[name] = builtin_tool(
+                name,
+                key,
+                request.agent,
+                settings=settings,
+                core=core,
+                records=records,
+                transcripts=transcripts,
             )
-        elif name == "memory_recall" and name not in host_tools:
-            handlers[name] = _records_handler(records, key, request.agent, settings)
         elif name in host_tools:
             handlers[name] = _host_handler(name, host_tools[name])
     schemas = {name: fn.schema for name, fn in host_tools.items() if hasattr(fn, "schema")}
@@ -257,10 +260,36 @@ def run_tools(
     )
 
 
-def _records_handler(
-    records: Records, key: SessionKey, agent: str, settings: Settings
+BUILTIN_TOOLS = ("memory_search", "memory_get", "memory_recall")
+
+
+def builtin_tool(
+    name: str,
+    key: SessionKey,
+    agent: str,
+    *,
+    settings: Settings,
+    core: MemoryCore,
+    records: Records,
+    transcripts: PrivateScope | None,
 ) -> ToolHandler:
-    """memory_recall over the records store, scoped to this conversation's user.
+    """The built-in tool `name` (one of `BUILTIN_TOOLS`) as the conversation `key` of
+    `agent` calls it: a recall run's, and `activememory mcp`'s (docs/design.md §12.2).
+
+    `transcripts`: the other private conversations memory_search and memory_get may read
+    (`Config.private_scope`), or None for the memory notes alone.
+    """
+    if name in ("memory_search", "memory_get"):
+        tool = core.search if name == "memory_search" else core.get
+        return partial(tool, agent, caller=key, transcripts=transcripts, settings=settings)
+    if name == "memory_recall":
+        return _records_handler(records, key, agent, settings)
+    raise InvalidInputError(f"{name} is not a built-in memory tool ({', '.join(BUILTIN_TOOLS)})")
+
+
+def records_scope(key: SessionKey, agent: str, config: Config) -> tuple[str | None, str, str]:
+    """The (user_id, agent_id, thread_id) of the records the conversation `key` of `agent`
+    reads and writes.
 
     The user of a direct conversation is its identity (`Config.identity_of`: the peer of
     `agent:<a>:direct:<peer>` unless session.identityLinks links it, "main" for the main
@@ -268,12 +297,24 @@ def _records_handler(
     session names no user, so only records scoped to no user are searched there. The
     agent is exact; the session key is the thread, a boost rather than a filter.
     """
+    user_id = config.identity_of(key) if key.chat_type == "direct" else None
+    return user_id, agent, key.raw
+
+
+def _records_handler(
+    records: Records, key: SessionKey, agent: str, settings: Settings
+) -> ToolHandler:
+    """memory_recall over the records store, scoped to this conversation (`records_scope`)."""
     from .._records import recall_tool  # here: `_records` imports this module
 
-    user_id = settings.config.identity_of(key) if key.chat_type == "direct" else None
-    redactor = settings.redactor
+    user_id, agent_id, thread_id = records_scope(key, agent, settings.config)
     return partial(
-        recall_tool, records, user_id=user_id, agent_id=agent, thread_id=key.raw, redactor=redactor
+        recall_tool,
+        records,
+        user_id=user_id,
+        agent_id=agent_id,
+        thread_id=thread_id,
+        redactor=settings.redactor,
     )
 
 
