@@ -359,6 +359,8 @@ def _kind_ok(t: mi.Type, value: object) -> bool:
         return isinstance(value, str)
     if isinstance(t, mi.LiteralType):
         return any(type(v) is type(value) and v == value for v in t.values)
+    if isinstance(t, mi.EnumType):
+        return any(type(m.value) is type(value) and m.value == value for m in t.cls)
     if isinstance(t, mi.StructType | mi.DictType):
         return isinstance(value, Mapping)
     if _is_list(t):
@@ -381,6 +383,8 @@ def _describe(t: mi.Type) -> str:
         return "a non-empty string" if (t.min_length or 0) > 0 else "a string"
     if isinstance(t, mi.LiteralType):
         return "one of " + ", ".join(_show(v) for v in t.values)
+    if isinstance(t, mi.EnumType):
+        return "one of " + ", ".join(_show(m.value) for m in t.cls)
     if isinstance(t, mi.StructType | mi.DictType):
         return "an object"
     if isinstance(t, mi.VarTupleType | mi.ListType | mi.SetType | mi.FrozenSetType):

@@ -123,7 +123,13 @@ class RecordAddArgs(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     memory_recall finds from now on. Returns the record's id."""
 
     content: Annotated[
-        str, msgspec.Meta(min_length=1, pattern=_NOT_BLANK, description="What to remember")
+        str,
+        msgspec.Meta(
+            min_length=1,
+            pattern=_NOT_BLANK,
+            description="What to remember",
+            extra={"invalid": "is blank"},
+        ),
     ]
     record_type: Annotated[RecordType, msgspec.Meta(description="What the record holds")] = (
         RecordType.MEMORY

@@ -27,12 +27,15 @@ import signal
 import socket
 import sys
 from collections.abc import Awaitable, Callable, Iterator, Mapping
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 import anyio
+import anyio.abc
 import msgspec
 
+from .._records import checked_relation
 from ..protocol.config import Config
 from ..protocol.content import Message
 from ..protocol.errors import ActiveMemoryError, InvalidInputError
@@ -67,6 +70,8 @@ WRITE_TOOLS: Final = frozenset({"records_add", "records_link", "records_invalida
 """The tools that write; a `--readonly` server lists none of them."""
 TRANSPORTS: Final = ("stdio", "http")
 MCP_PATH: Final = "/mcp"
+SHUTDOWN_S: Final = 5
+"""How long a stopping HTTP server waits for the requests in flight."""
 TOKEN_ENV: Final = "ACTIVEMEMORY_MCP_TOKEN"
 """The environment variable read for the bearer token when `--token` is not given."""
 # A planned turn stands for "this conversation asks now" (its text changes no verdict).
@@ -164,6 +169,7 @@ class MemoryTools:
         return _written("records_add", {"id": record_id})
 
     async def _records_link(self, args: RecordLinkArgs) -> ToolResult:
+        checked_relation(args.source_id, args.target_id, args.relation)  # before any read
         await self._own("source_id", args.source_id)
         await self._own("target_id", args.target_id)
         rel = await self._memory.records.link(
@@ -242,10 +248,11 @@ def make_server(tools: MemoryTools) -> Server[Any]:
         except Exception:  # never a stack trace to the client; the log has it
             log.exception("tool %s failed", params.name)
             return _error(f"{params.name} failed inside the server (see its log)")
+        if result.error is not None:  # a tool's own failure (`recall.tools.tool_failure`)
+            return _error(result.error)
         return mcp_types.CallToolResult(
             content=[mcp_types.TextContent(type="text", text=result.content)],
             structured_content=result.data,
-            is_error=result.error is not None,
         )
 
     return Server(
@@ -365,13 +372,29 @@ def serve(
 
         async with open_memory(state_dir, config=config, readonly=readonly) as memory:
             server = make_server(MemoryTools(memory, key))
-            if transport == "stdio":
-                await _serve_stdio(server)
-            else:
-                await _serve_http(server, host, port, secret)
+            async with anyio.create_task_group() as tasks:
+                # SIGTERM or Ctrl-C stop the transport, then the memory closes cleanly
+                # (uvicorn's own handlers would re-raise the signal and skip that close).
+                tasks.start_soon(_cancel_on_signal, tasks.cancel_scope)
+                if transport == "stdio":
+                    await _serve_stdio(server)
+                else:
+                    url = await tasks.start(
+                        partial(serve_http, server, host=host, port=port, token=secret)
+                    )
+                    # The one line a launcher reads to find an ephemeral port (`--port 0`).
+                    print(f"activememory mcp: serving {url}", file=sys.stderr, flush=True)
+                    await anyio.sleep_forever()
+                tasks.cancel_scope.cancel()
 
     anyio.run(run, backend="asyncio")  # uvicorn, the SDK's HTTP server, needs asyncio
     return 0
+
+
+async def _cancel_on_signal(scope: anyio.CancelScope) -> None:
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async for _ in signals:
+            scope.cancel()
 
 
 async def _serve_stdio(server: Server[Any]) -> None:
@@ -381,7 +404,21 @@ async def _serve_stdio(server: Server[Any]) -> None:
         await server.run(read, write, server.create_initialization_options())
 
 
-async def _serve_http(server: Server[Any], host: str, port: int, token: str | None) -> None:
+async def serve_http(
+    server: Server[Any],
+    *,
+    host: str,
+    port: int,
+    token: str | None,
+    task_status: anyio.abc.TaskStatus[str] = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve `server` over streamable HTTP at `http://host:port/mcp` (port 0: a free one)
+    until cancelled; `task_status.started` gets the URL once the socket listens. With
+    `token`, every request needs `Authorization: Bearer <token>` (`BearerAuth`).
+
+    Cancellation: uvicorn stops accepting, answers or drops the requests in flight within
+    `SHUTDOWN_S`, and the call returns; the caller's memory closes after that.
+    """
     app: Any = server.streamable_http_app(streamable_http_path=MCP_PATH, host=host)
     if token is not None:
         app = BearerAuth(app, token)
@@ -389,24 +426,28 @@ async def _serve_http(server: Server[Any], host: str, port: int, token: str | No
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host.strip("[]"), port))
-    bound = sock.getsockname()[1]
+    sock.listen(128)  # a client may connect at once: the kernel queues it until uvicorn runs
     shown = f"[{host.strip('[]')}]" if family == socket.AF_INET6 else host
+    url = f"http://{shown}:{sock.getsockname()[1]}{MCP_PATH}"
     http = _uvicorn_server(app)
+    stopped = anyio.Event()
+
+    async def run() -> None:
+        try:
+            with anyio.CancelScope(shield=True):  # stopped by `should_exit`, never midway
+                await http.serve(sockets=[sock])
+        finally:
+            stopped.set()
+
     async with anyio.create_task_group() as tasks:
-        # SIGTERM or Ctrl-C: uvicorn drains its connections, then the memory closes cleanly
-        # (uvicorn's own handlers would re-raise the signal and skip that close).
-        tasks.start_soon(_stop_on_signal, http)
-        # The one line a launcher reads to find an ephemeral port (`--port 0`).
-        url = f"http://{shown}:{bound}{MCP_PATH}"
-        print(f"activememory mcp: serving {url}", file=sys.stderr, flush=True)
-        await http.serve(sockets=[sock])
-        tasks.cancel_scope.cancel()
-
-
-async def _stop_on_signal(http: Any) -> None:
-    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-        async for _ in signals:
+        tasks.start_soon(run)
+        task_status.started(url)
+        try:
+            await stopped.wait()
+        finally:
             http.should_exit = True
+            with anyio.CancelScope(shield=True):
+                await stopped.wait()
 
 
 def _uvicorn_server(app: Any) -> Any:
@@ -415,7 +456,14 @@ def _uvicorn_server(app: Any) -> Any:
 
     class Server(uvicorn.Server):
         @contextlib.contextmanager
-        def capture_signals(self) -> Iterator[None]:  # `_stop_on_signal` handles them
+        def capture_signals(self) -> Iterator[None]:  # `serve` handles them: see there
             yield
 
-    return Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on"))
+    config = uvicorn.Config(
+        app,
+        log_level="warning",
+        access_log=False,
+        lifespan="on",
+        timeout_graceful_shutdown=SHUTDOWN_S,
+    )
+    return Server(config)
