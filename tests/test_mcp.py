@@ -7,7 +7,10 @@ what the caller sees, bad arguments that name the field and write nothing.
 
 from __future__ import annotations
 
+import json
 import os
+import re
+import shlex
 import sqlite3
 import subprocess
 import sys
@@ -25,7 +28,7 @@ from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 
 import activememory as am
-from activememory._cli import main
+from activememory._cli import _mcp, _parser, main
 from activememory.protocol.session_key import parse_session_key
 from activememory.protocol.tools import function_schema
 from activememory.service.mcp import TOOLS, WRITE_TOOLS, MemoryTools, make_server, serve_http
@@ -332,3 +335,22 @@ async def test_a_readonly_memory_offers_no_write_tool(seeded: Seeded) -> None:
             await tools.call("records_add", {"content": "x"})
         found = await tools.call("sessions_search", {"query": "aisle"})
         assert found.evidence
+
+
+def test_the_readme_launches_are_this_cli() -> None:
+    # The README's client configuration and shell lines, parsed by the CLI's own parser.
+    readme = (Path(__file__).parent.parent / "README.md").read_text(encoding="utf-8")
+    section = readme.split("\n### MCP server\n", 1)[1].split("\n### ", 1)[0]
+    [config] = re.findall(r"^```json\n(.*?)^```", section, re.S | re.M)
+    server = json.loads(config)["mcpServers"]["activememory"]
+    assert server["command"] == "activememory"
+    launches = [server["args"]]
+    [shell] = re.findall(r"^```sh\n(.*?)^```", section, re.S | re.M)
+    for line in shell.replace("\\\n", " ").splitlines():
+        if not line.startswith("#"):
+            words = shlex.split(line, comments=True)
+            launches.append(words[words.index("activememory") + 1 :])
+    assert len(launches) == 3
+    for argv in launches:
+        args = _parser().parse_args(argv)
+        assert (args.run, args.session_key) == (_mcp, ALICE), argv

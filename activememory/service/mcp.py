@@ -53,7 +53,7 @@ from ..protocol.tools import (
 from ..recall.tools import BUILTIN_TOOLS, builtin_tool, records_scope, tool_arguments
 
 if TYPE_CHECKING:
-    import mcp_types
+    from mcp import types as mcp_types
     from mcp.server.lowlevel import Server
 
     from .._memory import Memory
@@ -202,7 +202,7 @@ def _written(name: str, data: dict[str, Any]) -> ToolResult:
 
 def tool_list(names: tuple[str, ...]) -> list[mcp_types.Tool]:
     """The MCP `Tool`s named, each with its description and input schema from its Struct."""
-    import mcp_types
+    from mcp import types as mcp_types
 
     tools = []
     for name in names:
@@ -226,7 +226,7 @@ def tool_list(names: tuple[str, ...]) -> list[mcp_types.Tool]:
 
 def make_server(tools: MemoryTools) -> Server[Any]:
     """The MCP server (the SDK's low-level `Server`) offering `tools`."""
-    import mcp_types
+    from mcp import types as mcp_types
     from mcp.server.lowlevel import Server
 
     from .. import __version__
@@ -268,7 +268,7 @@ def make_server(tools: MemoryTools) -> Server[Any]:
 
 
 def _error(message: str) -> mcp_types.CallToolResult:
-    import mcp_types
+    from mcp import types as mcp_types
 
     return mcp_types.CallToolResult(
         content=[mcp_types.TextContent(type="text", text=message)], is_error=True
