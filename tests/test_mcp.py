@@ -290,6 +290,12 @@ async def test_a_token_guards_the_http_transport(seeded: Seeded) -> None:
                     refused = await http.post(url, json=body, headers=headers)
                     assert (refused.status_code, refused.content) == (401, b"")
                     assert refused.headers["www-authenticate"] == "Bearer"
+                # The token is not all: on loopback a page of another site cannot call in
+                # (DNS rebinding: its Host or Origin is not ours).
+                authorized = {"Authorization": f"Bearer {TOKEN}"}
+                for foreign in ({"Host": "evil.example"}, {"Origin": "http://evil.example"}):
+                    refused = await http.post(url, json=body, headers=authorized | foreign)
+                    assert refused.status_code in (403, 421), foreign
             auth = httpx.AsyncClient(headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30)
             async with auth, Client(streamable_http_client(url, http_client=auth)) as client:
                 listed = (await client.list_tools()).tools
@@ -354,3 +360,31 @@ def test_the_readme_launches_are_this_cli() -> None:
     for argv in launches:
         args = _parser().parse_args(argv)
         assert (args.run, args.session_key) == (_mcp, ALICE), argv
+
+
+async def test_a_failing_tool_tells_the_client_nothing_of_its_insides(
+    seeded: Seeded, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The SDK's client connected in process to the same server object the CLI serves.
+    async with am.open_memory(seeded.state, config=seeded.config) as mem:
+
+        async def broken(*args: object, **kwargs: object) -> None:
+            raise RuntimeError("boom at /srv/secret/path")
+
+        monkeypatch.setattr(mem.sessions, "search", broken)
+        async with Client(make_server(MemoryTools(mem, parse_session_key(ALICE)))) as client:
+            text = await error(client, "sessions_search", {"query": "aisle"})
+            assert text == "sessions_search failed inside the server (see its log)"
+            recalled = await call(client, "memory_recall", {"query": "peanuts"})
+            assert recalled["results"] == []  # the server goes on; bob's record stays his
+    assert "boom at /srv/secret/path" in caplog.text  # the operator's log has it
+
+
+def test_a_record_type_is_described_by_the_field_not_the_enum() -> None:
+    # `function_schema` inlines a `$ref`, keeping the field's own keys over the type's.
+    schema = function_schema(TOOLS["records_add"])["parameters"]["properties"]["record_type"]
+    assert schema == {
+        "description": "What the record holds",
+        "enum": ["actor_profile", "document", "image", "memory", "message"],
+        "default": "memory",
+    }
