@@ -26,7 +26,7 @@ import re
 import signal
 import socket
 import sys
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
@@ -116,8 +116,16 @@ class MemoryTools:
             raise InvalidInputError(f"{name}: no such tool (tools: {', '.join(self.names())})")
         if name in BUILTIN_TOOLS:
             return await self._builtin(name, arguments)
-        handler: Callable[[Any], Awaitable[ToolResult]] = getattr(self, f"_{name}")
-        return await handler(tool_arguments(TOOLS[name], arguments))
+        match tool_arguments(TOOLS[name], arguments):
+            case SessionsSearchArgs() as args:
+                return await self._sessions_search(args)
+            case RecordAddArgs() as args:
+                return await self._records_add(args)
+            case RecordLinkArgs() as args:
+                return await self._records_link(args)
+            case RecordInvalidateArgs() as args:
+                return await self._records_invalidate(args)
+        raise AssertionError(name)  # every tool of TOOLS is dispatched above
 
     async def _builtin(self, name: str, arguments: Mapping[str, Any]) -> ToolResult:
         memory, key = self._memory, self._key
