@@ -93,6 +93,7 @@ DEFAULT_BURST: Final = 400
 TOKEN_ENV: Final = "ACTIVEMEMORY_TOKEN"
 INTERNAL_ERROR: Final = "internal error; the server log has the details"
 _MAX_BUCKETS = 10_000
+_DRAIN_BYTES = 1024 * 1024  # an oversized body without a content-length: read this much more
 Backend = Literal["trio", "asyncio"]
 
 
@@ -502,24 +503,28 @@ def _status_of(exc: BaseException) -> tuple[int, Problem] | None:
 
 
 def validation_problem(error: msgspec.ValidationError, root: type[msgspec.Struct]) -> Problem:
-    """A `msgspec.ValidationError` as a Problem: the JSON path, what was wrong, and, for a
-    choice (a Literal or an enum), what is allowed."""
+    """A `msgspec.ValidationError` as a Problem: the JSON path (`$` for the body itself),
+    what was wrong, and what is allowed: a choice's values (a Literal, an enum, a tagged
+    union's tags) or an object's fields."""
     text = str(error)
     reason, sep, where = text.rpartition(" - at `")
-    if not sep:
-        return Problem(error=text)
-    path = where.rstrip("`")
-    allowed = _allowed_at(root, path)
-    if allowed and reason.startswith("Invalid enum value"):
-        reason = f"{reason} (allowed: {', '.join(repr(a) for a in allowed)})"
+    path, reason = (where.rstrip("`"), reason) if sep else ("$", text)
+    steps = path.removeprefix("$").replace("[", ".[").split(".")[1:]
+    allowed: tuple[object, ...] = ()
+    if "unknown field" in reason:
+        found = _type_at(root, steps)
+        if isinstance(found, type) and issubclass(found, msgspec.Struct):
+            allowed = found.__struct_fields__
+    elif reason.startswith("Invalid"):
+        allowed = tuple(repr(a) for a in _choices(root, steps))
+    if allowed:
+        reason = f"{reason} (allowed: {', '.join(map(str, allowed))})"
     return Problem(error=f"{path}: {reason}", field=path)
 
 
-def _allowed_at(root: Any, path: str) -> tuple[object, ...]:
-    """The choices the type at JSON `path` (`$.message.role`) allows; () if not a choice."""
-    current: Any = root
-    steps = path.removeprefix("$").replace("[", ".[").split(".")[1:]
-    last = steps.pop() if steps else ""
+def _type_at(root: Any, steps: Sequence[str]) -> Any:
+    """The declared type at a JSON path's `steps` (`["message", "role"]`); Any if unknown."""
+    current = root
     for step in steps:
         current = _one_struct_or_list(current)
         if step.startswith("["):
@@ -528,20 +533,19 @@ def _allowed_at(root: Any, path: str) -> tuple[object, ...]:
         elif isinstance(current, type) and issubclass(current, msgspec.Struct):
             current = typing.get_type_hints(current).get(step, Any)
         else:
-            return ()
-    current = _one_struct_or_list(current)
-    if last.startswith("["):
-        args = typing.get_args(current)
-        current = args[0] if args else Any
-    elif isinstance(current, type) and issubclass(current, msgspec.Struct):
-        hints = typing.get_type_hints(current)
-        if last in hints:
-            current = hints[last]
-    members = typing.get_args(current)
-    tags = [getattr(m, "__struct_config__", None) for m in members]
-    if members and all(t is not None and t.tag_field == last for t in tags):
-        return tuple(t.tag for t in tags if t is not None)  # a tagged union's tag field
-    for candidate in (current, *members):
+            return Any
+    return current
+
+
+def _choices(root: Any, steps: Sequence[str]) -> tuple[object, ...]:
+    """The values the choice at `steps` allows; () if it is not a choice."""
+    if steps:  # the tag field of a tagged union (a content block's `type`)
+        members = typing.get_args(_type_at(root, steps[:-1]))
+        configs = [getattr(m, "__struct_config__", None) for m in members]
+        if members and all(c is not None and c.tag_field == steps[-1] for c in configs):
+            return tuple(c.tag for c in configs if c is not None)
+    current = _type_at(root, steps)
+    for candidate in (current, *typing.get_args(current)):
         if typing.get_origin(candidate) is Literal:
             return typing.get_args(candidate)
         if isinstance(candidate, type) and hasattr(candidate, "__members__"):
@@ -568,9 +572,12 @@ async def _read_body(request: Request) -> bytes:
     size = 0
     async for chunk in request.stream():
         size += len(chunk)
-        if size > limit:
-            raise _BodyTooLarge
-        chunks.append(chunk)
+        if size > limit + _DRAIN_BYTES:
+            raise _BodyTooLarge  # the connection is closed under a client still sending
+        if size <= limit:
+            chunks.append(chunk)
+    if size > limit:  # read to its end, so that the client, done sending, reads the 413
+        raise _BodyTooLarge
     return b"".join(chunks)
 
 
@@ -712,17 +719,21 @@ _REASONS: Final = {
 
 
 def build_app(
-    memory: Memory, options: ServeOptions, *, ui: Sequence[BaseRoute] | None = None
+    memory: Memory,
+    options: ServeOptions,
+    *,
+    ui: Sequence[BaseRoute] | None = None,
+    endpoints: Sequence[Endpoint] = ENDPOINTS,
 ) -> ASGIApp:
-    """The ASGI app: `Guard` in front of the routes of `ENDPOINTS`, `/openapi.json`, and
+    """The ASGI app: `Guard` in front of the routes of `endpoints`, `/openapi.json`, and
     the inspector's routes under `/ui` when given."""
     redactor = Redactor(memory.config.search.redact_patterns)
-    document = _encode(openapi())
+    document = _encode(openapi(endpoints))
 
     async def schema(_: Request) -> Response:
         return Response(document, media_type="application/json")
 
-    routes: list[BaseRoute] = [_route(memory, e, redactor) for e in ENDPOINTS]
+    routes: list[BaseRoute] = [_route(memory, e, redactor) for e in endpoints]
     routes.append(Route("/openapi.json", schema, methods=["GET"]))
     if ui is not None:
         routes.append(Mount("/ui", routes=list(ui)))
@@ -769,7 +780,7 @@ async def serve(
     from hypercorn.config import Config as HypercornConfig
 
     config = HypercornConfig()
-    config.bind = [f"fd://{sock.fileno()}"]
+    config.bind = [f"fd://{os.dup(sock.fileno())}"]  # hypercorn closes its copy; we ours
     config.accesslog = None
     config.errorlog = log
     config.graceful_timeout = 5.0
