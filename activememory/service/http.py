@@ -26,6 +26,7 @@ What the server adds, in `Guard` (before any body is read) and `_endpoint`:
 from __future__ import annotations
 
 import hmac
+import importlib
 import ipaddress
 import logging
 import os
@@ -744,7 +745,7 @@ def load_inspector() -> Callable[[Memory], Sequence[BaseRoute]]:
     """The inspector page's `routes(memory)` (`activememory serve --ui`), imported only
     then; `InvalidInputError` if it is not installed."""
     try:
-        from . import inspector  # type: ignore[attr-defined,unused-ignore]
+        inspector = importlib.import_module(f"{__package__}.inspector")
     except ModuleNotFoundError as exc:
         if exc.name != f"{__package__}.inspector":
             raise
