@@ -315,3 +315,23 @@ def test_a_non_loopback_bind_needs_a_token() -> None:
     http.check_bind(http.ServeOptions(host="0.0.0.0", tokens={HOST_TOKEN: None}))
     for host in ("127.0.0.1", "::1", "[::1]", "localhost", "127.8.0.1"):
         http.check_bind(http.ServeOptions(host=host))
+
+
+async def test_a_client_disconnect_cancels_its_call(tmp_path: Path) -> None:
+    cancelled = anyio.Event()
+
+    async def waits(mem: am.Memory, body: None, who: http.Principal) -> Ok:
+        try:
+            await anyio.sleep(30)
+        except anyio.get_cancelled_exc_class():
+            cancelled.set()
+            raise
+        return Ok()
+
+    endpoint = http.Endpoint("GET", "/v1/waits", None, Ok, waits, "waits")
+    async with served(tmp_path, endpoints=[*http.ENDPOINTS, endpoint]) as (client, _):
+        with pytest.raises(httpx.ReadTimeout):
+            await client.get("/v1/waits", timeout=0.3)
+        with anyio.fail_after(5):
+            await cancelled.wait()
+        assert (await client.get("/v1/stats")).status_code == 200  # the server goes on
