@@ -1,4 +1,6 @@
-"""Recall over HTTP (`activememory serve`) against recall in process (docs/design.md §12.1).
+"""Recall over HTTP (`activememory serve`) against recall in process.
+
+See docs/design.md §12.1.
 
 One store, `--users` users, each with a few facts in a private chat (`agent:main:dm:uK`);
 every recall is a turn of the same user's other chat (`agent:main:direct:uK`), so
