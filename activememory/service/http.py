@@ -776,7 +776,12 @@ async def serve(
     shutdown: anyio.Event,
 ) -> None:
     """Serve `app` on the listening `sock` with hypercorn until `shutdown` is set, under the
-    running backend (trio or asyncio). Requests in flight finish first (graceful)."""
+    running backend (trio or asyncio). Requests in flight finish first (graceful, at most
+    5 s). `sock` stays the caller's to close.
+
+    Cancellation: cancelling the call stops the server at once: connections are closed and
+    the requests in flight are cancelled (each as its library call documents).
+    """
     import sniffio
     from hypercorn.config import Config as HypercornConfig
 
