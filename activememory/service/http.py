@@ -95,7 +95,6 @@ TOKEN_ENV: Final = "ACTIVEMEMORY_TOKEN"
 INTERNAL_ERROR: Final = "internal error; the server log has the details"
 _MAX_BUCKETS = 10_000
 _DRAIN_BYTES = 1024 * 1024  # an oversized body without a content-length: read this much more
-Backend = Literal["trio", "asyncio"]
 
 
 class Doctor(msgspec.Struct, frozen=True, kw_only=True):
@@ -288,7 +287,7 @@ class Endpoint:
     handler: Handler
     summary: str
     store_wide: bool = False
-    errors: tuple[int, ...] = field(default=(400, 401, 403, 413, 422, 429, 500, 503))
+    errors: tuple[int, ...] = field(default=(400, 401, 403, 404, 413, 422, 429, 500, 503))
 
 
 def _own(principal: Principal, *keys: str | None) -> None:
