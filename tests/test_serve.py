@@ -335,3 +335,29 @@ async def test_a_client_disconnect_cancels_its_call(tmp_path: Path) -> None:
         with anyio.fail_after(5):
             await cancelled.wait()
         assert (await client.get("/v1/stats")).status_code == 200  # the server goes on
+
+
+def test_where_the_tokens_come_from(monkeypatch: pytest.MonkeyPatch) -> None:
+    def options(token: str | None = None, callers: Sequence[str] = (), raw: Any = None) -> Any:
+        return http.options_from(
+            host="127.0.0.1", port=0, token=token, caller_tokens=callers,
+            config_raw=raw or {}, max_body_bytes=4096, rate=1, burst=2,
+        ).tokens  # fmt: skip
+
+    monkeypatch.setenv("AM_T", HOST_TOKEN)
+    monkeypatch.setenv(http.TOKEN_ENV, "from-the-environment-0123")
+    assert options("${AM_T}") == {HOST_TOKEN: None}  # --token first, ${ENV} expanded
+    assert options(raw={"serve": {"token": "${AM_T}"}}) == {HOST_TOKEN: None}  # the config
+    assert options() == {"from-the-environment-0123": None}  # else $ACTIVEMEMORY_TOKEN
+    assert options("${AM_T}", [f"{ALICE}={ALICE_TOKEN}"]) == {
+        HOST_TOKEN: None,
+        ALICE_TOKEN: ALICE,
+    }
+    with pytest.raises(am.InvalidInputError, match="environment variable NOPE is not set"):
+        options("${NOPE}")
+    with pytest.raises(am.InvalidInputError, match="at least 16 characters"):
+        options("short")
+    with pytest.raises(am.InvalidInputError, match="is not KEY=TOKEN"):
+        options(callers=["just-a-token-0123456789"])
+    with pytest.raises(am.InvalidInputError, match="--caller-token: 'agent:' has no agent id"):
+        options(callers=[f"agent:={ALICE_TOKEN}"])

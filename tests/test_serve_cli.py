@@ -18,7 +18,7 @@ import schemathesis
 TOKEN = "cli-token-0123456789abcdef"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 TEXT_ONLY = {"agents": {"defaults": {"memorySearch": {"provider": "none"}}}}
-FUZZ_EXAMPLES = 8  # per operation: 13 operations, about 15 s in all
+FUZZ_EXAMPLES = 6  # per operation: 13 operations, 10-20 s in all
 
 
 def _start(args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[str]:
