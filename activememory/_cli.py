@@ -200,6 +200,8 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("bench_args", nargs=argparse.REMAINDER, help="its options (NAME --help)")
     bench.set_defaults(run=_bench)
 
+    _add_serve_parser(commands)
+
     # Every argument goes to simulations/soak.py (`activememory soak --help` shows them):
     # `prefix_chars="+"` keeps argparse from reading `--sessions` etc. as options here.
     soak = commands.add_parser(
@@ -921,7 +923,7 @@ def _add_mcp_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser
     mcp = commands.add_parser(
         "mcp", help="serve one conversation's memory tools over MCP (stdio or streamable HTTP)"
     )
-    mcp.add_argument("state_dir", type=Path, metavar="STATE_DIR")
+    mcp.add_argument("--state-dir", type=Path, required=True)
     mcp.add_argument(
         "--session-key", required=True, help="the conversation every tool runs as (the caller)"
     )
@@ -951,3 +953,85 @@ def _mcp(args: argparse.Namespace) -> int:
         token=args.token,
         readonly=args.readonly,
     )
+
+
+def _add_serve_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """`activememory serve` (docs/design.md §12.1): the HTTP/JSON API."""
+    serve = commands.add_parser("serve", help="serve the HTTP/JSON API (and --ui, the inspector)")
+    serve.add_argument("--state-dir", type=Path, required=True)
+    serve.add_argument("--config", type=Path, help="JSON5 config file")
+    serve.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=8787, help="port (default 8787; 0: any free)")
+    serve.add_argument(
+        "--token",
+        help="bearer token clients must send; ${NAME} reads it from the environment "
+        "(default: the config's serve.token, else $ACTIVEMEMORY_TOKEN); required off loopback",
+    )
+    serve.add_argument(
+        "--caller-token",
+        action="append",
+        default=[],
+        metavar="KEY=TOKEN",
+        help="a token bound to one caller session key (repeatable)",
+    )
+    serve.add_argument("--max-body-bytes", type=int, default=4 * 1024 * 1024)
+    serve.add_argument(
+        "--rate-limit",
+        type=float,
+        default=200.0,
+        help="requests per second per client, bursts of twice that (0: off)",
+    )
+    serve.add_argument("--backend", choices=("trio", "asyncio"), default="trio")
+    serve.add_argument("--ui", action="store_true", help="serve the inspector page under /ui")
+    serve.set_defaults(run=_serve)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import signal
+
+    from ._config import load_config
+    from ._memory import open_memory
+    from .service import http
+
+    config = load_config(args.config if args.config is not None else {})
+    options = http.options_from(
+        host=args.host,
+        port=args.port,
+        token=args.token,
+        caller_tokens=args.caller_token,
+        config_raw=config.raw,
+        max_body_bytes=args.max_body_bytes,
+        rate=args.rate_limit,
+        burst=max(1, int(args.rate_limit * 2)),
+    )
+    inspector = http.load_inspector() if args.ui else None
+    try:
+        sock = http.bind_socket(options.host, options.port)
+    except OSError as exc:
+        raise InvalidInputError(
+            f"--host/--port: cannot listen on {args.host}:{args.port}: {exc}"
+        ) from None
+
+    async def run() -> None:
+        async with open_memory(args.state_dir, config=config) as mem:
+            ui = inspector(mem) if inspector is not None else None
+            app = http.build_app(mem, options, ui=ui)
+            shutdown = anyio.Event()
+            async with anyio.create_task_group() as tg:
+
+                async def on_signal() -> None:
+                    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                        async for _ in signals:
+                            shutdown.set()
+                            return
+
+                tg.start_soon(on_signal)
+                host, port = sock.getsockname()[:2]
+                shown = f"[{host}]" if ":" in host else host
+                print(f"activememory: serving http://{shown}:{port}", file=sys.stderr, flush=True)
+                await http.serve(app, sock, shutdown=shutdown)
+                tg.cancel_scope.cancel()
+
+    with sock:
+        anyio.run(run, backend=args.backend)
+    return 0

@@ -87,7 +87,7 @@ def seeded(tmp_path: Path) -> Seeded:
 
 
 def launch_args(seeded: Seeded, *extra: str) -> list[str]:
-    return ["-m", "activememory", "mcp", str(seeded.state), "--session-key", ALICE,
+    return ["-m", "activememory", "mcp", "--state-dir", str(seeded.state), "--session-key", ALICE,
             "--config", str(seeded.config), *extra]  # fmt: skip
 
 
@@ -311,7 +311,7 @@ def test_a_bad_launch_refuses_to_start(
     state = tmp_path / "state"
     monkeypatch.delenv("ACTIVEMEMORY_MCP_TOKEN", raising=False)
     monkeypatch.delenv("AM_UNSET_TOKEN", raising=False)
-    launch = ["mcp", str(state), "--session-key", ALICE, "--transport", "http"]
+    launch = ["mcp", "--state-dir", str(state), "--session-key", ALICE, "--transport", "http"]
     cases = [
         (
             ["--host", "0.0.0.0"],
@@ -328,7 +328,7 @@ def test_a_bad_launch_refuses_to_start(
     for extra, message in cases:
         assert main([*launch, *extra]) == 2
         assert capsys.readouterr().err == f"activememory: error: {message}\n"
-    assert main(["mcp", str(state), "--session-key", "agent:main:direct:"]) == 2
+    assert main(["mcp", "--state-dir", str(state), "--session-key", "agent:main:direct:"]) == 2
     assert "--session-key" in capsys.readouterr().err
     assert not state.exists()  # nothing was opened, let alone created
 

@@ -16,6 +16,7 @@ BENCHMARKS = {
     "paraphrase": "recall by meaning: facts asked later in other words",
     "vectors": "nearest-neighbour latency: numpy over the vector table against sqlite-vec",
     "startup": "import, --help and simulate times against the interpreter and msgspec",
+    "http": "recall over HTTP (activememory serve) against in process, at c=1 and c=64",
 }
 
 
