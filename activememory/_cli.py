@@ -992,6 +992,7 @@ def _serve(args: argparse.Namespace) -> int:
     from ._config import load_config
     from ._memory import open_memory
     from .service import http
+    from .service.auth import shown_url
 
     config = load_config(args.config if args.config is not None else {})
     options = http.options_from(
@@ -1026,9 +1027,8 @@ def _serve(args: argparse.Namespace) -> int:
                             return
 
                 tg.start_soon(on_signal)
-                host, port = sock.getsockname()[:2]
-                shown = f"[{host}]" if ":" in host else host
-                print(f"activememory: serving http://{shown}:{port}", file=sys.stderr, flush=True)
+                url = shown_url(sock, sock.getsockname()[0])
+                print(f"activememory: serving {url}", file=sys.stderr, flush=True)
                 await http.serve(app, sock, shutdown=shutdown)
                 tg.cancel_scope.cancel()
 

@@ -25,9 +25,7 @@ What the server adds, in `Guard` (before any body is read) and `_endpoint`:
 
 from __future__ import annotations
 
-import hmac
 import importlib
-import ipaddress
 import logging
 import os
 import socket
@@ -46,7 +44,6 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .._config import _ENV_REF
 from .._doctor import DoctorCheck
 from .._memory import Memory
 from .._redaction import Redactor
@@ -81,6 +78,7 @@ from ..protocol.service import (
     TurnBody,
 )
 from ..protocol.transcript import Event
+from .auth import bearer_match, bind_socket, check_token, expand_env, is_loopback
 
 log = logging.getLogger("activememory.serve")
 
@@ -131,16 +129,6 @@ class ServeOptions(msgspec.Struct, frozen=True, kw_only=True):
     burst: int = DEFAULT_BURST
 
 
-def is_loopback(host: str) -> bool:
-    """Whether `host` (an address or "localhost") binds to the loopback interface only."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
 def check_bind(options: ServeOptions) -> None:
     """Refuse a bind that would expose the store without authentication."""
     if not is_loopback(options.host) and not options.tokens:
@@ -153,21 +141,6 @@ def check_bind(options: ServeOptions) -> None:
         raise InvalidInputError(f"--max-body-bytes: {options.max_body_bytes} is below 1024")
     if options.rate < 0 or options.burst < 1:
         raise InvalidInputError("--rate-limit: must be 0 (off) or more, with a burst of 1 or more")
-
-
-def expand_env(where: str, value: str) -> str:
-    """`value` with `${NAME}` replaced by the environment variable (`$${NAME}` is literal),
-    as the config file does; `InvalidInputError` naming `where` if a variable is unset."""
-
-    def replace(match: typing.Any) -> str:
-        if match.group(1):
-            return str(match.group(0))[1:]
-        found = os.environ.get(match.group(2))
-        if found is None:
-            raise InvalidInputError(f"{where}: environment variable {match.group(2)} is not set")
-        return found
-
-    return _ENV_REF.sub(replace, value)
 
 
 class RateLimiter:
@@ -203,7 +176,10 @@ class Guard:
 
     def __init__(self, app: ASGIApp, options: ServeOptions) -> None:
         self.app = app
-        self.tokens = [(t.encode(), caller) for t, caller in options.tokens.items()]
+        self.tokens = [
+            (t.encode(), Principal(caller=caller, key=f"token{i}"))
+            for i, (t, caller) in enumerate(options.tokens.items())
+        ]
         self.max_body = options.max_body_bytes
         self.limiter = RateLimiter(options.rate, options.burst)
 
@@ -237,13 +213,7 @@ class Guard:
             client = scope.get("client")
             return Principal(key=str(client[0]) if client else "anonymous")
         header = dict(scope["headers"]).get(b"authorization", b"")
-        scheme, _, given = header.partition(b" ")
-        found: Principal | None = None
-        for i, (token, caller) in enumerate(self.tokens):
-            # Every token is compared, whatever matched: the time does not say which one.
-            if hmac.compare_digest(given.strip(), token) and scheme.lower() == b"bearer":
-                found = Principal(caller=caller, key=f"token{i}")
-        return found
+        return bearer_match(header, self.tokens)
 
 
 async def _plain(
@@ -753,21 +723,6 @@ def load_inspector() -> Callable[[Memory], Sequence[BaseRoute]]:
     return routes
 
 
-def bind_socket(host: str, port: int) -> socket.socket:
-    """A listening TCP socket on `host:port` (port 0: any free one)."""
-    family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host.strip("[]"), port))
-        sock.listen(1024)
-    except OSError:
-        sock.close()
-        raise
-    sock.set_inheritable(True)
-    return sock
-
-
 async def serve(
     app: ASGIApp,
     sock: socket.socket,
@@ -831,8 +786,8 @@ def options_from(
             raise InvalidInputError(f"--caller-token: {item!r} is not KEY=TOKEN")
         parse_session_key(key, field="--caller-token")
         tokens[expand_env("--caller-token", value)] = key
-    if any(len(t) < 16 for t in tokens):
-        raise InvalidInputError("--token: a token must be at least 16 characters long")
+    for t, caller in tokens.items():
+        check_token("--token" if caller is None else "--caller-token", t)
     options = ServeOptions(
         host=host,
         port=port,

@@ -18,13 +18,9 @@ default; any other address requires a bearer token, compared in constant time).
 from __future__ import annotations
 
 import contextlib
-import hmac
-import ipaddress
 import logging
 import os
-import re
 import signal
-import socket
 import sys
 from collections.abc import Iterator, Mapping
 from functools import partial
@@ -51,6 +47,15 @@ from ..protocol.tools import (
     function_schema,
 )
 from ..recall.tools import BUILTIN_TOOLS, builtin_tool, records_scope, tool_arguments
+from .auth import (
+    bearer_match,
+    bind_socket,
+    check_token,
+    expand_env,
+    is_loopback,
+    refuse_unauthenticated,
+    shown_url,
+)
 
 if TYPE_CHECKING:
     from mcp import types as mcp_types
@@ -76,7 +81,6 @@ TOKEN_ENV: Final = "ACTIVEMEMORY_MCP_TOKEN"
 """The environment variable read for the bearer token when `--token` is not given."""
 # A planned turn stands for "this conversation asks now" (its text changes no verdict).
 _PROBE = Message(role="user", content="memory tool call")
-_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _encode = msgspec.json.Encoder().encode
 log = logging.getLogger("activememory.mcp")
 
@@ -286,57 +290,33 @@ def _error(message: str) -> mcp_types.CallToolResult:
 # -- launching: `activememory mcp` ------------------------------------------------------------
 
 
-def is_loopback(host: str) -> bool:
-    """Is `host` a loopback address (or `localhost`)? Only those are served without a token."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
 def resolve_token(value: str | None) -> str | None:
     """The bearer token: `value` (`${NAME}` reads the environment variable NAME, so the
     token need not appear in a process listing), else `$ACTIVEMEMORY_MCP_TOKEN`, else None.
 
     Raises `InvalidInputError` naming `--token` for an unset variable or a token shorter
-    than 16 characters.
+    than 16 characters (`auth.check_token`).
     """
     if value is None:
         value = os.environ.get(TOKEN_ENV) or None
         if value is None:
             return None
-    elif ref := _ENV_REF.fullmatch(value):
-        found = os.environ.get(ref.group(1))
-        if not found:
-            raise InvalidInputError(f"--token: the environment variable {ref.group(1)} is not set")
-        value = found
-    if len(value) < 16:
-        raise InvalidInputError("--token: expected at least 16 characters")
-    return value
+    return check_token("--token", expand_env("--token", value))
 
 
 class BearerAuth:
     """ASGI middleware: every HTTP request needs `Authorization: Bearer <token>`, compared
-    in constant time (`hmac.compare_digest`); otherwise 401 with an empty body."""
+    in constant time (`auth.bearer_match`); otherwise 401 with an empty body."""
 
     def __init__(self, app: Any, token: str) -> None:
         self._app = app
-        self._expected = f"Bearer {token}".encode()
+        self._tokens = [(token.encode(), True)]
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http":
             given = dict(scope["headers"]).get(b"authorization", b"")
-            if not hmac.compare_digest(given, self._expected):
-                await send(
-                    {
-                        "type": "http.response.start",
-                        "status": 401,
-                        "headers": [(b"www-authenticate", b"Bearer"), (b"content-length", b"0")],
-                    }
-                )
-                await send({"type": "http.response.body", "body": b""})
+            if not bearer_match(given, self._tokens):
+                await refuse_unauthenticated(send)
                 return
         await self._app(scope, receive, send)
 
@@ -430,13 +410,8 @@ async def serve_http(
     app: Any = server.streamable_http_app(streamable_http_path=MCP_PATH, host=host)
     if token is not None:
         app = BearerAuth(app, token)
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host.strip("[]"), port))
-    sock.listen(128)  # a client may connect at once: the kernel queues it until uvicorn runs
-    shown = f"[{host.strip('[]')}]" if family == socket.AF_INET6 else host
-    url = f"http://{shown}:{sock.getsockname()[1]}{MCP_PATH}"
+    sock = bind_socket(host, port)
+    url = shown_url(sock, host, MCP_PATH)
     http = _uvicorn_server(app)
     stopped = anyio.Event()
 
