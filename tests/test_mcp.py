@@ -321,7 +321,7 @@ def test_a_bad_launch_refuses_to_start(
         (["--host", "0.0.0.0", "--token", "short"], "--token: expected at least 16 characters"),
         (
             ["--token", "${AM_UNSET_TOKEN}"],
-            "--token: the environment variable AM_UNSET_TOKEN is not set",
+            "--token: environment variable AM_UNSET_TOKEN is not set",
         ),
         (["--port", "70000"], "--port: expected 0 to 65535, got 70000"),
     ]
