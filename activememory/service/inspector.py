@@ -96,9 +96,7 @@ def _page(handler: Handler, readonly: bool) -> Handler:
             return await handler(request)
         except (am.InvalidInputError, am.ConfigError) as exc:
             return _error(request, 400, "Bad input", str(exc))
-        except _NotFound as exc:
-            return _error(request, 404, "Not found", str(exc))
-        except am.SessionNotFoundError as exc:
+        except (_NotFound, am.SessionNotFoundError) as exc:
             return _error(request, 404, "Not found", str(exc))
         except am.ActiveMemoryError as exc:
             return _error(request, 500, "The memory could not answer", str(exc))
@@ -111,6 +109,8 @@ class _NotFound(Exception):
 
 
 class _Pages:
+    """One method per view; each reads `memory` through its public API only."""
+
     def __init__(self, memory: am.Memory) -> None:
         self.mem = memory
 
@@ -356,7 +356,7 @@ class _Pages:
     # -- recall ---------------------------------------------------------------------------
 
     async def recall(self, request: Request) -> HTMLResponse:
-        fields = _param_map(request)
+        fields = dict(request.query_params)  # a GET only fills the form in
         if request.method == "POST":
             fields = {
                 k: v[-1]
@@ -582,10 +582,6 @@ def _param(request: Request, name: str) -> str:
     return request.query_params.get(name, "").strip()
 
 
-def _param_map(request: Request) -> dict[str, str]:
-    return {k: v for k, v in request.query_params.items()}
-
-
 def _int_param(request: Request, name: str, default: int, low: int, high: int) -> int:
     raw = _param(request, name)
     if not raw:
@@ -610,17 +606,13 @@ def _form(request: Request, path: str, method: str, fields: Sequence[str], submi
 def _input(
     name: str, label: str, value: str, *, size: int = 30, options: Sequence[str] = ()
 ) -> str:
-    listed = ""
-    if options:
-        items = "".join(f'<option value="{_e(o)}">' for o in options[:MAX_SESSIONS_CHECKED])
-        listed = f' list="{name}-list"'
-        listed_el = f'<datalist id="{name}-list">{items}</datalist>'
-    else:
-        listed_el = ""
-    return (
-        f'<label>{_e(label)} <input name="{name}" value="{_e(value)}" size="{size}"{listed}>'
-        f"{listed_el}</label>"
-    )
+    """A labelled text input; `options` are offered as suggestions (a datalist)."""
+    field = f'<input name="{name}" value="{_e(value)}" size="{size}"'
+    if not options:
+        return f"<label>{_e(label)} {field}></label>"
+    items = "".join(f'<option value="{_e(o)}">' for o in options[:MAX_SESSIONS_CHECKED])
+    suggestions = f'<datalist id="{name}-list">{items}</datalist>'
+    return f'<label>{_e(label)} {field} list="{name}-list">{suggestions}</label>'
 
 
 def _select(name: str, label: str, value: str, choices: Sequence[str]) -> str:
@@ -663,12 +655,8 @@ def _message_text(message: am.Message) -> str:
         if isinstance(text, str):
             parts.append(text)
         else:
-            parts.append(f"[{type(block).__name__}] {_json(_builtins(block))}")
+            parts.append(f"[{type(block).__name__}] {_json(msgspec.to_builtins(block))}")
     return "\n".join(parts)
-
-
-def _builtins(value: object) -> object:
-    return msgspec.to_builtins(value)
 
 
 def _why_hidden(settings: Any, caller: am.SessionKey, info: am.SessionInfo) -> str:
