@@ -38,7 +38,7 @@ ALICE = "agent:main:direct:alice"
 ALICE_OTHER = "agent:main:dm:alice"  # alice's other chat: what recall reads
 BOB = "agent:main:direct:bob"
 SCRIPT = "<script>alert('stored')</script> I drink oolong tea every morning."
-FACT = "I drink oolong tea every morning."
+TOOL_INPUT = "<img src=x onerror=alert('block')>"
 
 
 class Grounded:
@@ -76,6 +76,11 @@ def _serve(state: Path, ready: list[Any], stop: list[Any]) -> None:
         async with am.open_memory(state, config=config, models={"test/model": Grounded()}) as mem:
             await mem.sessions.append(ALICE_OTHER, am.Message(role="user", content=SCRIPT))
             await mem.sessions.append(ALICE, am.Message(role="user", content="hello there"))
+            blocks = [
+                {"type": "text", "text": "looking it up"},
+                {"type": "tool_use", "id": "t1", "name": "lookup", "input": {"q": TOOL_INPUT}},
+            ]
+            await mem.sessions.append(ALICE, am.Message(role="assistant", content=blocks))
             await mem.sessions.append(BOB, am.Message(role="user", content="green tea for me"))
             aisle = await mem.records.add("prefers aisle seats", user_id="alice")
             trip = await mem.records.add("flies to Lisbon in May", user_id="alice")
@@ -298,6 +303,9 @@ def test_stored_markup_is_escaped_everywhere(served: Served) -> None:
         assert "default-src 'none'" in response.headers["content-security-policy"]
     session = httpx.get(served.url + pages[0]).text
     assert "&lt;script&gt;alert(&#x27;stored&#x27;)&lt;/script&gt;" in session
+    blocks = httpx.get(served.url + f"/sessions/{quote(ALICE)}").text
+    assert "looking it up" in blocks and "[ToolUseBlock]" in blocks
+    assert "&lt;img src=x onerror=alert(&#x27;block&#x27;)&gt;" in blocks and "<img" not in blocks
 
 
 @pytest.mark.parametrize(
