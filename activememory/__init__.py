@@ -27,9 +27,11 @@ from .protocol.errors import InvalidInputError as InvalidInputError
 from .protocol.errors import MemoryClosedError as MemoryClosedError
 from .protocol.errors import SessionNotFoundError as SessionNotFoundError
 from .protocol.errors import StorageError as StorageError
+from .protocol.recall import RecallCacheInfo as RecallCacheInfo
 from .protocol.recall import RecallOutcome as RecallOutcome
 from .protocol.recall import RecallPlan as RecallPlan
 from .protocol.recall import RecallRequest as RecallRequest
+from .protocol.recall import RecallTrace as RecallTrace
 from .protocol.recall import Reply as Reply
 from .protocol.recall import Sender as Sender
 from .protocol.recall import SessionSwitches as SessionSwitches
@@ -153,11 +155,13 @@ __all__ = [
     "PruningMemorySearchConfig",
     "RankingError",
     "ReasoningBlock",
+    "RecallCacheInfo",
     "RecallModel",
     "RecallOutcome",
     "RecallPlan",
     "RecallRequest",
     "RecallTools",
+    "RecallTrace",
     "Record",
     "RecordErasure",
     "RecordRelation",

@@ -62,13 +62,21 @@ from .protocol.indexer import (
     RewindSession,
     Rewound,
 )
-from .protocol.recall import RecallOutcome, RecallPlan, Reply, Sender, Turn
+from .protocol.recall import (
+    RecallCacheInfo,
+    RecallOutcome,
+    RecallPlan,
+    RecallTrace,
+    Reply,
+    Sender,
+    Turn,
+)
 from .protocol.search import DEFAULT_LIMIT, SearchMode, SearchResult
 from .protocol.session_key import ChatType, SessionKey, parse_session_key
 from .protocol.transcript import Event, ImportEntry, IndexStats, SessionInfo
 from .protocol.userdata import ErasureSummary
 from .recall.breaker import BreakerInfo
-from .recall.coordinator import Recaller
+from .recall.coordinator import Recaller, RunTrace
 from .recall.memory_core import MemoryCore
 from .recall.models import RecallModels
 from .storage.db import DURABILITY_LEVELS, Durability, readonly_error
@@ -541,6 +549,38 @@ class Memory:
         thread; a run already handed to the pool goes on, unawaited, until its budget ends.
         """
         return await self._recaller.recall(turn, self._settings)
+
+    async def trace_recall(self, turn: Turn) -> RecallTrace:
+        """`recall`, and what its sub-agent did: an `am.RecallTrace` with the outcome, the
+        run's transcript lines and every tool result with its `evidence` flag (for an
+        inspector; docs/design.md §12.3). It is a recall: the same cache, breaker, budget
+        and writes. A cached answer or a skipped turn ran no sub-agent: `run_id` is None
+        and the transcript is empty.
+
+        Cancellation: as for `recall`.
+        """
+        trace = RunTrace()
+        outcome = await self._recaller.recall(turn, self._settings, trace)
+        return RecallTrace(
+            outcome=outcome,
+            run_id=trace.run_id,
+            transcript=tuple(trace.lines),
+            tool_results=tuple(trace.results),
+        )
+
+    def recall_cache_info(self) -> RecallCacheInfo:
+        """The recall cache now: live entries, its bound, the TTL and how often it was
+        emptied (docs/design.md §4.10).
+
+        Cancellation: not a blocking call.
+        """
+        cache = self._recaller.cache
+        return RecallCacheInfo(
+            entries=cache.live(anyio.current_time()),
+            max_entries=cache.max_entries,
+            ttl_ms=self.config.active_memory.cache_ttl_ms,
+            clears=cache.generation,
+        )
 
     async def reply(self, turn: Turn, respond: Respond) -> Reply:
         """The whole bot path of one turn (docs/design.md §6).

@@ -393,6 +393,51 @@ class Records(_Layer):
         db = await self._supervisor.records()
         return await db.read(lambda reader: reader.get(record_id, now))
 
+    async def linked(
+        self,
+        id: str,
+        *,
+        num_hops: int = 1,
+        max_linked_results: int = 100,
+        format_config: SearchResultFormatConfig | None = None,
+    ) -> RecordSearchResult | None:
+        """The record `id` with its linked context, as a search that found it would attach
+        it (`num_hops` 0-5, at most `max_linked_results` linked records; only a memory
+        record has linked context, and only memory records are linked), across every scope;
+        `distance` 0. None if there is no such record or it has expired. For an inspector
+        that opens one record's graph (docs/design.md §12.3).
+
+        Cancellation: as for `get`.
+        """
+        record_id = _record_id("id", id)
+        check_int("num_hops", num_hops, 0, MAX_HOPS)
+        check_int("max_linked_results", max_linked_results, 0, MAX_LINKED_RESULTS)
+        if format_config is None:
+            format_config = RecordResultFormatConfig()
+        elif not isinstance(format_config, SearchResultFormatConfig):
+            raise InvalidInputError(
+                f"format_config: expected a SearchResultFormatConfig, "
+                f"got {type(format_config).__name__}"
+            )
+        anywhere = SearchScope(
+            user_id=None,
+            agent_id=None,
+            thread_id=None,
+            exact_user_match=False,
+            exact_agent_match=False,
+            exact_thread_match=False,
+        )
+        query = RecordQuery(
+            scope=anywhere,
+            now=self._clock(),
+            limit=1,
+            num_hops=num_hops,
+            max_linked=max_linked_results,
+        )
+        db = await self._supervisor.records()
+        hit = await db.read(lambda reader: reader.linked(record_id, query))
+        return None if hit is None else _result(hit, format_config)
+
     # -- internals ------------------------------------------------------------------------
 
     async def _submit(self, command: RecordCommand, expect: type[A]) -> A:

@@ -8,7 +8,7 @@ switches (docs/design.md §4.3), persisted in the agent database; `RecallOutcome
 from __future__ import annotations
 
 import math
-from typing import Literal, TypeAlias, get_args
+from typing import Any, Literal, TypeAlias, get_args
 
 import msgspec
 
@@ -185,6 +185,38 @@ class ToolResult(msgspec.Struct, frozen=True, kw_only=True):
     data: dict[str, object] | None = None
     evidence: bool = False
     error: str | None = None
+
+
+class RecallTrace(msgspec.Struct, frozen=True, kw_only=True):
+    """What `mem.trace_recall(turn)` answers: the outcome, and the sub-agent run behind it.
+
+    `run_id` is None when no sub-agent ran (the turn was skipped, the answer came from the
+    cache, the circuit breaker was open). `transcript` holds the run's transcript lines as
+    its JSONL file has them (`{"at": seconds since the run started, "type": "prompt" |
+    "tool_call" | "tool_result" | "draft" | "end", ...}`, at most 1000, a line over 8000
+    characters reduced to its `at`, `type` and `"truncated": true`); `tool_results` each
+    tool call's whole result, in call order: the ones with `evidence` are what lets an
+    answer through (docs/design.md §4.7, §4.10).
+    """
+
+    outcome: RecallOutcome
+    run_id: str | None = None
+    transcript: tuple[dict[str, Any], ...] = ()
+    tool_results: tuple[ToolResult, ...] = ()
+
+
+class RecallCacheInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """The recall cache now (`mem.recall_cache_info()`, docs/design.md §4.10).
+
+    `entries`: grounded answers held and not yet expired, at most `max_entries`; `ttl_ms`:
+    how long the current config keeps one (`cacheTtlMs`); `clears`: how often it was
+    emptied (an erase empties it).
+    """
+
+    entries: int
+    max_entries: int
+    ttl_ms: int
+    clears: int
 
 
 class Reply(msgspec.Struct, frozen=True, kw_only=True):

@@ -486,6 +486,23 @@ class RecordReader:
         ).fetchone()
         return None if row is None else _record(row)[1]
 
+    def linked(self, record_id: str, query: RecordQuery) -> RecordHit | None:
+        """The record `record_id` (unless it does not exist or has expired) with the linked
+        tree a search would attach to it (`query.num_hops`, `query.max_linked`, the link
+        filters); distance 0. One read transaction."""
+        with self.conn:
+            row = self.conn.execute(
+                f"SELECT {_COLUMNS.format(a='r')} FROM records r"
+                " WHERE r.id = ? AND (r.expires_at IS NULL OR r.expires_at > ?)",
+                (record_id, query.now),
+            ).fetchone()
+            if row is None:
+                return None
+            seq, rec = _record(row)
+            trees = self._expand([seq], query) if rec.record_type == RecordType.MEMORY else {}
+            records = self._records(linked_seqs(trees))
+        return hits_of([(seq, rec, 0.0)], trees, records)[0]
+
     def count(self) -> int:
         """How many records are stored (expired ones included)."""
         row = self.conn.execute("SELECT count(*) FROM records").fetchone()

@@ -81,6 +81,8 @@ class SubAgentTranscript:
         self._lines: list[bytes] | None = None
         self._spill_dir = spill_dir
         self._done = False
+        # A caller that wants the lines back (`mem.trace_recall`): each one, decoded again.
+        self.tap: list[dict[str, Any]] | None = None
         if path is None:
             self._lines = []
             return
@@ -118,12 +120,16 @@ class SubAgentTranscript:
         return path if self._file is not None else None
 
     def write(self, line: dict[str, Any], *, at: float) -> None:
-        if self._done or (self._file is None and self._lines is None):
+        if self._done:
             return
         entry = {"at": round(at - self.started, 6), **line}
         data = _encode(entry)
         if len(data) > MAX_LINE_CHARS:
             data = _encode({"at": entry["at"], "type": line.get("type"), "truncated": True})
+        if self.tap is not None and len(self.tap) < MAX_TEMP_LINES:
+            self.tap.append(msgspec.json.decode(data))
+        if self._file is None and self._lines is None:
+            return
         if self._lines is not None:
             if len(self._lines) < MAX_TEMP_LINES:
                 self._lines.append(data)

@@ -246,6 +246,11 @@ class Pair:
         assert _shape(pg) == _shape(lite), (search, scope, boosts)
         for a, b in zip(pg, lite, strict=True):
             assert a.distance == pytest.approx(b.distance, rel=1e-9, abs=1e-12)
+        # One record's graph (`mem.records.linked`) under the same link filters.
+        for i in range(min(self.next_id, 4)):
+            lite_one = RecordReader(self.sqlite_conn).linked(f"r{i}", query)
+            pg_one = self.pg_reader.linked(f"r{i}", query)
+            assert _shape([pg_one] if pg_one else []) == _shape([lite_one] if lite_one else [])
 
 
 class _Thread:

@@ -37,7 +37,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     config.write_text(json.dumps({**TEXT_ONLY, "serve": {"token": "${AM_TEST_TOKEN}"}}))
     process = _start(
         ["--state-dir", str(where / "state"), "--config", str(config), "--port", "0",
-         "--rate-limit", "0"],
+         "--rate-limit", "0", "--ui"],
         env={"AM_TEST_TOKEN": TOKEN},
     )  # fmt: skip
     assert process.stderr is not None
@@ -108,13 +108,9 @@ def test_a_non_loopback_bind_without_a_token_refuses_to_start(tmp_path: Path) ->
     assert not (tmp_path / "s").exists()  # refused before the store was opened
 
 
-def test_ui_without_the_inspector_is_a_clear_error(tmp_path: Path) -> None:
-    try:
-        import activememory.service.inspector  # noqa: F401
-    except ModuleNotFoundError:
-        pass
-    else:
-        pytest.skip("the inspector is installed")
-    process = _start(["--state-dir", str(tmp_path / "s"), "--port", "0", "--ui"])
-    _, err = process.communicate(timeout=60)
-    assert process.returncode == 2 and "the inspector is not installed" in err
+def test_the_inspector_is_served_under_ui_behind_the_same_token(server: str) -> None:
+    page = httpx.get(f"{server}/ui/", headers=AUTH, timeout=30)
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    assert "<html" in page.text.lower()
+    refused = httpx.get(f"{server}/ui/", timeout=30)
+    assert refused.status_code == 401 and refused.content == b""

@@ -59,5 +59,9 @@ class RecallCache(Generic[T]):
         while len(self._entries) > self.max_entries:
             self._entries.popitem(last=False)
 
+    def live(self, now: float) -> int:
+        """How many entries have not expired at `now`."""
+        return sum(1 for expires, _ in self._entries.values() if now < expires)
+
     def __len__(self) -> int:
         return len(self._entries)

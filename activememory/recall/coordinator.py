@@ -14,6 +14,7 @@ from __future__ import annotations
 import itertools
 import logging
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
@@ -35,6 +36,7 @@ from ..protocol.recall import (
     RecallRequest,
     RecallStatus,
     SessionSwitches,
+    ToolResult,
     Turn,
 )
 from ..protocol.recall_pool import RunRecall, RunReport
@@ -73,6 +75,16 @@ class Findings(msgspec.Struct, frozen=True, kw_only=True):
     elapsed_ms: float | None = None  # None: from the start of the recall to its outcome
 
 
+@dataclass
+class RunTrace:
+    """Filled in by a recall that is asked for its trace (`mem.trace_recall`): the run's id,
+    its transcript lines and its tool results; left empty when no sub-agent ran."""
+
+    run_id: str | None = None
+    lines: list[dict[str, Any]] = field(default_factory=list)
+    results: list[ToolResult] = field(default_factory=list)
+
+
 class Recaller:
     """Runs `mem.recall`, each turn under the settings snapshot it is given."""
 
@@ -98,8 +110,11 @@ class Recaller:
         self.breakers = CircuitBreakers()
         self._run_ids = itertools.count(1)
 
-    async def recall(self, turn: Turn, settings: Settings) -> RecallOutcome:
-        """The preflight, then (if the turn recalls) the run; one outcome either way."""
+    async def recall(
+        self, turn: Turn, settings: Settings, trace: RunTrace | None = None
+    ) -> RecallOutcome:
+        """The preflight, then (if the turn recalls) the run; one outcome either way.
+        `trace`, if given, receives the run's transcript lines and tool results."""
         started = anyio.current_time()
         switches = SessionSwitches()
         plan: RecallPlan | None = None
@@ -111,7 +126,7 @@ class Recaller:
             assert plan.status is not None
             found = Findings(status=plan.status, reason=plan.reason)
         else:
-            found = await self._run(settings, key, plan.request, plan.paths, started)
+            found = await self._run(settings, key, plan.request, plan.paths, started, trace)
         query_mode = settings.config.active_memory.query_mode
         return _outcome(found, plan, started, query_mode, switches)
 
@@ -122,6 +137,7 @@ class Recaller:
         request: RecallRequest,
         paths: tuple[RecallPath, ...],
         started: float,
+        trace: RunTrace | None = None,
     ) -> Findings:
         """The cache, the circuit breaker and the model, then the sub-agent run."""
         config = settings.config
@@ -164,7 +180,7 @@ class Recaller:
             setup_grace_timeout_ms=request.setup_grace_timeout_ms,
         )
         request = msgspec.structs.replace(request, deadline=budget.deadline)
-        found = await self._run_subagent(settings, key, request, budget, model, started)
+        found = await self._run_subagent(settings, key, request, budget, model, started, trace)
         self.breakers.record(
             breaker,
             found.status,
@@ -190,6 +206,7 @@ class Recaller:
         budget: RecallBudget,
         model: RecallModel,
         started: float,
+        trace: RunTrace | None = None,
     ) -> Findings:
         """Run the sub-agent in the pool and judge its report; its transcript ends here."""
         am = settings.config.active_memory
@@ -201,7 +218,7 @@ class Recaller:
                 f"chars={len(request.context)} tools={','.join(request.tools)}",
                 settings.redactor,
             )
-        transcript = self._open_transcript(am, run_id, request)
+        transcript = self._open_transcript(am, run_id, request, trace)
         report: RunReport | str | None = None
         try:
             tools = run_tools(
@@ -213,6 +230,8 @@ class Recaller:
                 host_tools=self._tools,
                 transcript=transcript,
             )
+            if trace is not None:
+                trace.results = tools.results  # the run's own list: calls still to come too
             report = await self._submit_and_wait(run_id, request, budget, model, tools)
         finally:  # however the wait ended: the pool never got the job, was full, or reported
             transcript.finish(
@@ -272,7 +291,11 @@ class Recaller:
         return None
 
     def _open_transcript(
-        self, am: ActiveMemoryConfig, run_id: str, request: RecallRequest
+        self,
+        am: ActiveMemoryConfig,
+        run_id: str,
+        request: RecallRequest,
+        trace: RunTrace | None = None,
     ) -> SubAgentTranscript:
         persist, path = am.persist_transcripts and self._transcripts.keep, None
         if persist:
@@ -284,6 +307,8 @@ class Recaller:
             started=anyio.current_time(),
             spill_dir=self._transcripts.temp_dir,
         )
+        if trace is not None:
+            trace.run_id, transcript.tap = run_id, trace.lines
         if persist and path is None:
             transcript.failed = "transcriptDir leaves the sessions folder: transcript not kept"
         transcript.write(

@@ -25,7 +25,6 @@ What the server adds, in `Guard` (before any body is read) and `_endpoint`:
 
 from __future__ import annotations
 
-import importlib
 import logging
 import os
 import socket
@@ -712,14 +711,9 @@ def build_app(
 
 def load_inspector() -> Callable[[Memory], Sequence[BaseRoute]]:
     """The inspector page's `routes(memory)` (`activememory serve --ui`), imported only
-    then; `InvalidInputError` if it is not installed."""
-    try:
-        inspector = importlib.import_module(f"{__package__}.inspector")
-    except ModuleNotFoundError as exc:
-        if exc.name != f"{__package__}.inspector":
-            raise
-        raise InvalidInputError("--ui: the inspector is not installed") from None
-    routes: Callable[[Memory], Sequence[BaseRoute]] = inspector.routes
+    then (docs/design.md §12.3)."""
+    from .inspector import routes
+
     return routes
 
 

@@ -385,6 +385,22 @@ class PgRecordReader:
         ).fetchone()
         return None if row is None else _record(row)[1]
 
+    def linked(self, record_id: str, query: RecordQuery) -> RecordHit | None:
+        """`RecordReader.linked`: the record with the linked tree a search would attach."""
+        with self.conn.transaction():
+            row = self.conn.execute(
+                f"SELECT {_COLUMNS.format(a='r')} FROM {_S}.records r WHERE r.agent = %s"
+                " AND r.id = %s AND (r.expires_at IS NULL OR r.expires_at > %s)",
+                (self.agent, record_id, query.now),
+            ).fetchone()
+            if row is None:
+                return None
+            seq, rec = _record(row)
+            memory = rec.record_type == RecordType.MEMORY
+            trees = grow_trees([seq], query, self._edges(query)) if memory else {}
+            records = self._records(linked_seqs(trees))
+        return hits_of([(seq, rec, 0.0)], trees, records)[0]
+
     def count(self) -> int:
         """How many records are stored (expired ones included)."""
         row = self.conn.execute(
