@@ -127,7 +127,7 @@ def notes(pg_dsn: str) -> Iterator[Any]:
 
 
 @settings(
-    max_examples=40,
+    max_examples=25,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
@@ -191,3 +191,112 @@ def test_notes_of_two_agents_stay_apart(pg_dsn: str) -> None:
     # Each agent numbers its chunks from 1, as each SQLite agent database does.
     assert hits[a][0].chunk_id == hits[b][0].chunk_id == 1
     conn.close()
+
+
+# -- row-level security (docs/design.md §11): the notes and vector tables are covered ------
+
+
+def test_a_bound_role_reaches_only_its_agents_notes_and_vectors(pg_dsn: str) -> None:
+    import secrets
+
+    import numpy
+    import psycopg
+    import psycopg.conninfo
+
+    import activememory as am
+    from activememory.protocol.config import PrivateScope
+    from activememory.protocol.indexer import (
+        AppendMessage,
+        Erased,
+        EraseIdentity,
+        StoreVectors,
+        VectorRow,
+        VectorsStored,
+    )
+    from activememory.storage import vectors as lite_vectors
+    from activememory.storage.pg import userdata as pg_userdata
+    from activememory.storage.pg import vectors as pg_vectors
+
+    from pg_server import ADMIN_DSN
+
+    tag = secrets.token_hex(4)
+    roles = (f"am_rls_notes_{tag}_a", f"am_rls_notes_{tag}_b")
+    agents = {roles[0]: fresh_agent("na"), roles[1]: fresh_agent("nb")}
+    key = am.parse_session_key("agent:main:direct:dana")
+    vector = numpy.ones(4, dtype="<f4") / 2
+    owner = pg_db.connect(pg_db.PgSettings(dsn=pg_dsn))
+    owner.autocommit = True
+    with psycopg.connect(ADMIN_DSN, autocommit=True) as admin:
+        for role in roles:
+            admin.execute(f'CREATE ROLE "{role}" LOGIN')
+        try:
+            for role, agent in agents.items():
+                owner.execute(f"SELECT {pg_db.SCHEMA}.grant_agent(%s, %s)", (role, agent))
+
+            def as_role(role: str) -> Any:
+                dsn = psycopg.conninfo.make_conninfo(pg_dsn, user=role)
+                return pg_db.connect(pg_db.PgSettings(dsn=dsn))
+
+            for role, agent in agents.items():  # each writes its own through the store
+                writer = PgTranscriptWriter(as_role(role), agent)
+                sync = SyncNotes(agent=agent, files=(note_file("MEMORY.md", f"seats {agent}", 1),))
+                append = AppendMessage(
+                    key=key, message=am.Message(role="user", content="dana's seats"), at=1.0
+                )
+                assert writer.apply([sync, append])[0] == NotesSynced(files=1, removed=0, chunks=1)
+                pending = pg_vectors.pending_batch(
+                    writer.conn, agent, "m", after=0, epoch=None, limit=10
+                )
+                rows = tuple(
+                    VectorRow(id=i, digest=lite_vectors.text_digest(t), vector=vector.tobytes())
+                    for i, t in pending.messages + pending.notes
+                )
+                command = StoreVectors(agent=agent, name="m", messages=rows[:1], notes=rows[1:])
+                assert writer.apply([command]) == [VectorsStored(messages=1, notes=1, skipped=0)]
+                writer.conn.close()
+            for role, other in zip(roles, reversed(roles), strict=True):
+                mine, theirs = agents[role], agents[other]
+                conn = as_role(role)
+                conn.autocommit = True
+                plan = plan_match("seats")
+                assert plan is not None
+                assert [h.text for h in pg_notes.search_notes(conn, mine, plan, 5)] == [
+                    f"seats {mine}"
+                ]
+                assert pg_notes.search_notes(conn, theirs, plan, 5) == []
+                assert pg_notes.indexed_note_files(conn, theirs) == {}
+                assert pg_vectors.nearest_note_rows(conn, theirs, vector, name="m", k=5) == []
+                assert len(pg_vectors.nearest_note_rows(conn, mine, vector, name="m", k=5)) == 1
+                for table in ("note_files", "note_chunks", "note_vectors", "message_vectors",
+                              "vector_cache", "vector_epochs"):  # fmt: skip
+                    found = conn.execute(
+                        f"SELECT count(*) FROM {pg_db.SCHEMA}.{table} WHERE agent = %s", (theirs,)
+                    ).fetchone()
+                    assert found == (0,), table
+                # Writing another agent's notes is refused by the policy.
+                writer = PgTranscriptWriter(as_role(role), theirs)
+                sync = SyncNotes(agent=theirs, files=(note_file("memory/x.md", "x", 1),))
+                (ack,) = writer.apply([sync])
+                assert isinstance(ack, Rejected) and "row-level security" in ack.message
+                writer.conn.close()
+                # Its own erase goes through; the purge is the owner's, and it says so.
+                writer = PgTranscriptWriter(as_role(role), mine)
+                (ack,) = writer.apply(
+                    [EraseIdentity(agent=mine, sessions=PrivateScope(peers=None, owner=True))]
+                )
+                writer.conn.close()
+                assert isinstance(ack, Erased) and ack.erasure.vectors == 1
+                assert not ack.erasure.purged and ack.erasure.problem is not None
+                assert "does not own the tables" in ack.erasure.problem
+                plan_left = pg_userdata.plan_erasure(
+                    owner, theirs, PrivateScope(peers=None, owner=True)
+                )
+                # The other agent's session is untouched until its own role erases it.
+                expected = (key.raw,) if role == roles[0] else ()
+                assert plan_left.erasure.session_keys == expected
+                conn.close()
+        finally:
+            for role in roles:
+                owner.execute(f"SELECT {pg_db.SCHEMA}.revoke_agent(%s)", (role,))
+                admin.execute(f'DROP ROLE IF EXISTS "{role}"')
+            owner.close()
