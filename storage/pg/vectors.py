@@ -64,7 +64,9 @@ CREATE TABLE {_S}.message_vectors(
     FOREIGN KEY (agent, event_id) REFERENCES {_S}.message_index(agent, event_id)
         ON DELETE CASCADE
 );
-CREATE INDEX message_vectors_scope ON {_S}.message_vectors(agent, session_id, name);
+-- A scope's rows by (session, name), their ids in the index: the bound picks the newest
+-- ids without reading a vector (storage/pg/vectors.py `nearest_message_rows`).
+CREATE INDEX message_vectors_scope ON {_S}.message_vectors(agent, session_id, name, event_id);
 CREATE TABLE {_S}.note_vectors(
     agent text NOT NULL,
     chunk_id bigint NOT NULL,
@@ -319,12 +321,19 @@ def nearest_message_rows(
     `scope_sql`) with its named bindings; dirty sessions are never ranked, and only
     vectors of `name`. At most `MAX_SCANNED` visible vectors are scored: the newest.
     """
-    with conn.transaction():
-        rows = conn.execute(
-            f"SELECT v.event_id, v.vector FROM {_S}.message_vectors v"
-            f" WHERE v.agent = %(agent)s AND v.name = %(vector_name)s AND v.session_id IN"
-            f" (SELECT id FROM ({visible_sql}) visible WHERE NOT dirty)"
-            " ORDER BY v.event_id DESC LIMIT %(scanned)s",
+    # The bound is a cutoff id found from the ids alone (the scope index holds them), so
+    # the vectors are read once, in index order, and never sorted; binary results carry
+    # each vector as its bytes, not as hex text.
+    visible = (
+        f"FROM {_S}.message_vectors v WHERE v.agent = %(agent)s AND v.name = %(vector_name)s"
+        f" AND v.session_id IN (SELECT id FROM ({visible_sql}) visible WHERE NOT dirty)"
+    )
+    with conn.transaction(), conn.cursor(binary=True) as cur:
+        rows = cur.execute(
+            f"WITH newest AS (SELECT v.event_id {visible}"
+            "  ORDER BY v.event_id DESC LIMIT %(scanned)s)"
+            f" SELECT v.event_id, v.vector {visible}"
+            " AND v.event_id >= (SELECT min(event_id) FROM newest)",
             {**visible_params, "agent": agent, "vector_name": name, "scanned": MAX_SCANNED},
         ).fetchall()
     return _top_k(rows, query_vec, k)
@@ -334,11 +343,13 @@ def nearest_note_rows(
     conn: Connection, agent: str, query_vec: numpy.ndarray, *, name: str, k: int
 ) -> list[Near]:
     """The `k` note chunks of `agent` most similar to `query_vec`, best first."""
-    rows = conn.execute(
-        f"SELECT chunk_id, vector FROM {_S}.note_vectors WHERE agent = %s AND name = %s"
-        " ORDER BY chunk_id DESC LIMIT %s",
-        (agent, name, MAX_SCANNED),
-    ).fetchall()
+    with conn.cursor(binary=True) as cur:
+        rows = cur.execute(
+            f"SELECT chunk_id, vector FROM {_S}.note_vectors WHERE agent = %s AND chunk_id IN"
+            f" (SELECT chunk_id FROM {_S}.note_vectors WHERE agent = %s AND name = %s"
+            "  ORDER BY chunk_id DESC LIMIT %s)",
+            (agent, agent, name, MAX_SCANNED),
+        ).fetchall()
     return _top_k(rows, query_vec, k)
 
 
