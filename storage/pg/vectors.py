@@ -27,7 +27,8 @@ sessions are the caller's scope SQL (storage/pg/search.py `scope_sql`), clean on
 and their vectors of `name` are read in one query and ranked by storage/vector_index.py's
 `pick`, the SQLite plain scan's own ranking (the same rows, the same numbers). Bounded:
 at most `MAX_SCANNED` rows are scored per query, the newest (largest event ids) of the
-visible ones; measured in docs/design.md §11.
+visible ones; measured in docs/design.md §11. pgvector is not used (not installed where
+this was built and tested; the planned path is in docs/design.md §11).
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ __all__ = ["MAX_SCANNED", "Near"]
 _S = SCHEMA
 MAX_SCANNED = 100_000
 """The most visible vectors one query scores (the newest): bounds a search's time and
-memory (docs/design.md §11 "Vectors": ~40 ms at 10k rows, ~0.4 s at 100k here)."""
+memory (measured in docs/design.md §11 "Notes, vectors and erase")."""
 
 
 def vectors_ddl() -> str:
