@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import tempfile
+import time
 from typing import Any
 
 import numpy
@@ -295,3 +296,51 @@ def test_a_vector_goes_with_its_message_and_a_changed_text_is_skipped(pg_dsn: st
 def test_a_query_of_other_dimensions_is_refused(pg_dsn: str) -> None:
     with pytest.raises(ValueError, match="query_vec: expected 8 dimensions, got 3"):
         pg_vectors._top_k([(1, embed("x"))], numpy.ones(3, dtype="<f4"), 1)
+
+
+def test_the_watermark_waits_for_a_transaction_in_flight(pg_dsn: str) -> None:
+    # Event ids come from one sequence drawn by several processes: while another
+    # transaction of the database is in flight it may still commit an id below the ones
+    # seen, so the watermark stays where it was; once it ends, the watermark moves on.
+    import activememory as am
+    from activememory.protocol.indexer import AppendMessage
+
+    settings_ = pg_db.PgSettings(dsn=pg_dsn)
+    agent = fresh_agent()
+    writer = PgTranscriptWriter(pg_db.connect(settings_), agent)
+    reader = pg_db.connect(settings_)
+    reader.autocommit = True
+    other = pg_db.connect(settings_)
+    key = am.parse_session_key("agent:main:direct:dana")
+
+    def append(text: str) -> int:
+        (ack,) = writer.apply(
+            [AppendMessage(key=key, message=am.Message(role="user", content=text), at=1.0)]
+        )
+        return int(ack.event.id)  # type: ignore[attr-defined]
+
+    def settled(after: int, epoch: int | None) -> lite_vectors.PendingBatch:
+        # Another database's transaction that ended between the snapshot and the look at
+        # pg_stat_activity also holds the watermark: on a busy server, ask again.
+        for _ in range(100):
+            found = pg_vectors.pending_batch(reader, agent, "m", after=after, epoch=epoch, limit=10)
+            if found.scanned_to > after:
+                return found
+            time.sleep(0.02)
+        raise AssertionError("the watermark never moved")
+
+    first = append("one")
+    batch = settled(0, None)
+    assert [i for i, _ in batch.messages] == [first] and batch.scanned_to >= first
+    with other.transaction():
+        other.execute("SELECT pg_current_xact_id()")  # a writer in flight in this database
+        second = append("two")
+        held = pg_vectors.pending_batch(
+            reader, agent, "m", after=batch.scanned_to, epoch=batch.epoch, limit=10
+        )
+        assert [i for i, _ in held.messages] == [second]
+        assert held.scanned_to == batch.scanned_to  # not past what may still commit
+    moved = settled(held.scanned_to, held.epoch)
+    assert [i for i, _ in moved.messages] == [second] and moved.scanned_to >= second
+    for conn in (writer.conn, reader, other):
+        conn.close()
