@@ -29,18 +29,14 @@ from activememory.protocol.indexer import (
     ArchiveSession,
     CreateSession,
     DeleteSession,
-    EraseIdentity,
     ImportTranscript,
     IndexerAck,
     IndexerCommand,
     MarkDirty,
     RebuildIndex,
     ReindexChunk,
-    Rejected,
     RewindSession,
     SetSwitches,
-    StoreVectors,
-    SyncNotes,
 )
 from activememory.storage.db import open_connection
 from activememory.storage.fts_query import plan_match
@@ -583,22 +579,6 @@ def test_two_processes_creating_the_schema_at_once_both_succeed() -> None:
         for conn in conns:
             assert pg_db.schema_version(conn) == pg_db.SCHEMA_VERSION
             conn.close()
-
-
-def test_commands_not_on_postgresql_yet_are_rejected_saying_so(pg_dsn: str) -> None:
-    writer = PgTranscriptWriter(pg_db.connect(pg_db.PgSettings(dsn=pg_dsn)), fresh_agent())
-    commands: list[IndexerCommand] = [
-        SyncNotes(agent="main"),
-        StoreVectors(agent="main", name="m"),
-        EraseIdentity(agent="main", sessions=PrivateScope(peers=None, owner=True)),
-    ]
-    for command, ack in zip(commands, writer.apply(commands), strict=True):
-        assert ack == Rejected(
-            reason="invalid",
-            message=f"{type(command).__name__} is not available on the PostgreSQL store yet"
-            " (docs/design.md §11)",
-        )
-    writer.conn.close()
 
 
 @pytest.mark.parametrize("query", ["aisle", "aisle x1", "aisle seats", "seats zeta"])

@@ -259,10 +259,24 @@ def _records_ddl() -> str:
     return records_ddl()
 
 
+def _notes_vectors_ddl() -> str:
+    # Memory notes and vectors (storage/pg/notes.py, storage/pg/vectors.py), then row
+    # security again: it covers the new tables and grants them to the bound roles.
+    from .notes import notes_ddl
+    from .vectors import vectors_ddl
+
+    return notes_ddl() + vectors_ddl() + f"SELECT {SCHEMA}.secure_agent_tables();\n"
+
+
 # The schema's steps (SQL text, each run once, in order, in one transaction): a store at
 # version v lacks STEPS[v:]. A new table or index is a new step at the end.
 # Row security comes after the tables it covers.
-STEPS: tuple[Callable[[], str], ...] = (_transcripts_ddl, _records_ddl, _row_security_ddl)
+STEPS: tuple[Callable[[], str], ...] = (
+    _transcripts_ddl,
+    _records_ddl,
+    _row_security_ddl,
+    _notes_vectors_ddl,
+)
 SCHEMA_VERSION = len(STEPS)
 
 

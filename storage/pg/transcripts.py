@@ -50,7 +50,7 @@ from ...protocol.indexer import (
     SyncNotes,
 )
 from ...protocol.recall import SessionSwitches
-from ...protocol.session_key import SessionKey
+from ...protocol.session_key import SessionKey, parse_session_key
 from ...protocol.transcript import Event, ImportEntry, IndexStats, SessionInfo
 from ..transcripts import import_prefix_differs, import_tree
 from .db import SCHEMA, Reopen, describe, lost, translate_errors
@@ -88,7 +88,6 @@ _RACE_RETRIES = 8
 _RACES = (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure)
 _encode_content = msgspec.json.Encoder().encode
 _decode_content = msgspec.json.Decoder(Content).decode
-_NOT_YET = "is not available on the PostgreSQL store yet (docs/design.md §11)"
 
 
 def _text_bytes(text: str | None) -> bytes | None:
@@ -173,7 +172,9 @@ class PgTranscriptWriter:
                 with self.conn.transaction():
                     acks = self._apply_batch(commands)
                     sent_commit = True  # from here the server may commit what we cannot see
-                return acks
+                from .userdata import purged  # here: it imports this module
+
+                return purged(self.conn, acks)  # an erase committed: VACUUM after it
             except (*_RACES, psycopg.errors.UniqueViolation) as exc:
                 failure = exc
                 self._forget()
@@ -291,8 +292,25 @@ class PgTranscriptWriter:
                 return self._reindex_chunk(cmd)
             case SetSwitches():
                 return self._set_switches(cmd)
-            case SyncNotes() | StoreVectors() | EraseIdentity():
-                return Rejected(reason="invalid", message=f"{type(cmd).__name__} {_NOT_YET}")
+            case SyncNotes():
+                from .notes import apply_sync_notes  # here: they import this module
+
+                return apply_sync_notes(self.conn, self.agent, cmd)
+            case StoreVectors():
+                from .vectors import apply_store_vectors
+
+                self._flush_sessions()  # its checks read `sessions.dirty`
+                return apply_store_vectors(self.conn, self.agent, cmd)
+            case EraseIdentity():
+                from .userdata import erase_identity
+
+                self._flush_sessions()  # the plan reads the session rows
+                return erase_identity(
+                    self.conn,
+                    self.agent,
+                    cmd,
+                    lambda key: self._delete(DeleteSession(key=parse_session_key(key))),
+                )
             case AppendMessage():  # handled by `_apply_batch`
                 return self._append(cmd)
 

@@ -1,0 +1,358 @@
+"""Vectors on PostgreSQL equal vectors on SQLite (docs/design.md §2.3, §11).
+
+A differential hypothesis test drives both stores with tests/test_pg_store.py's random
+batches (appends, rewinds, deletes, imports, rebuilds, reindex chunks...) and, between
+batches, an embedder that reads what lacks a vector from each store from its own watermark
+(`pending_batch`) and stores vectors (and one for a row that is gone). It
+holds equal: each `StoreVectors` ack; once each embedder is idle, the vectors stored (none
+missing, none of a row off the active branch or in a dirty session) and the nearest rows
+under every scope of §3 (the same ids with the same similarities).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import tempfile
+import time
+from typing import Any
+
+import numpy
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_pg_store import KEYS, Pair, ops, pair, scopes
+
+from activememory.protocol.indexer import (
+    NoteFile,
+    StoreVectors,
+    SyncNotes,
+    VectorRow,
+    VectorsStored,
+)
+from activememory.storage import vectors as lite_vectors
+from activememory.storage.notes import chunk_note, note_lines
+from activememory.storage.pg import db as pg_db
+from activememory.storage.pg import vectors as pg_vectors
+from activememory.storage.pg.search import scope_sql as pg_scope_sql
+from activememory.storage.pg.transcripts import PgTranscriptWriter
+from activememory.storage.search import scope_sql as lite_scope_sql
+
+from pg_server import fresh_agent, pg_dsn
+
+__all__ = ["pair", "pg_dsn"]  # the fixtures, imported for pytest
+
+DIM = 8
+NAMES = ["model-a", "model-b"]
+
+
+def embed(text: str) -> bytes:
+    """A stand-in embedder: a unit vector decided by the text."""
+    seed = int.from_bytes(hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()[:8])
+    vector = numpy.random.default_rng(seed).standard_normal(DIM).astype("<f4")
+    return lite_vectors.to_blob(vector / numpy.linalg.norm(vector))
+
+
+class Embedders:
+    """One embedder per store, each with its own watermark, as the embedder actor keeps."""
+
+    def __init__(self, stores: Pair) -> None:
+        self.stores = stores
+        # (side, name) -> (watermark, epoch): each name is its own embedder's
+        self.marks: dict[tuple[str, str], tuple[int, int | None]] = {}
+
+    def _pending(self, side: str, name: str, limit: int) -> lite_vectors.PendingBatch:
+        after, epoch = self.marks.get((side, name), (0, None))
+        if side == "lite":
+            return lite_vectors.pending_batch(
+                self.stores.sqlite_reader.conn, name, after=after, epoch=epoch, limit=limit
+            )
+        return pg_vectors.pending_batch(
+            self.stores.pg_reader.conn,
+            self.stores.agent,
+            name,
+            after=after,
+            epoch=epoch,
+            limit=limit,
+        )
+
+    def rows(self, pending: list[tuple[int, str]], stale: bool) -> tuple[VectorRow, ...]:
+        return tuple(
+            VectorRow(
+                id=i,
+                digest=lite_vectors.text_digest(text + ("!" if stale and i % 3 == 0 else "")),
+                vector=embed(text),
+            )
+            for i, text in pending
+        )
+
+    def step(self, name: str, stale: bool, extra: int) -> None:
+        """One round on each store: read a batch, store it (plus a row that may be gone)."""
+        for side in ("lite", "pg"):
+            batch = self._pending(side, name, 4)
+            messages = self.rows(batch.messages, stale) + self.rows([(extra, "gone")], False)
+            command = StoreVectors(
+                agent="main", name=name, messages=messages, notes=self.rows(batch.notes, stale)
+            )
+            writer = self.stores.sqlite_writer if side == "lite" else self.stores.pg_writer
+            (ack,) = writer.apply([command])
+            assert isinstance(ack, VectorsStored), ack
+            self.marks[side, name] = (batch.scanned_to, batch.epoch)
+
+    def drain(self, name: str) -> None:
+        """Embed until neither store has anything left for `name` above its watermark,
+        then check that nothing at all is pending (the watermarks skipped nothing)."""
+        for _ in range(200):
+            lite = self._pending("lite", name, 16)
+            pg = self._pending("pg", name, 16)
+            if not (lite.messages or lite.notes or pg.messages or pg.notes):
+                break
+            for side, batch in (("lite", lite), ("pg", pg)):
+                command = StoreVectors(
+                    agent="main",
+                    name=name,
+                    messages=self.rows(batch.messages, False),
+                    notes=self.rows(batch.notes, False),
+                )
+                writer = self.stores.sqlite_writer if side == "lite" else self.stores.pg_writer
+                (ack,) = writer.apply([command])
+                assert ack == VectorsStored(
+                    messages=len(batch.messages), notes=len(batch.notes), skipped=0
+                )
+                self.marks[side, name] = (batch.scanned_to, batch.epoch)
+        assert lite_vectors.pending_count(self.stores.sqlite_reader.conn, name) == 0
+        assert pg_vectors.pending_count(self.stores.pg_reader.conn, self.stores.agent, name) == 0
+
+
+def stored(stores: Pair) -> tuple[set[tuple[int, str, bytes]], set[tuple[int, str, bytes]]]:
+    lite = {
+        (int(i), str(n), bytes(v))
+        for i, n, v in stores.sqlite_reader.conn.execute(
+            "SELECT event_id, name, vector FROM message_vectors"
+        ).fetchall()
+    }
+    pg = {
+        (int(i), str(n), bytes(v))
+        for i, n, v in stores.pg_reader.conn.execute(
+            f"SELECT event_id, name, vector FROM {pg_db.SCHEMA}.message_vectors WHERE agent = %s",
+            (stores.agent,),
+        ).fetchall()
+    }
+    return lite, pg
+
+
+def off_branch_vectors(stores: Pair) -> int:
+    """PostgreSQL vectors of a message not on the active branch of a clean session."""
+    row = stores.pg_reader.conn.execute(
+        f"SELECT count(*) FROM {pg_db.SCHEMA}.message_vectors v WHERE v.agent = %(a)s AND NOT"
+        f" EXISTS (SELECT 1 FROM {pg_db.SCHEMA}.active_branch b JOIN {pg_db.SCHEMA}.sessions s"
+        "  ON s.agent = b.agent AND s.id = b.session_id AND NOT s.dirty"
+        "  WHERE b.agent = v.agent AND b.event_id = v.event_id AND b.session_id = v.session_id)",
+        {"a": stores.agent},
+    ).fetchone()
+    return int(row[0]) if row else -1
+
+
+def assert_equal_nearest(stores: Pair, name: str, query: bytes) -> None:
+    vector = numpy.frombuffer(query, dtype="<f4")
+    for scope in scopes:
+        for caller in KEYS[:3]:
+            for only in (None, KEYS[1]):
+                sql, params = lite_scope_sql(scope, caller, only)
+                lite = lite_vectors.scan_message_rows(
+                    stores.sqlite_reader.conn,
+                    vector,
+                    name=name,
+                    visible_sql=f"SELECT id FROM ({sql})",
+                    visible_params={**params, "agent": "main"},
+                    k=5,
+                )
+                pg_sql, pg_params = pg_scope_sql(stores.agent, scope, caller, only)
+                pg = pg_vectors.nearest_message_rows(
+                    stores.pg_reader.conn,
+                    stores.agent,
+                    vector,
+                    name=name,
+                    visible_sql=pg_sql,
+                    visible_params=pg_params,
+                    k=5,
+                )
+                assert [(r.id, r.similarity) for r in pg] == [(r.id, r.similarity) for r in lite], (
+                    scope,
+                    caller,
+                    only,
+                )
+
+
+batches = st.lists(st.lists(ops, min_size=1, max_size=3), min_size=1, max_size=8)
+embedding = st.tuples(st.just(NAMES[0]), st.just(False), st.integers(1, 60))
+
+
+def reachable(op: tuple[Any, ...]) -> tuple[Any, ...]:
+    """`op` as the reconciler can send it: a rebuild's chunks start at depth 0 (the first
+    drops the session's index rows). A chunk from a later depth of a session that no
+    earlier chunk of its revision dropped would publish it clean with rows unindexed, a
+    state no reconciler makes, where the stores may differ on which rows want a vector
+    (SQLite: every active-branch message of a clean session; PostgreSQL: every indexed
+    one)."""
+    if op[0] == "reindex":
+        return (*op[:2], 0, *op[3:])
+    return op
+
+
+@settings(
+    max_examples=10,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    batches=batches,
+    rounds=st.lists(st.lists(embedding, max_size=2), min_size=8, max_size=8),
+    note=st.text(alphabet="ab #\n", max_size=80),
+)
+def test_vectors_follow_the_active_branches_as_on_sqlite(
+    pair: Any, batches: list[list[tuple[Any, ...]]], rounds: list[Any], note: str
+) -> None:
+    with tempfile.TemporaryDirectory() as directory:
+        stores: Pair = pair(directory)
+        embedders = Embedders(stores)
+        chunks = chunk_note(note_lines(note), max_chars=20)
+        notes = SyncNotes(
+            agent="main",
+            files=(NoteFile(path="MEMORY.md", mtime_ns=1, size=1, digest="d", chunks=chunks),),
+        )
+        try:
+            assert stores.pg_writer.apply([notes]) == stores.sqlite_writer.apply([notes])
+            for ops_of_batch, embeds in zip(batches, rounds, strict=False):
+                batch = [stores.command(reachable(op)) for op in ops_of_batch]
+                sqlite_acks, pg_acks = stores.apply(batch)
+                assert pg_acks == sqlite_acks, batch
+                assert off_branch_vectors(stores) == 0
+                for name, stale, extra in embeds:
+                    embedders.step(name, stale, extra)
+                    assert off_branch_vectors(stores) == 0
+            embedders.drain(NAMES[0])
+            lite, pg = stored(stores)
+            assert pg == lite
+            assert_equal_nearest(stores, NAMES[0], embed("aisle seats"))
+            # Another model: its embedder starts from no watermark and replaces every vector.
+            embedders.drain(NAMES[1])
+            lite, pg = stored(stores)
+            assert pg == lite and {n for _, n, _ in pg} <= {NAMES[1]}
+            assert_equal_nearest(stores, NAMES[1], embed("aisle seats"))
+            lite_notes = lite_vectors.scan_note_rows(
+                stores.sqlite_reader.conn,
+                numpy.frombuffer(embed("a"), dtype="<f4"),
+                name=NAMES[0],
+                k=3,
+            )
+            pg_notes = pg_vectors.nearest_note_rows(
+                stores.pg_reader.conn,
+                stores.agent,
+                numpy.frombuffer(embed("a"), dtype="<f4"),
+                name=NAMES[0],
+                k=3,
+            )
+            assert [(r.id, r.similarity) for r in pg_notes] == [
+                (r.id, r.similarity) for r in lite_notes
+            ]
+        finally:
+            stores.close()
+
+
+def test_a_vector_goes_with_its_message_and_a_changed_text_is_skipped(pg_dsn: str) -> None:
+    import activememory as am
+    from activememory.protocol.indexer import AppendMessage, DeleteSession, RewindSession
+
+    agent = fresh_agent()
+    writer = PgTranscriptWriter(pg_db.connect(pg_db.PgSettings(dsn=pg_dsn)), agent)
+    key = am.parse_session_key("agent:main:direct:alice")
+    acks = writer.apply(
+        [
+            AppendMessage(key=key, message=am.Message(role="user", content=text), at=1.0)
+            for text in ("aisle seats", "window seats")
+        ]
+    )
+    first, second = (a.event.id for a in acks)  # type: ignore[attr-defined]
+
+    def row(event_id: int, text: str) -> VectorRow:
+        return VectorRow(id=event_id, digest=lite_vectors.text_digest(text), vector=embed(text))
+
+    store = StoreVectors(
+        agent="main", name="m", messages=(row(first, "aisle seats"), row(second, "edited"))
+    )
+    assert writer.apply([store]) == [VectorsStored(messages=1, notes=0, skipped=1)]
+
+    def count(table: str) -> int:
+        found = writer.conn.execute(
+            f"SELECT count(*) FROM {pg_db.SCHEMA}.{table} WHERE agent = %s", (agent,)
+        ).fetchone()
+        return int(found[0]) if found else -1
+
+    def epoch() -> int:
+        found = writer.conn.execute(
+            f"SELECT epoch FROM {pg_db.SCHEMA}.vector_epochs WHERE agent = %s", (agent,)
+        ).fetchone()
+        return int(found[0]) if found else 0
+
+    assert (count("message_vectors"), count("vector_cache")) == (1, 1)
+    before = epoch()
+    # A rewind makes the session dirty: its vectors go in that transaction.
+    assert writer.apply([RewindSession(key=key, to_event_id=first, at=2.0)])
+    assert count("message_vectors") == 0 and epoch() > before
+    assert count("vector_cache") == 1  # the cache keeps it for the rebuild
+    writer.apply([DeleteSession(key=key)])
+    assert count("message_vectors") == 0
+    writer.conn.close()
+
+
+def test_a_query_of_other_dimensions_is_refused(pg_dsn: str) -> None:
+    with pytest.raises(ValueError, match="query_vec: expected 8 dimensions, got 3"):
+        pg_vectors._top_k([(1, embed("x"))], numpy.ones(3, dtype="<f4"), 1)
+
+
+def test_the_watermark_waits_for_a_transaction_in_flight(pg_dsn: str) -> None:
+    # Event ids come from one sequence drawn by several processes: while another
+    # transaction of the database is in flight it may still commit an id below the ones
+    # seen, so the watermark stays where it was; once it ends, the watermark moves on.
+    import activememory as am
+    from activememory.protocol.indexer import AppendMessage
+
+    settings_ = pg_db.PgSettings(dsn=pg_dsn)
+    agent = fresh_agent()
+    writer = PgTranscriptWriter(pg_db.connect(settings_), agent)
+    reader = pg_db.connect(settings_)
+    reader.autocommit = True
+    other = pg_db.connect(settings_)
+    key = am.parse_session_key("agent:main:direct:dana")
+
+    def append(text: str) -> int:
+        (ack,) = writer.apply(
+            [AppendMessage(key=key, message=am.Message(role="user", content=text), at=1.0)]
+        )
+        return int(ack.event.id)  # type: ignore[attr-defined]
+
+    def settled(after: int, epoch: int | None) -> lite_vectors.PendingBatch:
+        # Another database's transaction that ended between the snapshot and the look at
+        # pg_stat_activity also holds the watermark: on a busy server, ask again.
+        for _ in range(100):
+            found = pg_vectors.pending_batch(reader, agent, "m", after=after, epoch=epoch, limit=10)
+            if found.scanned_to > after:
+                return found
+            time.sleep(0.02)
+        raise AssertionError("the watermark never moved")
+
+    first = append("one")
+    batch = settled(0, None)
+    assert [i for i, _ in batch.messages] == [first] and batch.scanned_to >= first
+    with other.transaction():
+        other.execute("SELECT pg_current_xact_id()")  # a writer in flight in this database
+        second = append("two")
+        held = pg_vectors.pending_batch(
+            reader, agent, "m", after=batch.scanned_to, epoch=batch.epoch, limit=10
+        )
+        assert [i for i, _ in held.messages] == [second]
+        assert held.scanned_to == batch.scanned_to  # not past what may still commit
+    moved = settled(held.scanned_to, held.epoch)
+    assert [i for i, _ in moved.messages] == [second] and moved.scanned_to >= second
+    for conn in (writer.conn, reader, other):
+        conn.close()
