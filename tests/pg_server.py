@@ -66,3 +66,55 @@ _agents = iter(range(1, 10**9))
 def fresh_agent(prefix: str = "t") -> str:
     """An agent name no earlier test of this session used: its rows start empty."""
     return f"{prefix}{secrets.token_hex(3)}{next(_agents)}"
+
+
+# --- Memories on PostgreSQL: the public-API tests run on both stores ------------------------
+
+
+@pytest.fixture(scope="session")
+def pg_memory_dsn() -> Iterator[str]:
+    """A database of its own for `open_memory(storage=...)` tests, emptied before each
+    (`storage`): they use agent `main` as on SQLite, so they cannot share rows."""
+    with scratch_database() as dsn:
+        yield dsn
+
+
+def empty_store(dsn: str) -> None:
+    """Delete every row of the store's tables (the schema, once made, stays)."""
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        tables = [
+            row[0]
+            for row in conn.execute(
+                "SELECT quote_ident(tablename) FROM pg_tables WHERE schemaname = 'activememory'"
+                " AND tablename <> 'activememory_meta'"
+            )
+        ]
+        if tables:
+            names = ", ".join(f"activememory.{t}" for t in tables)
+            conn.execute(f"TRUNCATE {names} RESTART IDENTITY CASCADE")
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def storage(request: pytest.FixtureRequest) -> str | None:
+    """Both stores for a module that imports this fixture (it overrides conftest.py's
+    SQLite-only `storage`): None (SQLite in the test's state directory), then this test
+    session's PostgreSQL database, emptied first. Pass it as `open_memory(storage=...)`."""
+    if request.param == "sqlite":
+        return None
+    # Once per test: the store is the same under either event loop and executor (the
+    # storage tests of tests/test_pg_*.py run it on threads; `inline` blocks the loop).
+    if request.getfixturevalue("anyio_backend") != "trio" or (
+        "executor" in request.fixturenames and request.getfixturevalue("executor") != "thread"
+    ):
+        pytest.skip("PostgreSQL runs each public-API test once: on trio, thread executor")
+    dsn = str(request.getfixturevalue("pg_memory_dsn"))
+    empty_store(dsn)
+    return dsn
+
+
+def sqlite_only(storage: str | None, why: str) -> None:
+    """Skip a test of a store-wide suite on PostgreSQL, saying why it is SQLite's alone."""
+    if storage is not None:
+        pytest.skip(f"SQLite only: {why}")
