@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
 from .db import (
+    SCHEMA,
     PgSettings,
     connect,
     open_pool,
@@ -72,16 +73,9 @@ class PgStore:
 
     def agents(self) -> list[str]:
         """Every agent with a session in the store, sorted."""
-
-        def stored(reader: PgTranscriptReader) -> list[str]:
-            from .db import SCHEMA
-
-            rows = reader.connection().execute(
-                f"SELECT DISTINCT agent FROM {SCHEMA}.sessions ORDER BY agent"
-            )
+        with translate_errors("listing the agents"), self.pool.connection() as conn:
+            rows = conn.execute(f"SELECT DISTINCT agent FROM {SCHEMA}.sessions ORDER BY agent")
             return [str(row[0]) for row in rows]
-
-        return self.read("*", stored)
 
     def close(self) -> None:
         """Close the pool (every reader has given its connection back)."""
