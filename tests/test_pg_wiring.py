@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import anyio
 import psycopg
 import pytest
 
@@ -33,11 +34,19 @@ def hello(text: str = "hello from the store") -> am.Message:
 
 
 @pytest.fixture
+def anyio_backend() -> str:
+    """trio: the store runs on executor threads, the same under either loop (the suites
+    that run on both stores use both loops; the sharing test below does too)."""
+    return "trio"
+
+
+@pytest.fixture
 def dsn(pg_memory_dsn: str) -> str:
     empty_store(pg_memory_dsn)
     return pg_memory_dsn
 
 
+@pytest.mark.parametrize("anyio_backend", ["trio", "asyncio"])
 async def test_two_memories_share_one_store_without_a_writer_lock(tmp_path: Path, dsn: str) -> None:
     # The same state directory twice (SQLite refuses the second: one writer per directory),
     # and a second directory: all three read and write the same sessions.
@@ -207,8 +216,6 @@ def test_two_processes_appending_to_one_session_keep_one_tree(tmp_path: Path, ds
                 worker.kill()
     assert len(acked) == 2 * per_worker
 
-    import anyio
-
     async def check() -> None:
         async with am.open_memory(tmp_path / "check", storage=dsn, config=TEXT_ONLY) as mem:
             history = await mem.sessions.history("agent:main:direct:shared")
@@ -223,3 +230,34 @@ def test_two_processes_appending_to_one_session_keep_one_tree(tmp_path: Path, ds
         assert [(s.indexed_messages, s.fts_integrity_ok) for s in stats] == [(2 * per_worker, True)]
 
     anyio.run(check)
+
+
+async def test_the_reconciler_rebuilds_dirty_sessions_behind_the_fence(
+    tmp_path: Path, dsn: str
+) -> None:
+    async with am.open_memory(tmp_path / "s", storage=dsn, config=TEXT_ONLY) as mem:
+        first = await mem.sessions.append(KEY, hello("which ferry do we take"))
+        await mem.sessions.append(KEY, hello("the old ferry answer"))
+        await mem.sessions.rewind(KEY, first.id)
+        new = await mem.sessions.append(KEY, hello("the new ferry answer"))
+        # Dirty: hidden and said; the search pokes the reconciler, which rebuilds it.
+        hidden = await mem.sessions.search("ferry", caller=KEY)
+        assert (hidden.results, hidden.indexing) == ((), True)
+        with anyio.fail_after(10):
+            while (await mem.sessions.info(KEY)).dirty:  # noqa: ASYNC110 (rows: no event)
+                await anyio.sleep(0.01)
+        found = await mem.sessions.search("ferry", caller=KEY)
+        assert {h.message_id for h in found.results} == {first.id, new.id}
+        # An agent-wide reindex marks, rebuilds and checks the index.
+        stats = await mem.sessions.reindex(agent="main")
+        assert [(s.indexed_messages, s.dirty_sessions, s.fts_integrity_ok) for s in stats] == [
+            (2, 0, True)
+        ]
+        # Switches are rows of the store: another memory on it reads them.
+        await mem.command(KEY, "/verbose on", sender=am.Sender())
+        async with am.open_memory(tmp_path / "t", storage=dsn, config=TEXT_ONLY) as other:
+            said = await other.command(KEY, "/verbose", sender=am.Sender())
+            assert said == "Verbose: on for this session."
+        assert (await mem.sessions.info(KEY)).leaf_event_id == new.id
+        await mem.sessions.delete(KEY)
+        assert await mem.sessions.list() == []
