@@ -280,6 +280,7 @@ def _resolve(
             redact_patterns=shape.logging.redact_patterns,
         ),
         memory_search=shape.agents.defaults.memory_search,
+        storage=shape.storage,
         source=source,
         raw=raw,
         warnings=warnings,

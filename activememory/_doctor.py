@@ -9,11 +9,11 @@ import msgspec
 
 from .protocol.config import PLUGIN_ID, SLOT_TOOLS, Config
 from .protocol.session_key import parse_session_key
-from .storage.footprint import DiskUsage, disk_usage, resident_bytes
+from .storage.footprint import DiskUsage, resident_bytes
 
 if TYPE_CHECKING:
     from ._memory import Memory
-    from .storage.transcripts import TranscriptReader
+    from .storage.reads import TranscriptReads
 
 Level = Literal["ok", "warn", "error"]
 AM_ENTRY = f"plugins.entries.{PLUGIN_ID}"
@@ -67,7 +67,7 @@ async def diagnose(memory: Memory) -> DoctorReport:
         checks.append(_check(name, level, detail, None if level == "ok" else fix))
 
     recaller = memory._recaller
-    for agent in _agents_of_interest(config, memory):
+    for agent in await _agents_of_interest(config, memory):
         key = parse_session_key(f"agent:{agent}:main")
         model = recaller.models.resolve(config, key, None)
         wanted = config.active_memory.model
@@ -146,12 +146,14 @@ async def diagnose(memory: Memory) -> DoctorReport:
     return DoctorReport(checks=tuple(checks))
 
 
-def _disk_usage(reader: TranscriptReader) -> DiskUsage:
-    return disk_usage(reader.conn)
+def _disk_usage(reader: TranscriptReads) -> DiskUsage | None:
+    return reader.disk_usage()
 
 
-def _disk_detail(usage: DiskUsage) -> str:
+def _disk_detail(usage: DiskUsage | None) -> str:
     """On-disk bytes of an agent database: the index (FTS tables) against the content."""
+    if usage is None:  # PostgreSQL: one server's files hold every agent (docs/design.md §11)
+        return "not measured per agent on PostgreSQL (see the server's own statistics)"
     detail = f"{_mb(usage.total)} for {usage.messages} messages"
     if usage.index is None:  # no dbstat in this SQLite: the total alone
         return detail
@@ -177,9 +179,9 @@ def _config_option(config: Config) -> str:
     return f" --config {shlex.quote(str(config.source))}" if config.source else ""
 
 
-def _agents_of_interest(config: Config, memory: Memory) -> list[str]:
+async def _agents_of_interest(config: Config, memory: Memory) -> list[str]:
     agents = set(config.recall_agents()) | set(config.agents)
-    agents |= set(memory._supervisor.known_agents())
+    agents |= set(await memory._supervisor.known_agents())
     return sorted(agents)
 
 

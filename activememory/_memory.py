@@ -5,11 +5,12 @@ from __future__ import annotations
 import builtins  # `Sessions.list` shadows `list` inside the class
 import contextlib
 import functools
+import logging
 import os
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import anyio
 
@@ -82,7 +83,13 @@ from .recall.models import RecallModels
 from .storage.db import DURABILITY_LEVELS, Durability, readonly_error
 from .storage.executor import EXECUTOR_KINDS, ExecutorKind
 from .storage.fts_query import MatchMode
+from .storage.reads import NOT_YET
 from .storage.run_transcripts import TranscriptPlace
+
+if TYPE_CHECKING:
+    from .storage.pg.db import PgSettings
+
+_log = logging.getLogger("activememory")
 
 A = TypeVar("A", bound=IndexerAck)
 
@@ -288,7 +295,7 @@ class Sessions:
             key = parse_session_key(session_key)
             return await self._submit(key, RebuildIndex(key=key), Rebuilt)
         sessions = index_rows = 0
-        for agent in self._supervisor.known_agents():
+        for agent in await self._supervisor.known_agents():
             ack = await _submit_to(await self._supervisor.agent(agent), RebuildIndex(), Rebuilt)
             sessions += ack.sessions
             index_rows += ack.index_rows
@@ -323,7 +330,7 @@ class Sessions:
         restart, on the next search or reindex).
         """
         key = None if session_key is None else parse_session_key(session_key)
-        known = self._supervisor.known_agents()
+        known = await self._supervisor.known_agents()
         if agent is not None:
             if agent not in known:
                 raise InvalidInputError(
@@ -426,7 +433,7 @@ class Sessions:
         Cancellation: as for `history`.
         """
         out = []
-        for agent in self._supervisor.known_agents():
+        for agent in await self._supervisor.known_agents():
             store = await self._supervisor.agent(agent)
             out.append(await store.index_stats(check_integrity=check_integrity))
         return out
@@ -709,9 +716,21 @@ async def open_memory(
     clock: Callable[[], float] = time.time,
     embedder: Embedder | None = None,
     readonly: bool = False,
+    storage: str | None = None,
 ) -> AsyncIterator[Memory]:
     """Open the active memory kept in `state_dir` (created if missing, unless `readonly`)
     and start its actors.
+
+    `storage`: where the transcripts are kept (docs/design.md §11). None (default): as the
+    config says (`storage.backend`, "sqlite" unless set; "postgresql" connects to
+    `storage.dsn`); "sqlite": files in `state_dir`; a PostgreSQL connection string
+    (`postgresql://...` or `host=... dbname=...`, its errors naming `storage.dsn`):
+    that PostgreSQL store, which several processes (hosts) may open at once — `state_dir`
+    then keeps the config's workspaces and the control spool. The server is reached, and
+    the schema made or checked, before `open_memory` returns: a bad DSN, an unreachable
+    server or a schema newer than this code is a `StorageError` naming `storage.dsn`. Not
+    yet on PostgreSQL (a `StorageError` saying so): records, memory notes, vectors (no
+    embedder), exporting or erasing a user's data, `readonly=True`.
 
     `executor="thread"` runs SQLite on worker threads (production); `"inline"` runs it on the
     event-loop thread, for deterministic virtual-time simulations. `durability="crash"`
@@ -759,13 +778,25 @@ async def open_memory(
     if not isinstance(state_dir, str | os.PathLike):
         raise InvalidInputError(f"state_dir: expected a path, got {type(state_dir).__name__}")
     loaded = load_config(config if config is not None else {})
-    if embedder is None and executor == "thread":
+    pg = _postgresql(storage, loaded)
+    if pg is not None and readonly:
+        raise InvalidInputError(f"readonly: a read-only open {NOT_YET}")
+    if pg is not None and embedder is not None:
+        raise InvalidInputError(f"embedder: vectors (recall by meaning) {NOT_YET}")
+    if pg is not None:
+        _log.debug("storage: PostgreSQL has no embedder until vectors are on PostgreSQL")
+    elif embedder is None and executor == "thread":
         embedder = embedder_from_config(loaded)
     transcripts = TranscriptPlace(Path(state_dir), keep=not readonly)
     memory: Memory | None = None
     try:
         async with open_supervisor(
-            Path(state_dir), executor, durability=durability, embedder=embedder, readonly=readonly
+            Path(state_dir),
+            executor,
+            durability=durability,
+            embedder=embedder,
+            readonly=readonly,
+            pg=pg,
         ) as supervisor:
             memory = Memory(
                 supervisor,
@@ -847,3 +878,33 @@ def _check_bool(name: str, value: object) -> None:
 def _check_positive_int(name: str, value: object) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise InvalidInputError(f"{name}: {value!r} is not a positive integer")
+
+
+def _postgresql(storage: object, config: Config) -> PgSettings | None:
+    """The PostgreSQL store `open_memory` is asked for (its `storage` argument, else the
+    config's `storage` section); None for SQLite. Bad values are `InvalidInputError`
+    naming `storage` or the config key."""
+    section = config.storage
+    if storage is None:
+        if section.backend == "sqlite":
+            return None
+        if section.dsn is None:
+            raise InvalidInputError('storage.dsn: required when storage.backend is "postgresql"')
+        dsn = section.dsn
+    elif storage == "sqlite":
+        return None
+    elif isinstance(storage, str):  # a DSN: checked by libpq's parser (PgSettings)
+        dsn = storage
+    else:
+        raise InvalidInputError(
+            'storage: expected "sqlite" or a PostgreSQL connection string'
+            f" (postgresql://... or host=... dbname=...), got {type(storage).__name__}"
+        )
+    try:
+        from .storage.pg.db import PgSettings
+    except ImportError as exc:  # pragma: no cover - the extra is part of the test install
+        raise StorageError(
+            f"storage: PostgreSQL needs the postgres extra (pip install 'activememory[postgres]'):"
+            f" {exc}"
+        ) from None
+    return PgSettings(dsn=dsn, pool_min=section.pool_min, pool_max=section.pool_max)

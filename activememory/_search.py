@@ -42,8 +42,8 @@ from .storage.fts_query import (
     query_terms,
 )
 from .storage.hybrid import Candidate as FuseCandidate
-from .storage.search import Candidate, DbScope, ScopePage, TermStats, scope_sql, search_scope
-from .storage.transcripts import TranscriptReader
+from .storage.reads import TranscriptReads
+from .storage.search import Candidate, DbScope, ScopePage, TermStats, scope_sql
 
 _encode = msgspec.json.Encoder().encode
 # How far before the first hit a snippet starts, so the hit has some context.
@@ -99,7 +99,7 @@ class SessionSearch:
         own = await self._supervisor.agent(caller_key.store_agent)
         targets: list[tuple[AgentStore, DbScope]] = [(own, _own_scope(visibility.visibility))]
         if visibility.visibility == "all" and visibility.agent_to_agent:
-            for agent in self._supervisor.known_agents():
+            for agent in await self._supervisor.known_agents():
                 if agent != own.agent:
                     targets.append((await self._supervisor.agent(agent), "all"))
         if only is not None:
@@ -180,7 +180,7 @@ def _own_scope(visibility: str) -> DbScope:
 
 
 def _search_one(
-    reader: TranscriptReader,
+    reader: TranscriptReads,
     *,
     plan: MatchPlan,
     stats: TermStats,
@@ -198,20 +198,17 @@ def _search_one(
     With a query vector (`mode="hybrid"`) also the vector side, over the sessions of the
     very scope the text side used (`scope_sql`: the clamp and `session_key` included).
     """
-    conn = reader.conn
-    if clamp_sandboxed and scope == "all":
-        row = conn.execute("SELECT sandboxed FROM sessions WHERE key = ?", (caller,)).fetchone()
-        if row is not None and row[0]:
-            scope = "tree"
-    page = search_scope(
-        conn, plan, scope=scope, caller=caller, session_key=session_key, keep=pool, stats=stats
+    if clamp_sandboxed and scope == "all" and reader.sandboxed(caller):
+        scope = "tree"
+    page = reader.search_page(
+        plan, scope=scope, caller=caller, session_key=session_key, keep=pool, stats=stats
     )
     snippets = [make_snippet(redactor.redact(c.text), terms) for c in page.candidates]
     if meaning is None or meaning.vector is None:
         return _AgentPage(page, snippets)
     sql, params = scope_sql(scope, caller, session_key)
     side = message_side(
-        conn,
+        reader.local("hybrid search (vectors)"),
         meaning,
         pool=pool,
         text_messages=[c.event_id for c in page.candidates],
@@ -227,7 +224,7 @@ class PrivateSearch:
     """A prepared private search: `run` on the agent's reader, then `finish` on the loop."""
 
     agent: str
-    run: Callable[[TranscriptReader], _AgentPage]
+    run: Callable[[TranscriptReads], _AgentPage]
     limit: int
     on_dirty: Callable[[AgentStore], None]
 

@@ -52,7 +52,6 @@ from .protocol.transcript import ImportEntry, SessionInfo
 from .protocol.userdata import AgentErasure, ErasureSummary, RecordErasure
 from .storage.records import records_db_path
 from .storage.userdata import (
-    list_sessions,
     plan_erasure,
     plan_record_erasure,
     records_of,
@@ -78,10 +77,10 @@ def check_identity(identity: object, field: str = "identity") -> str:
     return check_nonblank(field, identity, MAX_IDENTITY_CHARS)
 
 
-def _agents(supervisor: Supervisor, agent: str | None) -> list[str]:
+async def _agents(supervisor: Supervisor, agent: str | None) -> list[str]:
     """The agent databases to read or write: every one, or `agent` (which must exist: a
     mistyped agent is an error, never a new empty database)."""
-    known = supervisor.known_agents()
+    known = await supervisor.known_agents()
     if agent is None:
         return known
     if agent not in known:
@@ -111,11 +110,11 @@ async def list_identity_sessions(
     if archived is not None:
         check_bool("archived", archived)
     found: list[SessionInfo] = []
-    for name in _agents(supervisor, agent):
+    for name in await _agents(supervisor, agent):
         store = await supervisor.agent(name)
         found += await store.read(
-            lambda reader: list_sessions(
-                reader.conn, chat_type=chat_type, peer=peer, owner=owner, archived=archived
+            lambda reader: reader.list_sessions(
+                chat_type=chat_type, peer=peer, owner=owner, archived=archived
             )
         )
     return found
@@ -135,9 +134,11 @@ async def export_identity(
     identity = check_identity(identity)
     scope = config.sessions_of(identity)
     transcripts: list[Transcript] = []
-    for name in _agents(supervisor, agent):
+    for name in await _agents(supervisor, agent):
         store = await supervisor.agent(name)
-        trees = await store.read(lambda reader: session_trees(reader.conn, scope))
+        trees = await store.read(
+            lambda reader: session_trees(reader.local("exporting a user's data"), scope)
+        )
         for tree in trees:
             info = tree.info
             entries = tuple(
@@ -272,10 +273,14 @@ async def erase_identity(
     check_bool("dry_run", dry_run)
     scope = config.sessions_of(identity)
     agents: list[AgentErasure] = []
-    for name in supervisor.known_agents():
+    for name in await supervisor.known_agents():
         store = await supervisor.agent(name)
         if dry_run:
-            plan = await store.read(lambda reader: plan_erasure(reader.conn, reader.agent, scope))
+            plan = await store.read(
+                lambda reader: plan_erasure(
+                    reader.local("erasing a user's data"), reader.agent, scope
+                )
+            )
             agents.append(plan.erasure)
         else:
             ack = await _submit(store, EraseIdentity(agent=name, sessions=scope), Erased)

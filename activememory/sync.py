@@ -38,8 +38,8 @@ def open_memory(
 ) -> Iterator[Any]:
     """Open the memory on a background event loop; yield a blocking proxy of `am.Memory`.
 
-    Takes the keyword arguments of `am.open_memory` (and `backend`: "trio" or "asyncio" for
-    the background loop). On exit the memory closes as the async one does (queued commands
+    Takes the keyword arguments of `am.open_memory` (`storage="postgresql://..."` among
+    them) and `backend`: "trio" or "asyncio" for the background loop. On exit the memory closes as the async one does (queued commands
     committed first), then the loop stops.
 
     Cancellation: there is none in blocking code; a KeyboardInterrupt while a call waits

@@ -18,8 +18,9 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import Any, Generic, Literal, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeVar, cast
 
 import anyio
 import apsw
@@ -52,6 +53,7 @@ from ..storage.db import (
     translate_errors,
 )
 from ..storage.executor import Executor, ExecutorKind, make_executor
+from ..storage.reads import not_yet
 from ..storage.records import (
     RECORDS_DB,
     RecordReader,
@@ -72,6 +74,10 @@ from .recall_pool import open_inbox as recall_pool_inbox
 from .reconciler import ReadDirty, Reconciler, Submit
 from .reconciler import open_inbox as reconciler_inbox
 from .records import RecordKeeper
+
+if TYPE_CHECKING:
+    from ..storage.pg.db import PgSettings
+    from ..storage.pg.store import PgStore
 
 T = TypeVar("T")
 
@@ -292,6 +298,46 @@ class AgentStore(VectorDatabase[TranscriptReader, IndexerCommand, IndexerAck]):
         return await self.read(lambda reader: reader.dirty_sessions(limit))
 
 
+@dataclass(kw_only=True)
+class ReadSlot:
+    """One of a PostgreSQL agent's read executors and the reads under way on it."""
+
+    executor: Executor
+    busy: int = 0
+
+
+@dataclass(kw_only=True)
+class PgAgentStore(AgentStore):
+    """An agent of the PostgreSQL store (docs/design.md §11 "Wiring"): the same writer
+    actor over a `PgTranscriptWriter`, no writer lock (several processes may write one
+    agent: the writer's row locks order them), and reads on connections of the store's pool,
+    each read one snapshot on a connection taken for its length. `READERS` executors, as an
+    SQLite agent has, so concurrent recalls of one agent read side by side."""
+
+    pg: PgStore
+    slots: tuple[ReadSlot, ...]
+
+    @property
+    def read_executor(self) -> Executor:
+        """The first read executor (for reads of files, not of the store)."""
+        return self.slots[0].executor
+
+    async def read(self, fn: Callable[[TranscriptReader], T]) -> T:
+        """Run `fn` with a reader of this agent on the least busy executor; a pool
+        connection for its length; errors become `StorageError` (the server's answer).
+
+        Cancellation: a read that has started finishes on its worker; nothing is left behind.
+        """
+        slot = min(self.slots, key=lambda s: s.busy)
+        # The PostgreSQL reader has every method of `storage/reads.TranscriptReads`.
+        run = partial(self.pg.read, self.agent, cast(Callable[[Any], T], fn))
+        slot.busy += 1
+        try:
+            return await slot.executor.run(run)
+        finally:
+            slot.busy -= 1
+
+
 def _may_need_vectors(ack: IndexerAck) -> bool:
     """Whether a committed write may have added rows that need a vector (docs/design.md §2.3)."""
     match ack:
@@ -340,8 +386,11 @@ class Supervisor:
         max_batch: int = MAX_BATCH,
         embedder: Embedder | None = None,
         readonly: bool = False,
+        pg: PgStore | None = None,
     ) -> None:
         self._tg = task_group
+        # The PostgreSQL store (docs/design.md §11); None: SQLite files in `state_dir`.
+        self.pg = pg
         self.readonly = readonly
         # Read-only: no embedder actor makes vectors (the query side still embeds queries).
         self.embedder = None if readonly else embedder
@@ -443,6 +492,8 @@ class Supervisor:
         return await self.records()
 
     async def _open_records(self) -> RecordsDatabase:
+        if self.pg is not None:
+            raise not_yet("scoped memory records (records.add, memory_recall, ...)")
         path = records_db_path(self.state_dir)
         actor, readers, lock = await self._open(
             path, open_records_connection, RecordWriter, RecordKeeper, readers=1
@@ -549,14 +600,20 @@ class Supervisor:
     def open_agents(self) -> list[AgentStore]:
         return list(self._agents.values())
 
-    def known_agents(self) -> list[str]:
+    async def known_agents(self) -> list[str]:
         """Agents with a database in the state directory, open or not (read-only: on disk
-        only; an agent with no database reads as empty and is not listed)."""
+        only; an agent with no database reads as empty and is not listed). On PostgreSQL:
+        the agents with a session in the store, and those open here."""
+        if self.pg is not None:
+            stored = await make_executor(self.executor_kind).run(self.pg.agents)
+            return sorted(set(stored) | set(self._agents))
         if self.readonly:
             return agents_on_disk(self.state_dir)
         return sorted(set(agents_on_disk(self.state_dir)) | set(self._agents))
 
     async def _open_agent(self, agent: str) -> AgentStore:
+        if self.pg is not None:
+            return await self._open_pg_agent(agent, self.pg)
         path = agent_db_path(self.state_dir, agent)
         actor, conns, lock = await self._open(
             path, open_connection, TranscriptWriter, Indexer, readers=READERS
@@ -630,6 +687,39 @@ class Supervisor:
             store.poke_embedder("start")
         else:
             store.embedder_stopped.set()
+        return store
+
+    async def _open_pg_agent(self, agent: str, pg: PgStore) -> AgentStore:
+        """An agent of the PostgreSQL store: its writer actor (no lock: docs/design.md §11
+        "Several processes") and reconciler; no embedder actor (vectors are not on
+        PostgreSQL yet)."""
+        write_executor = make_executor(self.executor_kind)
+        writer = await write_executor.run(lambda: pg.writer(agent))
+        actor = Indexer(
+            cast(StorageWriter[IndexerCommand, IndexerAck], writer),
+            write_executor,
+            max_batch=self.max_batch,
+        )
+        poke_send, poke_receive = reconciler_inbox()
+        store = PgAgentStore(
+            agent=agent,
+            path=Path(f"postgresql:{agent}"),
+            actor=actor,
+            readers=(),
+            lock=None,
+            state_dir=self.state_dir,
+            reconciler=Reconciler(
+                poke_receive, submit=self._submit_for(agent), read_dirty=self._read_dirty_for(agent)
+            ),
+            pokes=poke_send,
+            pg=pg,
+            slots=tuple(
+                ReadSlot(executor=make_executor(self.executor_kind)) for _ in range(READERS)
+            ),
+        )
+        store.embedder_stopped.set()
+        self._tg.start_soon(store.run_writer, name=f"indexer:{agent}")
+        self._tg.start_soon(self._run_reconciler, store, name=f"reconciler:{agent}")
         return store
 
     def _submit_for(self, agent: str) -> Submit:
@@ -720,14 +810,50 @@ async def open_supervisor(
     max_batch: int = MAX_BATCH,
     embedder: Embedder | None = None,
     readonly: bool = False,
+    pg: PgSettings | None = None,
 ) -> AsyncIterator[Supervisor]:
     """Run a supervisor for the duration of the block; with `embedder`, each agent
     database also gets an embedder actor (docs/design.md §2.3). `readonly`: readers alone,
-    on a state directory that must already hold a store (docs/design.md §1.6)."""
-    if readonly:
-        require_store(state_dir)
-    else:
-        ensure_state_dir(state_dir)
+    on a state directory that must already hold a store (docs/design.md §1.6). `pg`: the
+    transcripts are in that PostgreSQL store (docs/design.md §11), connected to (and its
+    schema made or checked) before anything starts; the state directory keeps the rest."""
+    store: PgStore | None = None
+    if pg is not None:  # first: a server that cannot be used leaves no state directory
+        from ..storage.pg.store import PgStore
+
+        store = await make_executor(executor).run(lambda: PgStore.open(pg))
+    try:
+        if readonly:
+            require_store(state_dir)
+        else:
+            ensure_state_dir(state_dir)
+        async with _supervised(
+            state_dir,
+            executor,
+            durability=durability,
+            max_batch=max_batch,
+            embedder=embedder,
+            readonly=readonly,
+            pg=store,
+        ) as supervisor:
+            yield supervisor
+    finally:
+        if store is not None:
+            with anyio.CancelScope(shield=True):
+                await make_executor(executor).run(store.close)
+
+
+@contextlib.asynccontextmanager
+async def _supervised(
+    state_dir: Path,
+    executor: ExecutorKind,
+    *,
+    durability: Durability,
+    max_batch: int,
+    embedder: Embedder | None,
+    readonly: bool,
+    pg: PgStore | None,
+) -> AsyncIterator[Supervisor]:
     try:
         async with anyio.create_task_group() as tg:
             supervisor = Supervisor(
@@ -738,6 +864,7 @@ async def open_supervisor(
                 max_batch=max_batch,
                 embedder=embedder,
                 readonly=readonly,
+                pg=pg,
             )
             try:
                 yield supervisor

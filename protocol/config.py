@@ -650,6 +650,27 @@ class LoggingSection(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     ] = ()
 
 
+class StorageSection(
+    msgspec.Struct, frozen=True, kw_only=True, rename="camel", forbid_unknown_fields=True
+):
+    """`storage`: where the transcripts are kept (docs/design.md §11)."""
+
+    backend: Annotated[
+        Literal["sqlite", "postgresql"],
+        msgspec.Meta(description="sqlite: files in the state directory; postgresql: storage.dsn"),
+    ] = "sqlite"
+    dsn: Annotated[
+        str | None,
+        msgspec.Meta(description="PostgreSQL connection string (${ENV} for the password)"),
+    ] = None
+    pool_min: Annotated[
+        int, msgspec.Meta(ge=1, le=256, description="Reader connections kept open")
+    ] = 1
+    pool_max: Annotated[
+        int, msgspec.Meta(ge=1, le=256, description="Most reader connections at once")
+    ] = 4
+
+
 class ConfigFile(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     """The whole config file, as far as activememory reads it; other keys are the host's."""
 
@@ -664,6 +685,9 @@ class ConfigFile(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     models: Annotated[ModelsSection, msgspec.Meta(description="Model providers")] = ModelsSection()
     tools: Annotated[ToolsSection, msgspec.Meta(description="Tool settings")] = ToolsSection()
     logging: Annotated[LoggingSection, msgspec.Meta(description="Logging")] = LoggingSection()
+    storage: Annotated[StorageSection, msgspec.Meta(description="Storage backend")] = (
+        StorageSection()
+    )
 
 
 # --- The resolved view ---------------------------------------------------------------------
@@ -753,6 +777,9 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
         MemorySearchDefaults,
         msgspec.Meta(description="`agents.defaults.memorySearch` (docs/design.md §4.7)"),
     ] = MemorySearchDefaults()
+    storage: Annotated[
+        StorageSection, msgspec.Meta(description="`storage` (docs/design.md §11)")
+    ] = StorageSection()
     source: Annotated[
         str | None, msgspec.Meta(description="The file this was loaded from; None: a mapping")
     ] = None

@@ -431,6 +431,28 @@ def private_params(agent: str, caller: str, scope: PrivateScope) -> dict[str, ob
     return {"agent": agent, "caller": caller, "peers": peers, "owner": scope.owner}
 
 
+# The message behind a `session:<key>#<id>` path (memory_get), if it lies inside the
+# caller's private scope: the same predicate as the transcript search, applied again because
+# a path is model output and proves nothing (docs/design.md §4.7).
+_PRIVATE_MESSAGE = (
+    "SELECT e.role, e.ts, e.text FROM events e"
+    " JOIN sessions s ON s.id = e.session_id"
+    " JOIN active_branch a ON a.session_id = e.session_id AND a.event_id = e.id"
+    " WHERE e.id = :id AND s.key = :key AND e.kind = 'message' AND e.text IS NOT NULL"
+    f" AND e.session_id IN (SELECT id FROM ({_PRIVATE}))"
+)
+
+
+def private_message(
+    conn: apsw.Connection, event_id: int, key: str, agent: str, caller: str, scope: PrivateScope
+) -> tuple[str, float, str] | None:
+    """(role, timestamp, text) of message `event_id` of session `key` when it is on the
+    active branch and inside `caller`'s private scope (of `agent`); else None."""
+    params = {"id": event_id, "key": key, **private_params(agent, caller, scope)}
+    row = conn.execute(_PRIVATE_MESSAGE, params).fetchone()
+    return None if row is None else (str(row[0]), float(row[1]), str(row[2]))
+
+
 ScopeParams: TypeAlias = dict[str, object]
 
 

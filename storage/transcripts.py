@@ -18,6 +18,7 @@ import apsw
 import msgspec
 from msgspec.structs import replace
 
+from ..protocol.config import PrivateScope
 from ..protocol.content import Content, Message
 from ..protocol.indexer import (
     Appended,
@@ -49,12 +50,14 @@ from ..protocol.indexer import (
     SyncNotes,
 )
 from ..protocol.recall import SessionSwitches
-from ..protocol.session_key import SessionKey
+from ..protocol.session_key import ChatType, SessionKey
 from ..protocol.transcript import Event, ImportEntry, IndexStats, SessionInfo
 from .db import describe
-from .fts_query import index_row
-from .notes import apply_sync_notes
-from .userdata import erase_extras, plan_erasure, purge
+from .footprint import DiskUsage, disk_usage
+from .fts_query import MatchPlan, index_row
+from .notes import NoteHit, NoteStat, apply_sync_notes, indexed_note_files, search_notes
+from .search import DbScope, ScopePage, TermStats, private_message, search_scope
+from .userdata import erase_extras, list_sessions, plan_erasure, purge
 from .vectors import apply_store_vectors, bump_vector_epoch, drop_session_vectors, pending_count
 
 _INSERT_MESSAGE = (
@@ -837,6 +840,67 @@ class TranscriptReader:
             vectors_pending=pending,
             embedder=vector_name,
         )
+
+    def list_sessions(
+        self,
+        *,
+        chat_type: ChatType | None = None,
+        peer: str | None = None,
+        owner: PrivateScope | None = None,
+        archived: bool | None = None,
+    ) -> list[SessionInfo]:
+        """`mem.sessions.list`'s filters (storage/userdata.py `list_sessions`)."""
+        return list_sessions(
+            self.conn, chat_type=chat_type, peer=peer, owner=owner, archived=archived
+        )
+
+    def sandboxed(self, key: str) -> bool:
+        """Whether session `key` exists and is sandboxed."""
+        row = self.conn.execute("SELECT sandboxed FROM sessions WHERE key = ?", (key,)).fetchone()
+        return row is not None and bool(row[0])
+
+    def search_page(
+        self,
+        plan: MatchPlan,
+        *,
+        scope: DbScope,
+        caller: str,
+        session_key: str | None,
+        keep: int,
+        stats: TermStats,
+    ) -> ScopePage:
+        """The `keep` best visible matches of `plan` (storage/search.py `search_scope`)."""
+        return search_scope(
+            self.conn,
+            plan,
+            scope=scope,
+            caller=caller,
+            session_key=session_key,
+            keep=keep,
+            stats=stats,
+        )
+
+    def private_message(
+        self, event_id: int, key: str, caller: str, scope: PrivateScope
+    ) -> tuple[str, float, str] | None:
+        """The message behind a `session:<key>#<id>` path if `caller` may read it."""
+        return private_message(self.conn, event_id, key, self.agent, caller, scope)
+
+    def search_notes(self, plan: MatchPlan, keep: int) -> list[NoteHit]:
+        """The `keep` best memory-note chunks (storage/notes.py `search_notes`)."""
+        return search_notes(self.conn, plan, keep)
+
+    def note_files(self) -> dict[str, NoteStat]:
+        """Every indexed note file by workspace-relative path."""
+        return indexed_note_files(self.conn)
+
+    def disk_usage(self) -> DiskUsage | None:
+        """The database's bytes on disk by part (storage/footprint.py)."""
+        return disk_usage(self.conn)
+
+    def local(self, feature: str) -> apsw.Connection:
+        """The SQLite connection (storage/reads.py `TranscriptReads.local`)."""
+        return self.conn
 
 
 def read_switches(conn: apsw.Connection, key: str) -> SessionSwitches:

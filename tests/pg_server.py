@@ -12,6 +12,7 @@ import os
 import secrets
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 
@@ -66,3 +67,109 @@ _agents = iter(range(1, 10**9))
 def fresh_agent(prefix: str = "t") -> str:
     """An agent name no earlier test of this session used: its rows start empty."""
     return f"{prefix}{secrets.token_hex(3)}{next(_agents)}"
+
+
+# --- Memories on PostgreSQL: the public-API tests run on both stores ------------------------
+
+
+@pytest.fixture(scope="session")
+def pg_memory_dsn() -> Iterator[str]:
+    """A database of its own for `open_memory(storage=...)` tests, emptied before each
+    (`storage`): they use agent `main` as on SQLite, so they cannot share rows. Commits
+    do not wait for the WAL flush here (`synchronous_commit = off`): these tests are about
+    answers, not durability (tests/test_pg_crash.py is), and a suite appends thousands."""
+    import psycopg
+
+    with scratch_database() as dsn:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            database = conn.info.dbname
+            conn.execute(f'ALTER DATABASE "{database}" SET synchronous_commit = off')
+        yield dsn
+
+
+def empty_store(dsn: str) -> None:
+    """Delete every row of the store's tables (the schema, once made, stays)."""
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        tables = [
+            row[0]
+            for row in conn.execute(
+                "SELECT quote_ident(tablename) FROM pg_tables WHERE schemaname = 'activememory'"
+                " AND tablename <> 'activememory_meta'"
+            )
+        ]
+        # DELETE, not TRUNCATE (which makes new files for every table: slow when repeated
+        # before each test); foreign keys are not checked meanwhile (replica role).
+        with conn.transaction():
+            conn.execute("SET LOCAL session_replication_role = replica")
+            for table in tables:
+                conn.execute(f"DELETE FROM activememory.{table}")
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def storage(request: pytest.FixtureRequest) -> str | None:
+    """Both stores for a module that imports this fixture (it overrides conftest.py's
+    SQLite-only `storage`): None (SQLite in the test's state directory), then this test
+    session's PostgreSQL database, emptied first. Pass it as `open_memory(storage=...)`."""
+    if request.param == "sqlite":
+        return None
+    marker = request.node.get_closest_marker("sqlite_only")
+    if marker is not None:
+        pytest.skip(f"SQLite only: {marker.args[0]}")
+    # Once per test: the store is the same under either event loop and executor (the
+    # storage tests of tests/test_pg_*.py run it on threads; `inline` blocks the loop).
+    if request.getfixturevalue("anyio_backend") != "trio" or (
+        "executor" in request.fixturenames and request.getfixturevalue("executor") != "thread"
+    ):
+        pytest.skip("PostgreSQL runs each public-API test once: on trio, thread executor")
+    dsn = str(request.getfixturevalue("pg_memory_dsn"))
+    empty_store(dsn)
+    return dsn
+
+
+def sqlite_only(storage: str | None, why: str) -> None:
+    """Skip a test of a store-wide suite on PostgreSQL, saying why it is SQLite's alone."""
+    if storage is not None:
+        pytest.skip(f"SQLite only: {why}")
+
+
+def store_index(state_dir: Path, storage: str | None, agent: str = "main") -> set[int]:
+    """The event ids the agent's index holds, read behind the library's back, on either
+    store (`storage` as the test's `open_memory` got it)."""
+    if storage is None:
+        from index_probe import agent_db, indexed_tokens
+
+        return set(indexed_tokens(agent_db(state_dir, agent)))
+    import psycopg
+
+    with psycopg.connect(storage) as conn:
+        rows = conn.execute(
+            "SELECT event_id FROM activememory.message_index WHERE agent = %s", (agent,)
+        )
+        return {int(row[0]) for row in rows}
+
+
+def store_match(state_dir: Path, storage: str | None, query: str, agent: str = "main") -> list[int]:
+    """The event ids the agent's index matches for the word `query`, in id order, on a
+    connection of its own (SQLite: FTS5's MATCH; PostgreSQL: the tsquery of the store)."""
+    if storage is None:
+        from index_probe import agent_db, match
+
+        return match(agent_db(state_dir, agent), query)
+    import psycopg
+
+    from activememory.storage.fts_query import plan_match
+    from activememory.storage.pg.terms import pg_query
+
+    plan = plan_match(query)
+    found = None if plan is None else pg_query(plan)
+    if found is None:
+        return []
+    with psycopg.connect(storage) as conn:
+        rows = conn.execute(
+            "SELECT event_id FROM activememory.message_index WHERE agent = %s"
+            " AND terms @@ %s::tsquery ORDER BY event_id",
+            (agent, found.match),
+        )
+        return [int(row[0]) for row in rows]

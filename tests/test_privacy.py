@@ -22,7 +22,12 @@ import pytest
 import activememory as am
 from activememory.protocol.config import OWNER, SINGLE_OWNER, PrivateScope
 from activememory.storage.fts_query import plan_match
-from activememory.storage.search import TermStats, search_scope
+from activememory.storage.search import TermStats
+
+# Both stores: the same matrices on SQLite and on PostgreSQL (docs/design.md §11).
+from pg_server import pg_memory_dsn, storage
+
+__all__ = ["pg_memory_dsn", "storage"]
 
 pytestmark = pytest.mark.anyio
 
@@ -86,8 +91,7 @@ async def private_scope(
     plan = plan_match(query, "phrase")
     assert plan is not None
     page = await store.read(
-        lambda reader: search_scope(
-            reader.conn,
+        lambda reader: reader.search_page(
             plan,
             scope=scope,
             caller=caller,
@@ -108,9 +112,11 @@ def config(
     return am.load_config(raw)
 
 
-async def test_private_chat_recalls_nothing_from_forbidden_sources(tmp_path: Path) -> None:
+async def test_private_chat_recalls_nothing_from_forbidden_sources(
+    tmp_path: Path, storage: str | None
+) -> None:
     cfg = config({"allowedChatTypes": ["direct", "group", "channel", "explicit"]})
-    async with am.open_memory(tmp_path / "s", config=cfg) as mem:
+    async with am.open_memory(tmp_path / "s", storage=storage, config=cfg) as mem:
         await seed(mem, allowed=False)
         await mem.command(ASKER, "/trace raw", sender=am.Sender())
         out = await mem.recall(turn(ASKER))
@@ -120,8 +126,12 @@ async def test_private_chat_recalls_nothing_from_forbidden_sources(tmp_path: Pat
     assert leaked(out, FORBIDDEN) == set()
 
 
-async def test_a_single_owner_recalls_every_other_private_chat(tmp_path: Path) -> None:
-    async with am.open_memory(tmp_path / "s", config=config({"singleOwner": True})) as mem:
+async def test_a_single_owner_recalls_every_other_private_chat(
+    tmp_path: Path, storage: str | None
+) -> None:
+    async with am.open_memory(
+        tmp_path / "s", storage=storage, config=config({"singleOwner": True})
+    ) as mem:
         await seed(mem, allowed=True)
         out = await mem.recall(turn(ASKER))
     assert out.status == "ok"
@@ -129,9 +139,9 @@ async def test_a_single_owner_recalls_every_other_private_chat(tmp_path: Path) -
     assert leaked(out, ALLOWED) and not leaked(out, FORBIDDEN)
 
 
-async def test_group_never_recalls_private_transcripts(tmp_path: Path) -> None:
+async def test_group_never_recalls_private_transcripts(tmp_path: Path, storage: str | None) -> None:
     cfg = config({"allowedChatTypes": ["direct", "group", "channel", "explicit"]})
-    async with am.open_memory(tmp_path / "s", config=cfg) as mem:
+    async with am.open_memory(tmp_path / "s", storage=storage, config=cfg) as mem:
         await seed(mem, allowed=True)
         for asker in ("agent:main:group:team", "agent:main:channel:news"):
             await mem.command(asker, "/trace raw", sender=am.Sender())
@@ -141,10 +151,12 @@ async def test_group_never_recalls_private_transcripts(tmp_path: Path) -> None:
             assert leaked(out, {**ALLOWED, **FORBIDDEN}) == set()
 
 
-async def test_private_scope_is_in_the_sql_before_the_limit(tmp_path: Path) -> None:
+async def test_private_scope_is_in_the_sql_before_the_limit(
+    tmp_path: Path, storage: str | None
+) -> None:
     # 40 forbidden rows match the query better than the one allowed row; a filter applied
     # after LIMIT would return nothing, the scope in the SQL returns the allowed one.
-    async with am.open_memory(tmp_path / "s") as mem:
+    async with am.open_memory(tmp_path / "s", storage=storage) as mem:
         await seed(mem, allowed=False)
         for i in range(40):
             await mem.sessions.append(
@@ -172,8 +184,10 @@ async def test_private_scope_is_in_the_sql_before_the_limit(tmp_path: Path) -> N
         "agent:main:weird:x",
     ],
 )
-async def test_a_non_private_caller_sees_no_transcript_at_all(tmp_path: Path, caller: str) -> None:
-    async with am.open_memory(tmp_path / "s") as mem:
+async def test_a_non_private_caller_sees_no_transcript_at_all(
+    tmp_path: Path, storage: str | None, caller: str
+) -> None:
+    async with am.open_memory(tmp_path / "s", storage=storage) as mem:
         await seed(mem, allowed=True)
         assert await private_scope(mem, caller) == []
 
@@ -196,8 +210,10 @@ def shown(out: am.RecallOutcome) -> str:
     return " ".join([out.summary or "", out.prompt_prefix or "", out.debug_line, *out.followups])
 
 
-async def test_one_users_memory_is_never_recalled_into_another_users_chat(tmp_path: Path) -> None:
-    async with am.open_memory(tmp_path / "s", config=config()) as mem:
+async def test_one_users_memory_is_never_recalled_into_another_users_chat(
+    tmp_path: Path, storage: str | None
+) -> None:
+    async with am.open_memory(tmp_path / "s", storage=storage, config=config()) as mem:
         await mem.sessions.append(DANA, am.Message(role="user", content=PIN_HINT))
         await mem.command(ERIN, "/trace raw", sender=am.Sender())
         out = await mem.recall(ask(ERIN, CAT_QUESTION))
@@ -241,6 +257,7 @@ MATRIX: list[tuple[str, dict[str, Any], dict[str, list[str]] | None, str, str, b
 )
 async def test_privacy_matrix(
     tmp_path: Path,
+    storage: str | None,
     am_config: dict[str, Any],
     links: dict[str, list[str]] | None,
     writer: str,
@@ -248,7 +265,7 @@ async def test_privacy_matrix(
     visible: bool,
 ) -> None:
     cfg = config(am_config, links)
-    async with am.open_memory(tmp_path / "s", config=cfg) as mem:
+    async with am.open_memory(tmp_path / "s", storage=storage, config=cfg) as mem:
         await mem.sessions.append(writer, am.Message(role="user", content=PIN_HINT))
         await mem.command(asker, "/trace raw", sender=am.Sender())
         out = await mem.recall(ask(asker, CAT_QUESTION))
@@ -261,9 +278,11 @@ async def test_privacy_matrix(
     assert found == ([writer] if visible else [])
 
 
-async def test_memory_get_of_another_users_message_gets_nothing(tmp_path: Path) -> None:
+async def test_memory_get_of_another_users_message_gets_nothing(
+    tmp_path: Path, storage: str | None
+) -> None:
     cfg = config()
-    async with am.open_memory(tmp_path / "s", config=cfg) as mem:
+    async with am.open_memory(tmp_path / "s", storage=storage, config=cfg) as mem:
         event = await mem.sessions.append(DANA, am.Message(role="user", content=PIN_HINT))
         args = {"path": f"session:{DANA}#{event.id}"}
         for asker, served in ((ERIN, False), ("agent:main:dm:dana", True)):
@@ -272,10 +291,14 @@ async def test_memory_get_of_another_users_message_gets_nothing(tmp_path: Path) 
             assert ("Whiskers" in got.content, got.error is None) == (served, served), asker
 
 
-async def test_a_cached_recall_never_crosses_identities(tmp_path: Path) -> None:
+async def test_a_cached_recall_never_crosses_identities(
+    tmp_path: Path, storage: str | None
+) -> None:
     # The cache key holds the caller's scope: a reload that narrows it is not served the
     # answer the wider scope found, though the session, question and model are the same.
-    async with am.open_memory(tmp_path / "s", config=config({"singleOwner": True})) as mem:
+    async with am.open_memory(
+        tmp_path / "s", storage=storage, config=config({"singleOwner": True})
+    ) as mem:
         await mem.sessions.append(DANA, am.Message(role="user", content=PIN_HINT))
         assert "Whiskers" in shown(await mem.recall(ask(ERIN, CAT_QUESTION)))
         assert (await mem.recall(ask(ERIN, CAT_QUESTION))).cached
@@ -325,10 +348,12 @@ def random_config(rng: random.Random) -> am.Config:
     return config(am_cfg, links)
 
 
-async def test_private_scope_matches_the_rule_for_every_caller(tmp_path: Path) -> None:
+async def test_private_scope_matches_the_rule_for_every_caller(
+    tmp_path: Path, storage: str | None
+) -> None:
     """For every stored session as caller and random identities: visible == the rule."""
     rng = random.Random(20261201)
-    async with am.open_memory(tmp_path / "s") as mem:
+    async with am.open_memory(tmp_path / "s", storage=storage) as mem:
         await seed(mem, allowed=True)
         for key in PRIVATE_KEYS:
             await mem.sessions.append(key, am.Message(role="user", content=ANSWER.format(marker=0)))
@@ -372,9 +397,9 @@ async def test_private_scope_matches_the_rule_for_every_caller(tmp_path: Path) -
     ],
 )
 async def test_doctor_says_whose_chats_recall_reads(
-    tmp_path: Path, am_config: dict[str, Any], detail: str
+    tmp_path: Path, storage: str | None, am_config: dict[str, Any], detail: str
 ) -> None:
-    async with am.open_memory(tmp_path / "s", config=config(am_config)) as mem:
+    async with am.open_memory(tmp_path / "s", storage=storage, config=config(am_config)) as mem:
         report = await mem.doctor()
     assert [c for c in report.checks if c.name == "privacy"] == [
         am.DoctorCheck(name="privacy", level="ok", detail=detail)

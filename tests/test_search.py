@@ -18,6 +18,10 @@ import activememory as am
 from activememory.protocol.search import MAX_ANSWER_BYTES
 
 from index_probe import agent_db, connect, indexed_tokens, tokenize
+from pg_server import pg_memory_dsn, sqlite_only, storage
+
+# Both stores (docs/design.md §11): the same searches on SQLite and on PostgreSQL.
+__all__ = ["pg_memory_dsn", "storage"]
 
 pytestmark = pytest.mark.anyio
 
@@ -25,9 +29,14 @@ KEY = "agent:main:direct:alice"
 
 
 @pytest.fixture
-async def mem(tmp_path: Path, executor: str) -> AsyncIterator[am.Memory]:
+async def mem(tmp_path: Path, executor: str, storage: str | None) -> AsyncIterator[am.Memory]:
     config = {"tools": {"sessions": {"visibility": "agent"}}}
-    async with am.open_memory(tmp_path / "state", config=config, executor=executor) as memory:  # type: ignore[arg-type]
+    async with am.open_memory(
+        tmp_path / "state",
+        config=config,
+        executor=executor,  # type: ignore[arg-type]
+        storage=storage,
+    ) as memory:
         yield memory
 
 
@@ -241,7 +250,10 @@ async def test_query_of_exactly_4096_characters_is_accepted(mem: am.Memory) -> N
     assert res.results == ()
 
 
-async def test_a_reply_is_found_by_the_words_of_the_message_before_it(mem: am.Memory) -> None:
+async def test_a_reply_is_found_by_the_words_of_the_message_before_it(
+    mem: am.Memory, storage: str | None
+) -> None:
+    sqlite_only(storage, "reads the context column of the SQLite index's own tables")
     await mem.sessions.append(KEY, user("Which museum did you visit in Lisbon?"))
     reply = await mem.sessions.append(KEY, assistant("The tile one, it was wonderful."))
     other = await put(mem, assistant("A wonderful day, truly."))
@@ -306,8 +318,12 @@ def small_rank_budget(monkeypatch: pytest.MonkeyPatch, small_prune_threshold: No
 
 
 async def test_over_the_rank_budget_a_message_holding_only_the_rarest_term_comes_first(
-    mem: am.Memory, small_rank_budget: None
+    mem: am.Memory, small_rank_budget: None, storage: str | None
 ) -> None:
+    sqlite_only(
+        storage,
+        "the rank budget bounds FTS5's BM25 (§3); PostgreSQL ranks every match from exact term statistics",
+    )
     for i in range(40):
         await put(mem, user(f"filler chatter {i}"))
     # "kestrel" (12 rows) is not common, but with "zephyr" it is over the budget: only the
@@ -322,8 +338,12 @@ async def test_over_the_rank_budget_a_message_holding_only_the_rarest_term_comes
 
 
 async def test_a_rarest_term_over_the_budget_is_ranked_over_its_newest_matches(
-    mem: am.Memory, small_rank_budget: None
+    mem: am.Memory, small_rank_budget: None, storage: str | None
 ) -> None:
+    sqlite_only(
+        storage,
+        "the rank budget bounds FTS5's BM25 (§3); PostgreSQL ranks every match from exact term statistics",
+    )
     for i in range(60):
         await put(mem, user(f"other chatter {i}"))
     strong = await mem.sessions.append(KEY, user("heron heron heron heron heron heron"))
@@ -350,7 +370,8 @@ async def test_over_the_budget_messages_holding_every_term_come_first_among_the_
     assert alpha  # older than the newest 20: never looked at for "every term"
 
 
-async def test_indexed_rows_reads_the_index_totals(mem: am.Memory) -> None:
+async def test_indexed_rows_reads_the_index_totals(mem: am.Memory, storage: str | None) -> None:
+    sqlite_only(storage, "reads FTS5's totals from the SQLite file")
     from activememory.storage.search import indexed_rows
 
     for i in range(300):

@@ -11,7 +11,11 @@ import pytest
 
 import activememory as am
 
-from index_probe import agent_db, connect, indexed_tokens, match, tokenize
+from index_probe import agent_db, connect, indexed_tokens, tokenize
+from pg_server import pg_memory_dsn, sqlite_only, storage, store_index, store_match
+
+# Both stores (docs/design.md §11): the tests through `mem` run on SQLite and PostgreSQL.
+__all__ = ["pg_memory_dsn", "storage"]
 
 pytestmark = pytest.mark.anyio
 
@@ -39,22 +43,25 @@ async def test_history_is_the_active_branch_in_order(mem: am.Memory) -> None:
     assert [e.id for e in await mem.sessions.history(KEY, limit=2)] == [e2.id, e3.id]
 
 
-async def test_an_acknowledged_message_is_already_indexed(mem: am.Memory) -> None:
+async def test_an_acknowledged_message_is_already_indexed(
+    mem: am.Memory, storage: str | None
+) -> None:
     event = await mem.sessions.append(KEY, user("the quick brown fox"))
     # A separate connection, opened after the ack: the commit held the index row too.
-    assert match(agent_db(mem.state_dir), "fox") == [event.id]
+    assert store_match(mem.state_dir, storage, "fox") == [event.id]
     info = await mem.sessions.info(KEY)
     assert (info.dirty, info.indexed_seq, info.leaf_event_id) == (False, 1, event.id)
 
 
-async def test_diacritics_are_folded(mem: am.Memory) -> None:
+async def test_diacritics_are_folded(mem: am.Memory, storage: str | None) -> None:
     event = await mem.sessions.append(KEY, user("Kaffee im Café in İstanbul, naïve Übung"))
-    db = agent_db(mem.state_dir)
     for query in ("cafe", "CAFÉ", "istanbul", "İSTANBUL", "naive", "ubung"):
-        assert match(db, query) == [event.id], query
+        assert store_match(mem.state_dir, storage, query) == [event.id], query
 
 
-async def test_only_user_and_assistant_text_reaches_the_index(mem: am.Memory) -> None:
+async def test_only_user_and_assistant_text_reaches_the_index(
+    mem: am.Memory, storage: str | None
+) -> None:
     shown = await mem.sessions.append(
         KEY,
         am.Message(
@@ -78,15 +85,20 @@ async def test_only_user_and_assistant_text_reaches_the_index(mem: am.Memory) ->
     image_only = await mem.sessions.append(
         KEY, am.Message(role="user", content=[{"type": "image", "url": "u"}])
     )
-    tokens = indexed_tokens(agent_db(mem.state_dir))
-    assert tokens == {shown.id: tokenize("visible answer")}
+    assert store_index(mem.state_dir, storage) == {shown.id}
+    assert store_match(mem.state_dir, storage, "zebrathought") == []
+    if storage is None:  # the tokens themselves (tests/test_pg_store.py compares both stores')
+        tokens = indexed_tokens(agent_db(mem.state_dir))
+        assert tokens == {shown.id: tokenize("visible answer")}
     # ... and all of it is stored.
     history = await mem.sessions.history(KEY)
     assert [e.id for e in history] == [shown.id, tool.id, image_only.id]
     assert history[1].message is not None and history[1].role == "tool"
 
 
-async def test_rewind_branches_and_marks_the_session_dirty(mem: am.Memory) -> None:
+async def test_rewind_branches_and_marks_the_session_dirty(
+    mem: am.Memory, storage: str | None
+) -> None:
     e1 = await mem.sessions.append(KEY, user("first question"))
     await mem.sessions.append(KEY, assistant("old answer"))
     await mem.sessions.rewind(KEY, e1.id)
@@ -96,15 +108,15 @@ async def test_rewind_branches_and_marks_the_session_dirty(mem: am.Memory) -> No
     assert e3.parent_id == e1.id
     assert [e.id for e in await mem.sessions.history(KEY)] == [e1.id, e3.id]
     # Dirty: the new message waits for the rebuild, the old one is still in the index.
-    db = agent_db(mem.state_dir)
-    assert match(db, "new") == []
+    assert store_match(mem.state_dir, storage, "new") == []
     rebuilt = await mem.sessions.rebuild_index()
     assert (rebuilt.sessions, rebuilt.index_rows) == (1, 2)
-    assert indexed_tokens(db) == {e1.id: tokenize("first question"), e3.id: tokenize("new answer")}
+    assert store_index(mem.state_dir, storage) == {e1.id, e3.id}
+    assert store_match(mem.state_dir, storage, "new") == [e3.id]
     assert not (await mem.sessions.info(KEY)).dirty
 
 
-async def test_rewind_can_switch_to_another_branch(mem: am.Memory) -> None:
+async def test_rewind_can_switch_to_another_branch(mem: am.Memory, storage: str | None) -> None:
     root = await mem.sessions.append(KEY, user("root"))
     a1 = await mem.sessions.append(KEY, assistant("branch a one"))
     a2 = await mem.sessions.append(KEY, user("branch a two"))
@@ -115,7 +127,7 @@ async def test_rewind_can_switch_to_another_branch(mem: am.Memory) -> None:
     await mem.sessions.rewind(KEY, b1.id)
     assert [e.id for e in await mem.sessions.history(KEY)] == [root.id, b1.id]
     await mem.sessions.rebuild_index(KEY)
-    assert set(indexed_tokens(agent_db(mem.state_dir))) == {root.id, b1.id}
+    assert store_index(mem.state_dir, storage) == {root.id, b1.id}
 
 
 async def test_rewind_to_a_foreign_or_missing_event_is_refused(mem: am.Memory) -> None:
@@ -134,12 +146,14 @@ async def test_rewind_to_a_foreign_or_missing_event_is_refused(mem: am.Memory) -
     assert not (await mem.sessions.info(KEY)).dirty
 
 
-async def test_delete_removes_events_and_index_rows_together(mem: am.Memory) -> None:
+async def test_delete_removes_events_and_index_rows_together(
+    mem: am.Memory, storage: str | None
+) -> None:
     keep = await mem.sessions.append("agent:main:direct:bob", user("keep this"))
     await mem.sessions.append(KEY, user("drop this"))
     await mem.sessions.append(KEY, assistant("drop that"))
     await mem.sessions.delete(KEY)
-    assert set(indexed_tokens(agent_db(mem.state_dir))) == {keep.id}
+    assert store_index(mem.state_dir, storage) == {keep.id}
     with pytest.raises(am.SessionNotFoundError):
         await mem.sessions.history(KEY)
     with pytest.raises(am.SessionNotFoundError):
@@ -172,11 +186,12 @@ async def test_archive_and_metadata(mem: am.Memory) -> None:
     assert not (await mem.sessions.info("agent:main:explicit:portal-1")).archived
 
 
-async def test_each_agent_has_its_own_database(mem: am.Memory) -> None:
+async def test_each_agent_has_its_own_database(mem: am.Memory, storage: str | None) -> None:
     ops = await mem.sessions.append("agent:ops:group:g1:thread:9", user("deploy friday"))
     legacy = await mem.sessions.append("old-session-7", user("legacy words"))
-    assert match(agent_db(mem.state_dir, "ops"), "deploy") == [ops.id]
-    assert match(agent_db(mem.state_dir, "main"), "legacy") == [legacy.id]
+    assert store_match(mem.state_dir, storage, "deploy", "ops") == [ops.id]
+    assert store_match(mem.state_dir, storage, "legacy", "main") == [legacy.id]
+    assert store_match(mem.state_dir, storage, "deploy", "main") == []
     info = await mem.sessions.info("agent:ops:group:g1:thread:9")
     assert (info.agent, info.chat_type, info.conversation_id, info.thread_id) == (
         "ops",
@@ -187,7 +202,9 @@ async def test_each_agent_has_its_own_database(mem: am.Memory) -> None:
     assert (await mem.sessions.info("old-session-7")).unknown
 
 
-async def test_import_is_stored_unindexed_until_rebuilt(mem: am.Memory) -> None:
+async def test_import_is_stored_unindexed_until_rebuilt(
+    mem: am.Memory, storage: str | None
+) -> None:
     entries = [
         am.ImportEntry(id="a", parent_id=None, timestamp=1.0, message=user("imported hello")),
         am.ImportEntry(id="b", parent_id="a", timestamp=2.0, message=assistant("discarded branch")),
@@ -199,13 +216,9 @@ async def test_import_is_stored_unindexed_until_rebuilt(mem: am.Memory) -> None:
     history = await mem.sessions.history(KEY)
     assert [e.message.content for e in history if e.message] == ["imported hello", "kept branch"]
     assert [e.timestamp for e in history] == [1.0, 3.0]
-    db = agent_db(mem.state_dir)
-    assert indexed_tokens(db) == {}
+    assert store_index(mem.state_dir, storage) == set()
     await mem.sessions.rebuild_index()
-    assert sorted(indexed_tokens(db).values()) == [
-        tokenize("imported hello"),
-        tokenize("kept branch"),
-    ]
+    assert store_index(mem.state_dir, storage) == {e.id for e in history}
 
 
 async def test_import_rejects_bad_trees_and_writes_nothing(mem: am.Memory) -> None:
@@ -252,7 +265,8 @@ async def test_one_writer_per_state_directory(tmp_path: Path, executor: str) -> 
                 await second.sessions.append(KEY, user("again"))
 
 
-async def test_stats_notice_a_corrupted_index(mem: am.Memory) -> None:
+async def test_stats_notice_a_corrupted_index(mem: am.Memory, storage: str | None) -> None:
+    sqlite_only(storage, "corrupts FTS5's own segments (PostgreSQL's check: test_pg_crash.py)")
     for i in range(30):
         await mem.sessions.append(KEY, user(f"message number {i} about topic{i}"))
     assert (await mem.sessions.stats())[0].fts_integrity_ok

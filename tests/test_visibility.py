@@ -14,6 +14,11 @@ import pytest
 
 import activememory as am
 
+from pg_server import pg_memory_dsn, storage
+
+# Both stores (docs/design.md §11): visibility in SQL before LIMIT on SQLite and PostgreSQL.
+__all__ = ["pg_memory_dsn", "storage"]
+
 pytestmark = pytest.mark.anyio
 
 # name -> (session key, spawned_by name, sandboxed)
@@ -92,12 +97,13 @@ SETTINGS = list(
 
 @pytest.mark.parametrize(("visibility", "a2a", "sandbox"), SETTINGS)
 async def test_visibility_matrix(
-    tmp_path: Path, executor: str, visibility: str, a2a: bool, sandbox: str
+    tmp_path: Path, executor: str, storage: str | None, visibility: str, a2a: bool, sandbox: str
 ) -> None:
     async with am.open_memory(
         tmp_path / "state",
         config=config(visibility, a2a, sandbox),
         executor=executor,  # type: ignore[arg-type]
+        storage=storage,
     ) as mem:
         await populate(mem)
         for caller in CALLERS:
@@ -122,10 +128,13 @@ async def test_visibility_matrix(
     [("tree", False, "spawned"), ("agent", False, "spawned"), ("all", True, "all")],
 )
 async def test_hidden_matches_never_change_the_visible_top_k(
-    tmp_path: Path, visibility: str, a2a: bool, sandbox: str
+    tmp_path: Path, storage: str | None, visibility: str, a2a: bool, sandbox: str
 ) -> None:
     async with am.open_memory(
-        tmp_path / "state", config=config(visibility, a2a, sandbox), executor="inline"
+        tmp_path / "state",
+        config=config(visibility, a2a, sandbox),
+        executor="thread" if storage else "inline",
+        storage=storage,
     ) as mem:
         await populate(mem)
         for caller in CALLERS:

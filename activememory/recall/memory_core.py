@@ -31,8 +31,9 @@ Debug fields of `memory_search` beyond docs/design.md §4.7's (`backend`, `effec
 transcript index is being rebuilt: results may be incomplete), `vectorsPending` (the
 embedder is still computing vectors of this agent's database: what was written last may be
 found by its words only), `ignored` (notes not indexed, and why), `syncError` (the scan, or
-the notes watcher's last sync, could not be written: the notes indexed before still answer)
-and `truncated` (results dropped to keep the answer within 16 000 characters).
+the notes watcher's last sync, could not be written: the notes indexed before still answer;
+said by every search until a scan succeeds — on PostgreSQL, where notes are not yet, that
+they are not) and `truncated` (results dropped to keep the answer within 16 000 characters).
 """
 
 from __future__ import annotations
@@ -71,12 +72,9 @@ from ..storage.notes import (
     MAX_CHUNK_CHARS,
     NoteHit,
     chunk_note,
-    indexed_note_files,
     note_lines,
-    search_notes,
 )
-from ..storage.search import _PRIVATE, private_params
-from ..storage.transcripts import TranscriptReader
+from ..storage.reads import TranscriptReads
 from .hybrid import (
     QueryVector,
     VectorSide,
@@ -104,16 +102,6 @@ _RACY_NS = 2_000_000_000
 _NOT_AVAILABLE = (
     "path: {path!r} is not available (only the agent's other private conversations can be "
     "read, and only when cross-conversation recall is on)"
-)
-# The message behind a `session:<key>#<id>` path, if it lies inside the caller's private
-# scope: the same predicate as the transcript search (storage/search.py), applied again
-# here because a path is model output and proves nothing.
-_PRIVATE_MESSAGE = (
-    "SELECT e.role, e.ts, e.text FROM events e"
-    " JOIN sessions s ON s.id = e.session_id"
-    " JOIN active_branch a ON a.session_id = e.session_id AND a.event_id = e.id"
-    " WHERE e.id = :id AND s.key = :key AND e.kind = 'message' AND e.text IS NOT NULL"
-    f" AND e.session_id IN (SELECT id FROM ({_PRIVATE}))"
 )
 
 
@@ -154,6 +142,8 @@ class MemoryCore:
         self._scanned_at: dict[str, float] = {}
         self._locks: dict[str, anyio.Lock] = {}
         self._ignored: dict[str, tuple[tuple[str, str], ...]] = {}
+        # The last failed scan of each agent, said by every search until a scan succeeds.
+        self._sync_errors: dict[str, str] = {}
         self._racy: dict[str, frozenset[str]] = {}
         # The notes watcher of each agent a search has read (docs/design.md §4.7).
         self.watchers: dict[str, NotesWatcher] = {}
@@ -243,9 +233,11 @@ class MemoryCore:
                 if isinstance(ack, Rejected):
                     error = MemoryClosedError if ack.reason == "closed" else StorageError
                     raise error(f"memory notes of {agent!r}: {ack.message}")
-        except StorageError:
+        except StorageError as exc:
             self._scanned_at[agent] = started  # retried after RESCAN_S, not on every search
+            self._sync_errors[agent] = str(exc)
             raise
+        self._sync_errors.pop(agent, None)
         self._racy[agent] = plan.racy
         self._ignored[agent] = plan.ignored
         self._scanned_at[agent] = started
@@ -302,9 +294,9 @@ class MemoryCore:
                 limit=min(pool, MAX_LIMIT),
             )
 
-        def text_side(reader: TranscriptReader) -> tuple[list[NoteHit], Any]:
+        def text_side(reader: TranscriptReads) -> tuple[list[NoteHit], Any]:
             # One hop to the reader thread for the notes and the conversations.
-            notes = search_notes(reader.conn, plan, pool) if plan is not None else []
+            notes = reader.search_notes(plan, pool) if plan is not None else []
             return notes, private.run(reader) if private is not None else None
 
         embedded: list[QueryVector] = []
@@ -320,9 +312,9 @@ class MemoryCore:
         if meaning.vector is not None:
             vector_query = meaning
 
-            def vectors(reader: TranscriptReader) -> VectorSide:
+            def vectors(reader: TranscriptReads) -> VectorSide:
                 return vector_side(
-                    reader.conn,
+                    reader.local("memory_search by meaning (vectors)"),
                     vector_query,
                     pool=pool,
                     text_notes=[hit.chunk_id for hit in notes],
@@ -370,6 +362,8 @@ class MemoryCore:
         watcher = self.watchers.get(agent)
         if sync_error is None and watcher is not None:
             sync_error = watcher.last_error  # its last sync failed: retried after the debounce
+        if sync_error is None:  # an earlier scan failed and none has succeeded since
+            sync_error = self._sync_errors.get(agent)
         if sync_error is not None:
             data["syncError"] = sync_error
         if ignored := self._ignored.get(agent):
@@ -436,10 +430,9 @@ class MemoryCore:
             return refused
         if key.agent != caller.agent or store.agent != caller.agent:
             return refused  # another agent's transcripts are never eligible
-        params = {"id": int(ident), "key": key.raw}
-        params.update(private_params(caller.agent, caller.raw, transcripts))
+        scope = transcripts
         row = await store.read(
-            lambda reader: reader.conn.execute(_PRIVATE_MESSAGE, params).fetchone()
+            lambda reader: reader.private_message(int(ident), key.raw, caller.raw, scope)
         )
         if row is None:
             return refused  # the same answer whether absent or forbidden: no oracle
@@ -450,10 +443,10 @@ class MemoryCore:
 
 
 def _plan_sync(
-    reader: TranscriptReader, *, root: Path, racy: frozenset[str], redactor: Redactor
+    reader: TranscriptReads, *, root: Path, racy: frozenset[str], redactor: Redactor
 ) -> _SyncPlan:
     """Runs on the reader's executor: stat the workspace, read what changed, chunk it."""
-    known = indexed_note_files(reader.conn)
+    known = reader.note_files()
     found, ignored = _list_notes(root)
     files: list[NoteFile] = []
     kept: set[str] = set()

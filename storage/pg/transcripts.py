@@ -19,6 +19,7 @@ import msgspec
 import psycopg
 import psycopg.errors
 
+from ...protocol.config import PrivateScope
 from ...protocol.content import Content, Message
 from ...protocol.errors import StorageError
 from ...protocol.indexer import (
@@ -50,8 +51,13 @@ from ...protocol.indexer import (
     SyncNotes,
 )
 from ...protocol.recall import SessionSwitches
-from ...protocol.session_key import SessionKey, parse_session_key
+from ...protocol.session_key import ChatType, SessionKey, parse_session_key
 from ...protocol.transcript import Event, ImportEntry, IndexStats, SessionInfo
+from ..footprint import DiskUsage
+from ..fts_query import MatchPlan
+from ..notes import NoteHit, NoteStat
+from ..reads import not_yet
+from ..search import DbScope, ScopePage, TermStats
 from ..transcripts import import_prefix_differs, import_tree
 from .db import SCHEMA, Reopen, describe, lost, translate_errors
 from .terms import index_terms
@@ -990,6 +996,120 @@ class PgTranscriptReader:
             vectors_pending=0,
             embedder=vector_name,
         )
+
+    @_read
+    def list_sessions(
+        self,
+        *,
+        chat_type: ChatType | None = None,
+        peer: str | None = None,
+        owner: PrivateScope | None = None,
+        archived: bool | None = None,
+    ) -> list[SessionInfo]:
+        """`mem.sessions.list`'s filters (storage/userdata.py `list_sessions`'s rules, here
+        over the agent's session rows: an identity's sessions are few)."""
+        found = self.sessions()
+        if owner is not None:
+            owned = {s.key for s in found if _owned_root(s, owner)}
+            children: dict[str, list[str]] = {}
+            for s in found:
+                if s.spawned_by is not None:
+                    children.setdefault(s.spawned_by, []).append(s.key)
+            todo = list(owned)
+            while todo:  # and every session they spawned, at any depth
+                for child in children.get(todo.pop(), ()):
+                    if child not in owned:
+                        owned.add(child)
+                        todo.append(child)
+            found = [s for s in found if s.key in owned]
+        if chat_type is not None:
+            found = [s for s in found if s.chat_type == chat_type]
+        if peer is not None:
+            found = [s for s in found if s.chat_type == "direct" and s.conversation_id == peer]
+        if archived is not None:
+            found = [s for s in found if s.archived == archived]
+        return found
+
+    @_read
+    def sandboxed(self, key: str) -> bool:
+        """Whether session `key` exists and is sandboxed."""
+        row = self.conn.execute(
+            f"SELECT sandboxed FROM {_S}.sessions WHERE agent = %s AND key = %s",
+            (self.agent, key),
+        ).fetchone()
+        return row is not None and bool(row[0])
+
+    @_read
+    def search_page(
+        self,
+        plan: MatchPlan,
+        *,
+        scope: DbScope,
+        caller: str,
+        session_key: str | None,
+        keep: int,
+        stats: TermStats,
+    ) -> ScopePage:
+        """The `keep` best visible matches of `plan` (storage/pg/search.py `search_scope`;
+        `stats`, the SQLite reader's cache of term counts, is not used: another process
+        may have written, so the counts are exact each time)."""
+        from .search import search_scope
+
+        return search_scope(
+            self.conn,
+            self.agent,
+            plan,
+            scope=scope,
+            caller=caller,
+            session_key=session_key,
+            keep=keep,
+        )
+
+    @_read
+    def private_message(
+        self, event_id: int, key: str, caller: str, scope: PrivateScope
+    ) -> tuple[str, float, str] | None:
+        """The message behind a `session:<key>#<id>` path if `caller` may read it
+        (storage/search.py `private_message`'s rule, with storage/pg/search.py's scope)."""
+        from .search import scope_sql
+
+        visible, params = scope_sql(self.agent, scope, caller, None)
+        row = self.conn.execute(
+            f"SELECT e.role, e.ts, e.text FROM {_S}.events e"
+            f" JOIN {_S}.sessions s ON s.agent = e.agent AND s.id = e.session_id"
+            f" JOIN {_S}.active_branch a ON a.agent = e.agent AND a.session_id = e.session_id"
+            "  AND a.event_id = e.id"
+            " WHERE e.agent = %(agent)s AND e.id = %(id)s AND s.key = %(key)s"
+            " AND e.kind = 'message' AND e.text IS NOT NULL"
+            f" AND e.session_id IN (SELECT id FROM ({visible}) v)",
+            params | {"id": event_id, "key": key},
+        ).fetchone()
+        return None if row is None else (str(row[0]), float(row[1]), _text(row[2]))
+
+    def search_notes(self, plan: MatchPlan, keep: int) -> list[NoteHit]:
+        """No note is indexed on PostgreSQL yet (`note_files` says why): none matches."""
+        return []
+
+    def note_files(self) -> dict[str, NoteStat]:
+        """`StorageError`: memory notes are not on PostgreSQL yet."""
+        raise not_yet("the memory notes index (MEMORY.md, memory/*.md)")
+
+    def disk_usage(self) -> DiskUsage | None:
+        """None: the server's files are shared by every agent (see `stats().db_bytes`)."""
+        return None
+
+    def local(self, feature: str) -> Any:
+        """`StorageError` naming `feature`: it is not on PostgreSQL yet (storage/reads.py)."""
+        raise not_yet(feature)
+
+
+def _owned_root(info: SessionInfo, owner: PrivateScope) -> bool:
+    """storage/userdata.py `_OWNED`'s first part: a session of the identity itself."""
+    if info.chat_type not in ("direct", "explicit"):
+        return False
+    if info.chat_type == "direct" and info.conversation_id is not None:
+        return owner.peers is None or info.conversation_id in owner.peers
+    return owner.owner
 
 
 def index_integrity_ok(conn: Connection, agent: str) -> bool:

@@ -1,0 +1,116 @@
+"""What the API layer may ask of an agent's transcript reader, whatever the store
+(docs/design.md §1.3, §11 "The seam").
+
+`AgentStore.read(fn)` (actors/supervisor.py) runs `fn` with a reader of the agent's store:
+a `TranscriptReader` on an SQLite connection, or a `PgTranscriptReader` on a connection of
+the PostgreSQL pool. The API layer (activememory/, activememory/recall/) types its reader
+functions with `TranscriptReads` and calls only these methods, so it never branches on the
+store. A part that is not on PostgreSQL yet asks `local(feature)` for the SQLite connection;
+the PostgreSQL reader raises `StorageError` naming the feature and "not yet on PostgreSQL".
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    import apsw
+
+    from ..protocol.config import PrivateScope
+    from ..protocol.recall import SessionSwitches
+    from ..protocol.session_key import ChatType
+    from ..protocol.transcript import Event, IndexStats, SessionInfo
+    from .footprint import DiskUsage
+    from .fts_query import MatchPlan
+    from .notes import NoteHit, NoteStat
+    from .search import DbScope, ScopePage, TermStats
+
+
+NOT_YET = "is not yet on PostgreSQL (docs/design.md §11)"
+"""The end of every error saying a feature is not wired to the PostgreSQL store yet."""
+
+
+class TranscriptReads(Protocol):
+    """The reads of one agent's transcripts, each one snapshot (one read transaction)."""
+
+    @property
+    def agent(self) -> str: ...
+
+    def session(self, key: str) -> SessionInfo | None: ...
+
+    def sessions(self) -> list[SessionInfo]: ...
+
+    def history(self, key: str, limit: int | None = None) -> list[Event] | None: ...
+
+    def switches(self, key: str) -> SessionSwitches: ...
+
+    def dirty_sessions(self, limit: int) -> list[tuple[str, int]]: ...
+
+    def stats(
+        self,
+        *,
+        check_integrity: bool = True,
+        vector_name: str | None = None,
+        vector_after: int = 0,
+        vector_epoch: int | None = None,
+    ) -> IndexStats: ...
+
+    def list_sessions(
+        self,
+        *,
+        chat_type: ChatType | None = None,
+        peer: str | None = None,
+        owner: PrivateScope | None = None,
+        archived: bool | None = None,
+    ) -> list[SessionInfo]:
+        """`mem.sessions.list`'s filters (storage/userdata.py `list_sessions`)."""
+        ...
+
+    def sandboxed(self, key: str) -> bool:
+        """Whether session `key` exists and is sandboxed."""
+        ...
+
+    def search_page(
+        self,
+        plan: MatchPlan,
+        *,
+        scope: DbScope,
+        caller: str,
+        session_key: str | None,
+        keep: int,
+        stats: TermStats,
+    ) -> ScopePage:
+        """The `keep` best visible matches of `plan` (storage/search.py `search_scope`);
+        `stats` is the SQLite reader's cache of term counts (PostgreSQL counts each time)."""
+        ...
+
+    def private_message(
+        self, event_id: int, key: str, caller: str, scope: PrivateScope
+    ) -> tuple[str, float, str] | None:
+        """(role, timestamp, text) of message `event_id` of session `key` if it is on its
+        active branch and inside `caller`'s private scope (docs/design.md §4.2); else None."""
+        ...
+
+    def search_notes(self, plan: MatchPlan, keep: int) -> list[NoteHit]:
+        """The `keep` best memory-note chunks (storage/notes.py `search_notes`)."""
+        ...
+
+    def note_files(self) -> dict[str, NoteStat]:
+        """Every indexed note file by workspace-relative path."""
+        ...
+
+    def disk_usage(self) -> DiskUsage | None:
+        """The database's bytes on disk by part; None where the store cannot tell."""
+        ...
+
+    def local(self, feature: str) -> apsw.Connection:
+        """The SQLite connection, for `feature`, a part not on PostgreSQL yet; there,
+        `StorageError` naming `feature` and `NOT_YET`."""
+        ...
+
+
+def not_yet(feature: str) -> Any:
+    """The `StorageError` of a feature not on PostgreSQL yet (raise it)."""
+    from ..protocol.errors import StorageError
+
+    return StorageError(f"{feature} {NOT_YET}")
