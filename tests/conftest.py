@@ -10,6 +10,29 @@ import pytest
 import activememory as am
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """PostgreSQL runs each public-API test once (on trio, thread executor: the store is the
+    same under either loop and executor) and never a `sqlite_only` one: those combinations
+    are deselected, not collected and skipped by the hundred (tests/pg_server.py `storage`)."""
+    keep: list[pytest.Item] = []
+    dropped: list[pytest.Item] = []
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        params = callspec.params if callspec is not None else {}
+        on_postgresql = params.get("storage") == "postgresql"
+        if on_postgresql and (
+            params.get("anyio_backend", "trio") != "trio"
+            or params.get("executor", "thread") != "thread"
+            or item.get_closest_marker("sqlite_only") is not None
+        ):
+            dropped.append(item)
+        else:
+            keep.append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = keep
+
+
 @pytest.fixture(params=["trio", "asyncio"])
 def anyio_backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)
