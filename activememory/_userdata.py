@@ -51,12 +51,7 @@ from .protocol.session_key import CHAT_TYPES, ChatType, parse_session_key
 from .protocol.transcript import ImportEntry, SessionInfo
 from .protocol.userdata import AgentErasure, ErasureSummary, RecordErasure
 from .storage.records import records_db_path
-from .storage.userdata import (
-    plan_erasure,
-    plan_record_erasure,
-    records_of,
-    session_trees,
-)
+from .storage.userdata import plan_record_erasure, records_of
 
 MAX_IDENTITY_CHARS = 256
 A = TypeVar("A", bound=IndexerAck)
@@ -136,9 +131,7 @@ async def export_identity(
     transcripts: list[Transcript] = []
     for name in await _agents(supervisor, agent):
         store = await supervisor.agent(name)
-        trees = await store.read(
-            lambda reader: session_trees(reader.local("exporting a user's data"), scope)
-        )
+        trees = await store.read(lambda reader: reader.session_trees(scope))
         for tree in trees:
             info = tree.info
             entries = tuple(
@@ -276,12 +269,7 @@ async def erase_identity(
     for name in await supervisor.known_agents():
         store = await supervisor.agent(name)
         if dry_run:
-            plan = await store.read(
-                lambda reader: plan_erasure(
-                    reader.local("erasing a user's data"), reader.agent, scope
-                )
-            )
-            agents.append(plan.erasure)
+            agents.append(await store.read(lambda reader: reader.plan_erasure(scope)))
         else:
             ack = await _submit(store, EraseIdentity(agent=name, sessions=scope), Erased)
             agents.append(ack.erasure)

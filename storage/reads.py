@@ -20,10 +20,12 @@ if TYPE_CHECKING:
     from ..protocol.recall import SessionSwitches
     from ..protocol.session_key import ChatType
     from ..protocol.transcript import Event, IndexStats, SessionInfo
+    from ..protocol.userdata import AgentErasure
     from .footprint import DiskUsage
     from .fts_query import MatchPlan
     from .notes import NoteHit, NoteStat
     from .search import DbScope, ScopePage, TermStats
+    from .userdata import SessionTree
 
 
 NOT_YET = "is not yet on PostgreSQL (docs/design.md §11)"
@@ -97,6 +99,17 @@ class TranscriptReads(Protocol):
 
     def note_files(self) -> dict[str, NoteStat]:
         """Every indexed note file by workspace-relative path."""
+        ...
+
+    def plan_erasure(self, scope: PrivateScope) -> AgentErasure:
+        """What erasing the identity `scope` selects would remove, as the erase itself
+        counts it (`mem.erase_identity(dry_run=True)`); one snapshot."""
+        ...
+
+    def session_trees(self, scope: PrivateScope) -> list[SessionTree]:
+        """The sessions the identity `scope` selects (and those they spawned), oldest
+        first, each with every message of its tree in write order and its switches
+        (`mem.export_identity`); one snapshot."""
         ...
 
     def disk_usage(self) -> DiskUsage | None:

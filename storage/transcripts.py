@@ -52,12 +52,20 @@ from ..protocol.indexer import (
 from ..protocol.recall import SessionSwitches
 from ..protocol.session_key import ChatType, SessionKey
 from ..protocol.transcript import Event, ImportEntry, IndexStats, SessionInfo
+from ..protocol.userdata import AgentErasure
 from .db import describe
 from .footprint import DiskUsage, disk_usage
 from .fts_query import MatchPlan, index_row
 from .notes import NoteHit, NoteStat, apply_sync_notes, indexed_note_files, search_notes
 from .search import DbScope, ScopePage, TermStats, private_message, search_scope
-from .userdata import erase_extras, list_sessions, plan_erasure, purge
+from .userdata import (
+    SessionTree,
+    erase_extras,
+    list_sessions,
+    plan_erasure,
+    purge,
+    session_trees,
+)
 from .vectors import apply_store_vectors, bump_vector_epoch, drop_session_vectors, pending_count
 
 _INSERT_MESSAGE = (
@@ -893,6 +901,17 @@ class TranscriptReader:
     def note_files(self) -> dict[str, NoteStat]:
         """Every indexed note file by workspace-relative path."""
         return indexed_note_files(self.conn)
+
+    def plan_erasure(self, scope: PrivateScope) -> AgentErasure:
+        """What erasing the identity `scope` would remove (storage/userdata.py
+        `plan_erasure`, which the erase itself runs too), in one snapshot."""
+        with self.conn:
+            plan = plan_erasure(self.conn, self.agent, scope)
+        return plan.erasure
+
+    def session_trees(self, scope: PrivateScope) -> list[SessionTree]:
+        """The identity's sessions with their whole trees (storage/userdata.py)."""
+        return session_trees(self.conn, scope)
 
     def disk_usage(self) -> DiskUsage | None:
         """The database's bytes on disk by part (storage/footprint.py)."""

@@ -32,6 +32,9 @@ from activememory.recall.tools import RecallTools
 from activememory.storage import transcripts
 from activememory.storage.notes import chunk_note, note_lines, notes_integrity_ok
 
+from pg_server import pg_memory_dsn, sqlite_only, storage
+
+__all__ = ["pg_memory_dsn", "storage"]  # both stores: the memory-notes tools are the API's
 pytestmark = pytest.mark.anyio
 
 P = ParamSpec("P")
@@ -55,8 +58,13 @@ def bounded(test: Callable[P, Awaitable[None]]) -> Callable[P, Awaitable[None]]:
 
 
 @pytest.fixture
-async def mem(tmp_path: Path, executor: str) -> AsyncIterator[am.Memory]:
-    async with am.open_memory(tmp_path / "state", config=NO_WATCH, executor=executor) as memory:  # type: ignore[arg-type]
+async def mem(tmp_path: Path, executor: str, storage: str | None) -> AsyncIterator[am.Memory]:
+    async with am.open_memory(
+        tmp_path / "state",
+        config=NO_WATCH,
+        executor=executor,  # type: ignore[arg-type]
+        storage=storage,
+    ) as memory:
         yield memory
 
 
@@ -116,6 +124,30 @@ async def get(
     return await core.get(
         "main", {"path": path, **(args or {})}, caller=CALLER, transcripts=scope(transcripts)
     )
+
+
+async def indexed_chunks(mem: am.Memory, storage: str | None) -> dict[str, int]:
+    """The agent's indexed note chunks by path, read behind the library's back, after
+    checking the index is whole: on SQLite FTS5's own check, on PostgreSQL every chunk
+    belongs to an indexed file (storage/pg/notes.py)."""
+    if storage is None:
+        store = await mem._supervisor.agent("main")
+        assert await store.read(lambda r: notes_integrity_ok(r.local("a test")))
+        sql = "SELECT path, count(*) FROM note_chunks GROUP BY path"
+        return dict(await store.read(lambda r: r.local("a test").execute(sql).fetchall()))
+    import psycopg
+
+    with psycopg.connect(storage) as conn:
+        orphans = conn.execute(
+            "SELECT count(*) FROM activememory.note_chunks c WHERE c.agent = 'main' AND NOT"
+            " EXISTS (SELECT 1 FROM activememory.note_files f WHERE f.agent = c.agent"
+            " AND f.path = c.path)"
+        ).fetchone()
+        assert orphans == (0,)
+        rows = conn.execute(
+            "SELECT path, count(*) FROM activememory.note_chunks WHERE agent = 'main' GROUP BY path"
+        ).fetchall()
+    return {str(path): int(n) for path, n in rows}
 
 
 def count_reads(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
@@ -251,7 +283,9 @@ async def test_search_gives_the_lines_of_a_chunk_deep_in_a_file(
 
 
 @bounded
-async def test_edit_delete_and_add_are_followed(mem: am.Memory, core: MemoryCore) -> None:
+async def test_edit_delete_and_add_are_followed(
+    mem: am.Memory, core: MemoryCore, storage: str | None
+) -> None:
     note = write(mem, "memory/pets.md", "The cat is called Miso.\n")
     assert await paths(core, "Miso") == ["memory/pets.md"]
     note.write_text("The cat is called Tofu now, after a long discussion.\n")
@@ -262,12 +296,7 @@ async def test_edit_delete_and_add_are_followed(mem: am.Memory, core: MemoryCore
     note.unlink()
     assert await paths(core, "Tofu") == []
     assert await core.sync_notes("main") == 0
-    store = await mem._supervisor.agent("main")
-    rows = await store.read(
-        lambda r: r.conn.execute("SELECT path, count(*) FROM note_chunks GROUP BY path").fetchall()
-    )
-    assert rows == [("memory/garden.md", 1)]
-    assert await store.read(lambda r: notes_integrity_ok(r.conn))
+    assert await indexed_chunks(mem, storage) == {"memory/garden.md": 1}
 
 
 @bounded
@@ -638,14 +667,20 @@ async def test_reopening_needs_no_reindex(
 
 
 @bounded
-async def test_many_syncs_keep_the_index_whole(mem: am.Memory, core: MemoryCore) -> None:
+async def test_many_syncs_keep_the_index_whole(
+    mem: am.Memory, core: MemoryCore, storage: str | None
+) -> None:
     note = write(mem, "MEMORY.md", "start\n")
     for i in range(12):
         note.write_text("".join(f"r{i}w{j}\n\n" for j in range(i * 40)))
         write(mem, f"memory/n{i % 3}.md", f"version {i}\n" * (i + 1))
         await core.sync_notes("main")
-    store = await mem._supervisor.agent("main")
-    assert await store.read(lambda r: notes_integrity_ok(r.conn))
+    assert await indexed_chunks(mem, storage) == {
+        "MEMORY.md": 6,
+        "memory/n0.md": 1,
+        "memory/n1.md": 1,
+        "memory/n2.md": 1,
+    }
     assert await paths(core, "r11w439") == ["MEMORY.md"]
     assert await paths(core, "r10w0") == []
     assert await paths(core, "version") == ["memory/n2.md", "memory/n1.md", "memory/n0.md"]
@@ -677,8 +712,9 @@ def test_sync_notes_round_trips_and_checks_paths() -> None:
 
 @bounded
 async def test_a_failed_rescan_still_answers_from_the_index(
-    mem: am.Memory, core: MemoryCore, monkeypatch: pytest.MonkeyPatch
+    mem: am.Memory, core: MemoryCore, monkeypatch: pytest.MonkeyPatch, storage: str | None
 ) -> None:
+    sqlite_only(storage, "the fault injected is apsw's (the server's: tests/test_pg_crash.py)")
     note = write(mem, "MEMORY.md", "The cat is Miso.\n")
     assert await paths(core, "Miso") == ["MEMORY.md"]
 

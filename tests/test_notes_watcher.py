@@ -20,6 +20,9 @@ from activememory.actors.notes_watcher import POLL_S
 from activememory.protocol.session_key import parse_session_key
 from activememory.storage import transcripts
 
+from pg_server import pg_memory_dsn, storage
+
+__all__ = ["pg_memory_dsn", "storage"]
 pytestmark = pytest.mark.anyio
 
 CALLER = parse_session_key("agent:main:direct:alice")
@@ -107,6 +110,24 @@ async def test_the_watcher_stops_when_the_memory_closes(tmp_path: Path) -> None:
             assert await found(mem, "Miso") == ["MEMORY.md"]
             assert "main" in mem.notes.watchers
         # Closed: the watcher's task ended with the supervisor's (else the block would hang).
+
+
+async def test_the_watcher_indexes_an_edit_on_either_store(
+    tmp_path: Path, storage: str | None
+) -> None:
+    # In real time: the virtual-time tests above run on SQLite's inline executor only.
+    with anyio.fail_after(30):
+        async with am.open_memory(tmp_path / "s", config=watch(0), storage=storage) as mem:
+            note(mem, "The cat is Miso.\n", at=0)
+            assert await found(mem, "Miso") == ["MEMORY.md"]  # the first search scans
+            note(mem, "The cat is Tofu now.\n", at=1)
+            # Searches no longer scan (the watcher runs): only the watcher can index Tofu.
+            for _ in range(600):
+                if await found(mem, "Tofu") == ["MEMORY.md"]:
+                    break
+                await anyio.sleep(0.05)
+            assert await found(mem, "Miso") == []
+            assert await mem.notes.sync_notes("main") == 0  # the watcher left nothing to do
 
 
 async def test_a_read_only_memory_starts_no_watcher(tmp_path: Path) -> None:

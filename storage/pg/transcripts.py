@@ -13,7 +13,7 @@ import copy
 import dataclasses
 import functools
 from collections.abc import Callable, Sequence
-from typing import Any, Concatenate, ParamSpec, TypeAlias, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeAlias, TypeVar, cast
 
 import msgspec
 import psycopg
@@ -53,6 +53,7 @@ from ...protocol.indexer import (
 from ...protocol.recall import SessionSwitches
 from ...protocol.session_key import ChatType, SessionKey, parse_session_key
 from ...protocol.transcript import Event, ImportEntry, IndexStats, SessionInfo
+from ...protocol.userdata import AgentErasure
 from ..footprint import DiskUsage
 from ..fts_query import MatchPlan
 from ..notes import NoteHit, NoteStat
@@ -61,6 +62,9 @@ from ..search import DbScope, ScopePage, TermStats
 from ..transcripts import import_prefix_differs, import_tree
 from .db import SCHEMA, Reopen, describe, lost, translate_errors
 from .terms import index_terms
+
+if TYPE_CHECKING:
+    from ..userdata import SessionTree
 
 Connection: TypeAlias = psycopg.Connection[Any]
 
@@ -1086,13 +1090,37 @@ class PgTranscriptReader:
         ).fetchone()
         return None if row is None else (str(row[0]), float(row[1]), _text(row[2]))
 
+    @_read
     def search_notes(self, plan: MatchPlan, keep: int) -> list[NoteHit]:
-        """No note is indexed on PostgreSQL yet (`note_files` says why): none matches."""
-        return []
+        """The `keep` best memory-note chunks (storage/pg/notes.py `search_notes`)."""
+        from .notes import search_notes  # here: it imports this module
 
+        return search_notes(self.conn, self.agent, plan, keep)
+
+    @_read
     def note_files(self) -> dict[str, NoteStat]:
-        """`StorageError`: memory notes are not on PostgreSQL yet."""
-        raise not_yet("the memory notes index (MEMORY.md, memory/*.md)")
+        """Every indexed note file by workspace-relative path."""
+        from .notes import indexed_note_files
+
+        return indexed_note_files(self.conn, self.agent)
+
+    @_read
+    def plan_erasure(self, scope: PrivateScope) -> AgentErasure:
+        """What erasing the identity `scope` would remove (storage/pg/userdata.py
+        `plan_erasure`, which the erase itself runs too), in one snapshot."""
+        from .userdata import plan_erasure
+
+        with self.conn.transaction():
+            return plan_erasure(self.conn, self.agent, scope).erasure
+
+    @_read
+    def session_trees(self, scope: PrivateScope) -> list[SessionTree]:
+        """The identity's sessions with their whole trees (storage/pg/userdata.py), in one
+        snapshot."""
+        from .userdata import session_trees
+
+        with self.conn.transaction():
+            return session_trees(self.conn, self.agent, scope)
 
     def disk_usage(self) -> DiskUsage | None:
         """None: the server's files are shared by every agent (see `stats().db_bytes`)."""

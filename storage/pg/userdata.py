@@ -22,14 +22,24 @@ import msgspec
 import psycopg
 
 from ...protocol.config import PrivateScope
+from ...protocol.content import Message
 from ...protocol.errors import InvalidInputError
 from ...protocol.indexer import Erased, EraseIdentity, IndexerAck
+from ...protocol.recall import SessionSwitches
 from ...protocol.session_key import parse_session_key
+from ...protocol.transcript import Event
 from ...protocol.userdata import AgentErasure
-from ..userdata import ErasurePlan
+from ..userdata import ErasurePlan, SessionTree
 from ..vectors import text_digest
 from .db import SCHEMA, describe
-from .transcripts import Connection, _text
+from .transcripts import (
+    _SESSION_COLUMNS,
+    Connection,
+    _decode_content,
+    _session_info,
+    _text,
+    read_switches,
+)
 
 _S = SCHEMA
 # storage/userdata.py `_OWNED` for one agent: `owned(id, key)`.
@@ -157,6 +167,47 @@ def _unshared_digests(conn: Connection, tenant: str, ids: Sequence[int]) -> list
     ).fetchall()
     shared = texts & {_text(t) for (t,) in kept}
     return sorted(text_digest(t) for t in texts - shared)
+
+
+def session_trees(conn: Connection, tenant: str, scope: PrivateScope) -> list[SessionTree]:
+    """The sessions of `tenant` that the identity `scope` selects (and those they spawned),
+    oldest first, with their whole trees (storage/userdata.py `session_trees`: every
+    message in write order, the switches); the caller's one snapshot."""
+    columns = ", ".join(f"s.{c.strip()}" for c in _SESSION_COLUMNS.split(","))
+    infos = [
+        _session_info(row)
+        for row in conn.execute(
+            f"{_OWNED} SELECT {columns} FROM {_S}.sessions s JOIN owned USING (id)"
+            " WHERE s.agent = %(agent)s ORDER BY s.id",
+            _scope_params(tenant, scope),
+        ).fetchall()
+    ]
+    trees = []
+    for info in infos:
+        rows = conn.execute(
+            f"SELECT id, parent_id, seq, ts, role, content FROM {_S}.events"
+            " WHERE agent = %s AND session_id = %s AND kind = 'message' ORDER BY id",
+            (tenant, info.session_id),
+        ).fetchall()
+        events = [
+            Event(
+                id=int(event_id),
+                session_key=info.key,
+                parent_id=parent_id,
+                seq=int(seq),
+                timestamp=float(ts),
+                message=Message(role=role, content=_decode_content(content)),
+            )
+            for event_id, parent_id, seq, ts, role, content in rows
+        ]
+        switches: SessionSwitches | None = None
+        if conn.execute(
+            f"SELECT 1 FROM {_S}.session_switches WHERE agent = %s AND key = %s",
+            (tenant, info.key),
+        ).fetchone():
+            switches = read_switches(conn, tenant, info.key)
+        trees.append(SessionTree(info, events, switches))
+    return trees
 
 
 def erase_identity(
