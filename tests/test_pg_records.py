@@ -480,3 +480,41 @@ def test_a_store_made_before_the_records_step_gets_it() -> None:
         record = Record(id="r1", content="seat", timestamp=NOW)
         assert writer.apply([AddRecord(record=record, at=NOW)])[0].id == "r1"  # type: ignore[union-attr]
         writer.conn.close()
+
+
+# -- through open_memory: connections lost ------------------------------------------------
+
+
+def test_records_of_an_open_memory_outlive_their_connections(tmp_path: Path) -> None:
+    # Every backend of the memory terminated (the records writer's connection and the
+    # pool's): the next add runs once more on a new connection (the old one died while
+    # idle, before COMMIT was sent), and a read on a dead pool connection on another.
+    import time
+
+    import psycopg
+
+    import activememory as am
+
+    text_only = {"agents": {"defaults": {"memorySearch": {"provider": "none"}}}}
+    with (
+        scratch_database() as dsn,
+        psycopg.connect(dsn, autocommit=True) as admin,
+        am.sync.open_memory(tmp_path / "s", storage=dsn, config=text_only) as mem,
+    ):
+        first = mem.records.add("likes aisle seats", user_id="u1")
+        assert [h.id for h in mem.records.search("seat", user_id="u1")] == [first]
+        others = (
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+            " AND pid <> pg_backend_pid()"
+        )
+        pids = [row[0] for row in admin.execute(others)]
+        assert len(pids) >= 2  # the records writer and a reader of the pool
+        admin.execute("SELECT pg_terminate_backend(pid) FROM unnest(%s::int[]) pid", (pids,))
+        deadline = time.monotonic() + 5
+        while {row[0] for row in admin.execute(others)} & set(pids):
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        second = mem.records.add("likes window seats", user_id="u1")
+        assert {h.id for h in mem.records.search("seat", user_id="u1")} == {first, second}
+        record = mem.records.get(second)
+        assert record is not None and record.content == "likes window seats"
