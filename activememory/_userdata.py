@@ -50,6 +50,7 @@ from .protocol.records import (
 from .protocol.session_key import CHAT_TYPES, ChatType, parse_session_key
 from .protocol.transcript import ImportEntry, SessionInfo
 from .protocol.userdata import AgentErasure, ErasureSummary, RecordErasure
+from .storage.reads import not_yet
 from .storage.records import records_db_path
 from .storage.userdata import (
     plan_erasure,
@@ -187,6 +188,10 @@ async def export_identity(
 
 
 def _records_exist(supervisor: Supervisor) -> bool:
+    # The records of the PostgreSQL store are there, but their export and erase are read
+    # here on the SQLite connection: refused, never skipped (docs/design.md §11 "Records").
+    if supervisor.pg is not None:
+        raise not_yet("exporting or erasing a user's records")
     # Never create records.db just to find it empty.
     return records_db_path(supervisor.state_dir).exists()
 
