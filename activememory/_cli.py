@@ -221,11 +221,13 @@ def with_memory(
     config: Config | dict[str, object] | Path | None = None,
     *,
     readonly: bool = False,
+    storage: str | None = None,
 ) -> T:
     """Open the store at `--state-dir`, return `fetch(mem)`, close it.
 
     `readonly` (the read commands): the store must exist, and is read beside a running bot
-    without its writer lock (docs/design.md §1.6).
+    without its writer lock (docs/design.md §1.6). `storage`: `open_memory`'s (a
+    PostgreSQL DSN; docs/design.md §11).
     """
     import trio
 
@@ -235,7 +237,9 @@ def with_memory(
         _existing_state_dir(args.state_dir)
 
     async def run() -> T:
-        async with open_memory(args.state_dir, config=config, readonly=readonly) as mem:
+        async with open_memory(
+            args.state_dir, config=config, readonly=readonly, storage=storage
+        ) as mem:
             return await fetch(mem)
 
     return trio.run(run)

@@ -11,7 +11,7 @@ keeper.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 import msgspec
@@ -50,6 +50,7 @@ from .protocol.records import (
 from .protocol.session_key import CHAT_TYPES, ChatType, parse_session_key
 from .protocol.transcript import ImportEntry, SessionInfo
 from .protocol.userdata import AgentErasure, ErasureSummary, RecordErasure
+from .storage.reads import not_yet
 from .storage.records import records_db_path
 from .storage.userdata import plan_record_erasure, records_of
 
@@ -163,8 +164,8 @@ async def export_identity(
             )
     records: tuple[RecordEntry, ...] = ()
     relations: tuple[RelationEntry, ...] = ()
-    if _records_exist(supervisor):
-        user_ids = _user_ids(config, identity)
+    user_ids = _user_ids(config, identity)
+    if await _records_exist(supervisor, user_ids):
         db = await supervisor.records()
         rows, edges, _outside = await db.read(
             lambda reader: records_of(reader.conn, user_ids, agent)
@@ -179,7 +180,18 @@ async def export_identity(
     )
 
 
-def _records_exist(supervisor: Supervisor) -> bool:
+async def _records_exist(supervisor: Supervisor, user_ids: Sequence[str]) -> bool:
+    """Whether the records store must be read for `user_ids`."""
+    if supervisor.pg is not None:
+        # Their export and erase are read here on the SQLite connection: a user who has
+        # records on PostgreSQL is refused, never skipped (docs/design.md §11 "Records").
+        if not user_ids:
+            return False
+        db = await supervisor.records()
+        has_records: bool = await db.read(lambda reader: reader.any_of_users(user_ids))
+        if has_records:
+            raise not_yet("exporting or erasing a user's records")
+        return False
     # Never create records.db just to find it empty.
     return records_db_path(supervisor.state_dir).exists()
 
@@ -275,7 +287,7 @@ async def erase_identity(
             agents.append(ack.erasure)
     user_ids = _user_ids(config, identity)
     records = RecordErasure(user_ids=user_ids)
-    if _records_exist(supervisor) and user_ids:
+    if user_ids and await _records_exist(supervisor, user_ids):
         db = await supervisor.records()
         if dry_run:
             records = await db.read(lambda reader: plan_record_erasure(reader.conn, user_ids))

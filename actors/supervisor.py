@@ -53,7 +53,6 @@ from ..storage.db import (
     translate_errors,
 )
 from ..storage.executor import Executor, ExecutorKind, make_executor
-from ..storage.reads import not_yet
 from ..storage.records import (
     RECORDS_DB,
     RecordReader,
@@ -373,6 +372,38 @@ class RecordsDatabase(VectorDatabase[RecordReader, RecordCommand, RecordAck]):
         return pending, self.embedder.last_error
 
 
+@dataclass(kw_only=True)
+class PgRecordsDatabase(RecordsDatabase):
+    """The records of the PostgreSQL store (docs/design.md §11 "Wiring"): the same records
+    keeper over a `PgRecordWriter` on a connection of its own, no writer lock (several
+    processes may write the records: the server orders them), no embedder actor (record
+    vectors are SQLite's alone: searches are by text), and reads on connections of the
+    store's pool, each read one snapshot on a connection taken for its length."""
+
+    pg: PgStore
+    slots: tuple[ReadSlot, ...]
+
+    @property
+    def read_executor(self) -> Executor:
+        """The first read executor (for reads of files, not of the store)."""
+        return self.slots[0].executor
+
+    async def read(self, fn: Callable[[RecordReader], T]) -> T:
+        """Run `fn` with a records reader on the least busy executor; a pool connection
+        for its length; errors become `StorageError` (the server's answer).
+
+        Cancellation: a read that has started finishes on its worker; nothing is left behind.
+        """
+        slot = min(self.slots, key=lambda s: s.busy)
+        # The PostgreSQL reader has every method of `RecordReader` the API layer calls.
+        run = partial(self.pg.read_records, cast(Callable[[Any], T], fn))
+        slot.busy += 1
+        try:
+            return await slot.executor.run(run)
+        finally:
+            slot.busy -= 1
+
+
 class Supervisor:
     """Starts, wires and stops the actors of one `open_memory()`."""
 
@@ -493,7 +524,7 @@ class Supervisor:
 
     async def _open_records(self) -> RecordsDatabase:
         if self.pg is not None:
-            raise not_yet("scoped memory records (records.add, memory_recall, ...)")
+            return await self._open_pg_records(self.pg)
         path = records_db_path(self.state_dir)
         actor, readers, lock = await self._open(
             path, open_records_connection, RecordWriter, RecordKeeper, readers=1
@@ -536,6 +567,33 @@ class Supervisor:
             records.poke_embedder("start")
         else:
             records.embedder_stopped.set()
+        return records
+
+    async def _open_pg_records(self, pg: PgStore) -> RecordsDatabase:
+        """The records of the PostgreSQL store: the records keeper over a `PgRecordWriter`
+        (no lock: docs/design.md §11 "Several processes"); no embedder actor."""
+        write_executor = make_executor(self.executor_kind)
+        writer = await write_executor.run(pg.record_writer)
+        actor = RecordKeeper(
+            cast(StorageWriter[RecordCommand, RecordAck], writer),
+            write_executor,
+            max_batch=self.max_batch,
+        )
+        records = PgRecordsDatabase(
+            path=Path("postgresql:records"),
+            actor=actor,
+            readers=(),
+            lock=None,
+            state_dir=self.state_dir,
+            pg=pg,
+            # `READERS`, not SQLite's one reader (kept to one for its page cache): here the
+            # pool holds the connections, so concurrent recalls' searches read side by side.
+            slots=tuple(
+                ReadSlot(executor=make_executor(self.executor_kind)) for _ in range(READERS)
+            ),
+        )
+        records.embedder_stopped.set()
+        self._tg.start_soon(records.run_writer, name="records-keeper")
         return records
 
     async def _open(

@@ -503,6 +503,14 @@ class RecordReader:
             records = self._records(linked_seqs(trees))
         return hits_of([(seq, rec, 0.0)], trees, records)[0]
 
+    def any_of_users(self, user_ids: Sequence[str]) -> bool:
+        """Whether any record (expired ones included) belongs to one of `user_ids`."""
+        marks = ", ".join("?" * len(user_ids))
+        row = self.conn.execute(
+            f"SELECT EXISTS (SELECT 1 FROM records WHERE user_id IN ({marks}))", tuple(user_ids)
+        ).fetchone()
+        return bool(row and row[0])
+
     def count(self) -> int:
         """How many records are stored (expired ones included)."""
         row = self.conn.execute("SELECT count(*) FROM records").fetchone()

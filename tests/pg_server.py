@@ -119,9 +119,11 @@ def storage(request: pytest.FixtureRequest) -> str | None:
         pytest.skip(f"SQLite only: {marker.args[0]}")
     # Once per test: the store is the same under either event loop and executor (the
     # storage tests of tests/test_pg_*.py run it on threads; `inline` blocks the loop).
-    if request.getfixturevalue("anyio_backend") != "trio" or (
-        "executor" in request.fixturenames and request.getfixturevalue("executor") != "thread"
-    ):
+    # (A blocking test has no event loop of its own: it runs once as it is.)
+    if (
+        "anyio_backend" in request.fixturenames
+        and request.getfixturevalue("anyio_backend") != "trio"
+    ) or ("executor" in request.fixturenames and request.getfixturevalue("executor") != "thread"):
         pytest.skip("PostgreSQL runs each public-API test once: on trio, thread executor")
     dsn = str(request.getfixturevalue("pg_memory_dsn"))
     empty_store(dsn)

@@ -480,3 +480,58 @@ def test_a_store_made_before_the_records_step_gets_it() -> None:
         record = Record(id="r1", content="seat", timestamp=NOW)
         assert writer.apply([AddRecord(record=record, at=NOW)])[0].id == "r1"  # type: ignore[union-attr]
         writer.conn.close()
+
+
+# -- through open_memory: connections lost ------------------------------------------------
+
+
+def test_records_of_an_open_memory_outlive_their_connections(tmp_path: Path) -> None:
+    # Every backend of the memory terminated (the records writer's connection and the
+    # pool's): the next add runs once more on a new connection (the old one died while
+    # idle, before COMMIT was sent), and a read on a dead pool connection on another.
+    import time
+
+    import psycopg
+
+    import activememory as am
+
+    text_only = {"agents": {"defaults": {"memorySearch": {"provider": "none"}}}}
+    with (
+        scratch_database() as dsn,
+        psycopg.connect(dsn, autocommit=True) as admin,
+        am.sync.open_memory(tmp_path / "s", storage=dsn, config=text_only) as mem,
+    ):
+        first = mem.records.add("likes aisle seats", user_id="u1")
+        assert [h.id for h in mem.records.search("seat", user_id="u1")] == [first]
+        others = (
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+            " AND pid <> pg_backend_pid()"
+        )
+        pids = [row[0] for row in admin.execute(others)]
+        assert len(pids) >= 2  # the records writer and a reader of the pool
+        admin.execute("SELECT pg_terminate_backend(pid) FROM unnest(%s::int[]) pid", (pids,))
+        deadline = time.monotonic() + 5
+        while {row[0] for row in admin.execute(others)} & set(pids):
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        second = mem.records.add("likes window seats", user_id="u1")
+        assert {h.id for h in mem.records.search("seat", user_id="u1")} == {first, second}
+        record = mem.records.get(second)
+        assert record is not None and record.content == "likes window seats"
+
+
+def test_a_users_records_are_never_skipped_by_an_erase_on_postgresql(tmp_path: Path) -> None:
+    # No session of the user anywhere, so nothing else refuses first: the erase of their
+    # records is not on PostgreSQL yet, and says so rather than report nothing erased.
+    import activememory as am
+
+    with scratch_database() as dsn, am.sync.open_memory(tmp_path / "s", storage=dsn) as mem:
+        rid = mem.records.add("alice likes aisle seats", user_id="alice")
+        for dry_run in (True, False):
+            with pytest.raises(
+                am.StorageError, match="^exporting or erasing a user's records is not yet on"
+            ):
+                mem.erase_identity("alice", dry_run=dry_run)
+        with pytest.raises(am.StorageError, match="^exporting or erasing a user's records"):
+            mem.export_identity("alice")
+        assert mem.records.get(rid) is not None

@@ -266,3 +266,32 @@ def test_revoking_takes_the_agent_away_then_every_privilege(store: Store) -> Non
     for agent in (kept, dropped):  # bound again for any test after this one
         owner.execute(f"SELECT {SCHEMA}.grant_agent(%s, %s)", (a, agent))
     owner.close()
+
+
+def test_a_worker_reaches_the_records_only_once_bound_to_their_tenant(
+    store: Store, tmp_path: Any
+) -> None:
+    # The records of `open_memory` are the tenant ':records' (storage/pg/store.py): a
+    # worker bound to agents alone can neither write nor read them, until the owner binds
+    # it to that tenant as to an agent.
+    role = store.roles[1]
+    dsn = psycopg.conninfo.make_conninfo(store.dsn, user=role)
+    with (
+        am.sync.open_memory(tmp_path / "a", storage=dsn) as mem,
+        pytest.raises(am.StorageError, match="row-level security"),
+    ):
+        mem.records.add("likes aisle seats", user_id="u1")
+    with am.sync.open_memory(tmp_path / "owner", storage=store.dsn) as mem:
+        rid = mem.records.add("likes window seats", user_id="u1")
+    with am.sync.open_memory(tmp_path / "b", storage=dsn) as mem:
+        assert mem.records.get(rid) is None  # not bound: the row is not there for it
+    with psycopg.connect(store.dsn, autocommit=True) as owner:
+        owner.execute(f"SELECT {SCHEMA}.grant_agent(%s, ':records')", (role,))
+    try:
+        with am.sync.open_memory(tmp_path / "c", storage=dsn) as mem:
+            assert [h.id for h in mem.records.search("seat", user_id="u1")] == [rid]
+            mem.records.add("likes aisle seats", user_id="u1")
+            assert len(mem.records.search("seat", user_id="u1")) == 2
+    finally:
+        with psycopg.connect(store.dsn, autocommit=True) as owner:
+            owner.execute(f"SELECT {SCHEMA}.revoke_agent(%s, ':records')", (role,))

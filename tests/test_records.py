@@ -1,5 +1,6 @@
 """The records store (docs/design.md §5.1, §5.3): lifecycle, expiry, persistence, bad input, types,
-the writer dialog, and the `memory_recall` tool."""
+the writer dialog, and the `memory_recall` tool. The tests through `open_memory` run on both
+stores (`storage`, tests/pg_server.py: SQLite, then PostgreSQL, docs/design.md §11)."""
 
 from __future__ import annotations
 
@@ -36,7 +37,10 @@ from activememory.protocol.records import (
 from activememory.recall.local_model import candidates_of
 from activememory.storage.records import fts_integrity_ok
 
+from pg_server import pg_memory_dsn, storage
+
 pytestmark = pytest.mark.anyio
+__all__ = ["pg_memory_dsn", "storage"]
 
 
 class Clock:
@@ -58,9 +62,11 @@ def clock() -> Clock:
 
 
 @pytest.fixture
-async def mem(tmp_path: Path, executor: str, clock: Clock) -> AsyncIterator[am.Memory]:
+async def mem(
+    tmp_path: Path, executor: str, clock: Clock, storage: str | None
+) -> AsyncIterator[am.Memory]:
     async with am.open_memory(
-        tmp_path / "state", executor=executor, clock=clock, config=TEXT_ONLY
+        tmp_path / "state", executor=executor, clock=clock, config=TEXT_ONLY, storage=storage
     ) as memory:  # type: ignore[arg-type]
         yield memory
 
@@ -144,15 +150,20 @@ async def test_expired_records_are_never_returned(mem: am.Memory, clock: Clock) 
     assert await mem.records.get(soon) is None
 
 
-async def test_records_persist_across_reopen(tmp_path: Path, executor: str) -> None:
+async def test_records_persist_across_reopen(
+    tmp_path: Path, executor: str, storage: str | None
+) -> None:
     state = tmp_path / "state"
-    async with am.open_memory(state, executor=executor) as mem:  # type: ignore[arg-type]
+    async with am.open_memory(state, executor=executor, storage=storage) as mem:  # type: ignore[arg-type]
         a = await mem.records.add("the cat is called Miso", user_id="u1", metadata={"k": "v"})
         b = await mem.records.add("Miso is a tabby", user_id="u1")
         await mem.records.link(a, b, relation="about")
         await mem.records.invalidate(b, reason="wrong cat")
-    assert (state / "records.db").is_file()
-    async with am.open_memory(state, executor=executor) as mem:  # type: ignore[arg-type]
+    # On PostgreSQL the records are the server's: another state directory finds them.
+    assert (state / "records.db").is_file() == (storage is None)
+    if storage is not None:
+        state = tmp_path / "another"
+    async with am.open_memory(state, executor=executor, storage=storage) as mem:  # type: ignore[arg-type]
         [hit] = await mem.records.search("called", user_id="u1", num_hops=1)
         assert hit.id == a and hit.metadata == {"k": "v"}
         [(relation, linked)] = hit.linked_results
@@ -164,7 +175,8 @@ async def test_records_persist_across_reopen(tmp_path: Path, executor: str) -> N
         [hit] = await mem.records.search("called", user_id="u1", num_hops=1)
         assert hit.linked_results == []
         db = await mem._supervisor.records()
-        assert await db.read(lambda reader: fts_integrity_ok(reader.conn))
+        if storage is None:
+            assert await db.read(lambda reader: fts_integrity_ok(reader.conn))
         assert await db.read(lambda reader: reader.count()) == 1
 
 
@@ -454,8 +466,8 @@ async def test_top_k_config_caps_direct_results(mem: am.Memory) -> None:
     assert len(top) == 12
 
 
-def test_the_blocking_facade_serves_records(tmp_path: Path) -> None:
-    with am.sync.open_memory(tmp_path / "state") as mem:
+def test_the_blocking_facade_serves_records(tmp_path: Path, storage: str | None) -> None:
+    with am.sync.open_memory(tmp_path / "state", storage=storage) as mem:
         rid = mem.records.add("likes aisle seats", user_id="u1", thread_id="t1")
         thread = mem.records.thread(user_id="u1", agent_id=None, thread_id="t1")
         assert [h.id for h in thread.search("seat")] == [rid]
@@ -468,9 +480,12 @@ def small_rank_budget(monkeypatch: pytest.MonkeyPatch) -> None:
     """Common above 30 records, at most 5 ranked rows per search (docs/design.md §5)."""
     from activememory.storage import records as records_storage
     from activememory.storage import search as search_storage
+    from activememory.storage.pg import records as pg_records
 
     monkeypatch.setattr(records_storage, "COMMON_DOCS", 30)
     monkeypatch.setattr(search_storage, "RANK_BUDGET", 5)
+    monkeypatch.setattr(pg_records, "COMMON_DOCS", 30)
+    monkeypatch.setattr(pg_records, "RANK_BUDGET", 5)
 
 
 async def test_over_the_rank_budget_a_record_holding_only_the_rarest_term_comes_first(

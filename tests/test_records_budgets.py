@@ -30,7 +30,10 @@ from activememory.protocol.records import (
     TopKMemorySearchConfig,
 )
 
+from pg_server import pg_memory_dsn, storage
+
 pytestmark = pytest.mark.anyio
+__all__ = ["pg_memory_dsn", "storage"]
 
 
 # Text only: these tests pin the full-text ranking and `distance`; by meaning is
@@ -39,8 +42,10 @@ TEXT_ONLY = {"agents": {"defaults": {"memorySearch": {"provider": "none"}}}}
 
 
 @pytest.fixture
-async def mem(tmp_path: Path, executor: str) -> AsyncIterator[am.Memory]:
-    async with am.open_memory(tmp_path / "state", executor=executor, config=TEXT_ONLY) as memory:  # type: ignore[arg-type]
+async def mem(tmp_path: Path, executor: str, storage: str | None) -> AsyncIterator[am.Memory]:
+    async with am.open_memory(
+        tmp_path / "state", executor=executor, config=TEXT_ONLY, storage=storage
+    ) as memory:  # type: ignore[arg-type]
         yield memory
 
 

@@ -1,17 +1,30 @@
-"""`activememory records add|search|link|invalidate` (docs/design.md §5), through `main`."""
+"""`activememory records add|search|link|invalidate` (docs/design.md §5), through `main`; on
+both stores (`storage`, tests/pg_server.py: `--storage DSN` for PostgreSQL)."""
 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
 
 from activememory._cli import main
 
+from pg_server import pg_memory_dsn, storage
+
+__all__ = ["pg_memory_dsn", "storage"]
+STORAGE: list[str] = []
+"""`--storage DSN` while a test runs on PostgreSQL (`on_store`), appended to every command."""
+
+
+def on_store(monkeypatch: pytest.MonkeyPatch, storage: str | None) -> None:
+    if storage is not None:
+        monkeypatch.setattr(sys.modules[__name__], "STORAGE", ["--storage", storage])
+
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
+    code = main([*argv, *STORAGE])
     out, err = capsys.readouterr()
     return code, out, err
 
@@ -32,7 +45,13 @@ def contents(results: list[dict[str, object]]) -> list[str]:
     return sorted(r["record"]["content"] for r in results)  # type: ignore[index]
 
 
-def test_records_at_each_scope_layer(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_records_at_each_scope_layer(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    storage: str | None,
+) -> None:
+    on_store(monkeypatch, storage)
     state = tmp_path / "s"
     seat = add(capsys, state, "dana likes aisle seats", "--user", "dana")
     trip = add(capsys, state, "dana flies to Lisbon", "--user", "dana", "--agent", "main",
@@ -91,6 +110,7 @@ def test_records_at_each_scope_layer(tmp_path: Path, capsys: pytest.CaptureFixtu
     code, out, _ = run(capsys, "records", "search", "zebra", "--user", "dana",
                        "--state-dir", str(state))  # fmt: skip
     assert (code, out) == (0, "no matches\n")
+    assert (state / "records.db").exists() == (storage is None)  # PostgreSQL: the server's
 
 
 @pytest.mark.parametrize(
@@ -110,8 +130,14 @@ def test_records_at_each_scope_layer(tmp_path: Path, capsys: pytest.CaptureFixtu
     ],
 )  # fmt: skip
 def test_errors_name_the_argument(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], error: str
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    storage: str | None,
+    argv: list[str],
+    error: str,
 ) -> None:
+    on_store(monkeypatch, storage)
     state = tmp_path / "s"
     add(capsys, state, "something", "--user", "d")
     code, _, err = run(capsys, "records", *argv, "--state-dir", str(state))

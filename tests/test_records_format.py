@@ -23,7 +23,10 @@ from activememory.protocol.records import (
     SearchResultFormatConfig,
 )
 
+from pg_server import pg_memory_dsn, storage
+
 pytestmark = pytest.mark.anyio
+__all__ = ["pg_memory_dsn", "storage"]
 TS = 1_714_555_800.0  # 2024-05-01T09:30:00Z
 
 nasty = st.text(
@@ -261,8 +264,8 @@ def test_a_plain_format_config_keeps_the_result_show_flags() -> None:
 
 
 @pytest.fixture
-async def mem(tmp_path: Path, executor: str) -> AsyncIterator[am.Memory]:
-    async with am.open_memory(tmp_path / "state", executor=executor) as memory:  # type: ignore[arg-type]
+async def mem(tmp_path: Path, executor: str, storage: str | None) -> AsyncIterator[am.Memory]:
+    async with am.open_memory(tmp_path / "state", executor=executor, storage=storage) as memory:  # type: ignore[arg-type]
         yield memory
 
 

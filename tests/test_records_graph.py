@@ -40,7 +40,10 @@ from activememory.storage.records import (
     open_records_connection,
 )
 
+from pg_server import pg_memory_dsn, storage
+
 pytestmark = pytest.mark.anyio
+__all__ = ["pg_memory_dsn", "storage"]
 NOW = 1_700_000_000.0
 
 
@@ -57,9 +60,9 @@ TEXT_ONLY = {"agents": {"defaults": {"memorySearch": {"provider": "none"}}}}
 
 
 @pytest.fixture
-async def mem(tmp_path: Path, executor: str) -> AsyncIterator[am.Memory]:
+async def mem(tmp_path: Path, executor: str, storage: str | None) -> AsyncIterator[am.Memory]:
     async with am.open_memory(
-        tmp_path / "state", executor=executor, clock=Clock(), config=TEXT_ONLY
+        tmp_path / "state", executor=executor, clock=Clock(), config=TEXT_ONLY, storage=storage
     ) as memory:  # type: ignore[arg-type]
         yield memory
 

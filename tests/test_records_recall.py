@@ -8,7 +8,10 @@ import pytest
 
 import activememory as am
 
+from pg_server import pg_memory_dsn, storage
+
 pytestmark = pytest.mark.anyio
+__all__ = ["pg_memory_dsn", "storage"]
 
 RECORDS_SLOT = {"plugins": {"slots": {"memory": "memory-records"}}}
 
@@ -17,11 +20,13 @@ def turn(key: str, text: str) -> am.Turn:
     return am.Turn(session_key=key, messages=[am.Message(role="user", content=text)])
 
 
-async def test_memory_recall_is_scoped_to_the_conversations_user(tmp_path: Path) -> None:
+async def test_memory_recall_is_scoped_to_the_conversations_user(
+    tmp_path: Path, storage: str | None
+) -> None:
     cfg = {**RECORDS_SLOT}
     cfg["plugins"] = {**RECORDS_SLOT["plugins"], "entries": {"active-memory": {"config": {
         "allowedChatTypes": ["direct", "group"]}}}}  # fmt: skip
-    async with am.open_memory(tmp_path / "s", config=cfg) as mem:
+    async with am.open_memory(tmp_path / "s", config=cfg, storage=storage) as mem:
         await mem.records.add("I always take the aisle seat", user_id="alice", agent_id="main")
         await mem.records.add("I always take the window seat", user_id="bob", agent_id="main")
         await mem.records.add(
@@ -40,10 +45,12 @@ async def test_memory_recall_is_scoped_to_the_conversations_user(tmp_path: Path)
     assert "aisle" not in (group.summary or "") and "window" not in (group.summary or "")
 
 
-async def test_a_linked_peers_records_are_its_identitys(tmp_path: Path) -> None:
+async def test_a_linked_peers_records_are_its_identitys(
+    tmp_path: Path, storage: str | None
+) -> None:
     # The records user of a direct chat is its identity, as for transcripts (Config.identity_of).
     cfg = {**RECORDS_SLOT, "session": {"identityLinks": {"dana": ["telegram:123"]}}}
-    async with am.open_memory(tmp_path / "s", config=cfg) as mem:
+    async with am.open_memory(tmp_path / "s", config=cfg, storage=storage) as mem:
         await mem.records.add("I always take the aisle seat", user_id="dana", agent_id="main")
         await mem.records.add("I always take the window seat", user_id="erin", agent_id="main")
         question = "which seat do I always take?"

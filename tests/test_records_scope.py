@@ -20,7 +20,10 @@ import activememory as am
 from activememory._records import USER_MUST_BE_EXACT, USER_REQUIRED
 from activememory.protocol.records import NOT_SET, TopKMemorySearchConfig
 
+from pg_server import pg_memory_dsn, storage
+
 pytestmark = pytest.mark.anyio
+__all__ = ["pg_memory_dsn", "storage"]
 
 Key = tuple[str | None, str | None, str | None]
 DIMS = ("user_id", "agent_id", "thread_id")
@@ -36,8 +39,12 @@ TEXT_ONLY = {"agents": {"defaults": {"memorySearch": {"provider": "none"}}}}
 
 
 @pytest.fixture
-async def grid(tmp_path: Path, executor: str) -> AsyncIterator[tuple[am.Memory, dict[Key, str]]]:
-    async with am.open_memory(tmp_path / "state", executor=executor, config=TEXT_ONLY) as mem:  # type: ignore[arg-type]
+async def grid(
+    tmp_path: Path, executor: str, storage: str | None
+) -> AsyncIterator[tuple[am.Memory, dict[Key, str]]]:
+    async with am.open_memory(
+        tmp_path / "state", executor=executor, config=TEXT_ONLY, storage=storage
+    ) as mem:  # type: ignore[arg-type]
         ids: dict[Key, str] = {}
 
         async def put(key: Key) -> None:
@@ -155,8 +162,12 @@ async def test_scope_table(
                 assert holders == sorted(holders, reverse=True)
 
 
-async def test_limit_counts_only_records_in_scope(tmp_path: Path, executor: str) -> None:
-    async with am.open_memory(tmp_path / "state", executor=executor, config=TEXT_ONLY) as mem:  # type: ignore[arg-type]
+async def test_limit_counts_only_records_in_scope(
+    tmp_path: Path, executor: str, storage: str | None
+) -> None:
+    async with am.open_memory(
+        tmp_path / "state", executor=executor, config=TEXT_ONLY, storage=storage
+    ) as mem:  # type: ignore[arg-type]
         async with anyio.create_task_group() as tg:
             for i in range(60):  # far better matches, all out of scope
                 tg.start_soon(
@@ -186,8 +197,12 @@ async def test_limit_counts_only_records_in_scope(tmp_path: Path, executor: str)
         assert len(store) == 5 and all(h.record.agent_id == "a1" for h in store)
 
 
-async def test_scope_arguments_are_checked(tmp_path: Path, executor: str) -> None:
-    async with am.open_memory(tmp_path / "state", executor=executor, config=TEXT_ONLY) as mem:  # type: ignore[arg-type]
+async def test_scope_arguments_are_checked(
+    tmp_path: Path, executor: str, storage: str | None
+) -> None:
+    async with am.open_memory(
+        tmp_path / "state", executor=executor, config=TEXT_ONLY, storage=storage
+    ) as mem:  # type: ignore[arg-type]
         with pytest.raises(
             am.InvalidInputError, match=r"^exact_agent_match: expected True or False, got 'yes'$"
         ):

@@ -35,6 +35,7 @@ import psycopg
 import psycopg.errors
 from psycopg.types.json import Jsonb
 
+from ...protocol.errors import StorageError
 from ...protocol.records import (
     AddRecord,
     DeleteRecord,
@@ -77,7 +78,7 @@ from ..records import (
     search_steps,
 )
 from ..search import RANK_BUDGET
-from .db import SCHEMA, describe, lost
+from .db import SCHEMA, Reopen, describe, lost
 from .search import _bm25_params
 from .terms import PgQuery, index_terms, pg_query
 from .transcripts import Connection, _text, _text_bytes, configure_reader, configure_writer
@@ -185,12 +186,16 @@ class PgRecordWriter:
 
     Every handler decides to reject before it writes, as on SQLite. Several processes may
     write one tenant: a lost race (deadlock, serialization failure, a unique key taken
-    meanwhile) tries the batch again.
+    meanwhile) tries the batch again. With `reopen` (`db.reopen_connection`) a lost
+    connection is replaced as `PgTranscriptWriter`'s is (docs/design.md §11 "Crash safety
+    and faults"): the next batch first replaces it, and a batch that found it lost before
+    COMMIT was sent runs once more on the new one.
     """
 
-    def __init__(self, conn: Connection, agent: str) -> None:
+    def __init__(self, conn: Connection, agent: str, *, reopen: Reopen | None = None) -> None:
         self.conn = configure_writer(conn)
         self.agent = agent
+        self._reopen = reopen
         self._records = 0
         self._tokens = 0
         self._erased = False
@@ -202,26 +207,50 @@ class PgRecordWriter:
         sink the others; a lost connection rejects the batch with the server's answer and
         writes nothing. After a batch with an erase commits, the tables are vacuumed.
         """
+        # Lost in an earlier batch, which was rejected: never retried here, since its
+        # commit may have reached the server before the connection went.
+        lost_before = self._reopen is not None and lost(self.conn)
+        if lost_before and (refused := self._replace_connection()) is not None:
+            return [RecordRejected(reason="storage", message=refused) for _ in commands]
         failure: psycopg.Error | None = None
+        replaced = False
         for _ in range(_RACE_RETRIES):
             self._records = self._tokens = 0
             self._erased = False
+            sent_commit = False
             try:
                 with self.conn.transaction():
                     acks = [self._apply_one(cmd) for cmd in commands]
                     self._flush_stats()
+                    sent_commit = True  # from here the server may commit what we cannot see
             except _RACES as exc:
                 failure = exc
                 continue
             except psycopg.Error as exc:
                 failure = exc
-                break
+                if sent_commit or replaced or self._reopen is None or not lost(self.conn):
+                    break
+                # Lost before COMMIT was sent (it died while idle): the server rolled back,
+                # so once on a new connection is safe.
+                replaced = True
+                if (refused := self._replace_connection()) is not None:
+                    return [RecordRejected(reason="storage", message=refused) for _ in commands]
+                continue
             return self._purged(acks) if self._erased else acks
         assert failure is not None
         if len(commands) == 1 or lost(self.conn):
             message = describe(failure)
             return [RecordRejected(reason="storage", message=message) for _ in commands]
         return [ack for cmd in commands for ack in self.apply([cmd])]
+
+    def _replace_connection(self) -> str | None:
+        """Swap the lost connection for a new one (`reopen`); the error when none came."""
+        assert self._reopen is not None
+        try:
+            self.conn = configure_writer(self._reopen(self.conn))
+        except StorageError as exc:
+            return str(exc)
+        return None
 
     def _apply_one(self, cmd: RecordCommand) -> RecordAck:
         match cmd:
@@ -400,6 +429,14 @@ class PgRecordReader:
             trees = grow_trees([seq], query, self._edges(query)) if memory else {}
             records = self._records(linked_seqs(trees))
         return hits_of([(seq, rec, 0.0)], trees, records)[0]
+
+    def any_of_users(self, user_ids: Sequence[str]) -> bool:
+        """Whether any record (expired ones included) belongs to one of `user_ids`."""
+        row = self.conn.execute(
+            f"SELECT EXISTS (SELECT 1 FROM {_S}.records WHERE agent = %s AND user_id = ANY(%s))",
+            (self.agent, list(user_ids)),
+        ).fetchone()
+        return bool(row and row[0])
 
     def count(self) -> int:
         """How many records are stored (expired ones included)."""

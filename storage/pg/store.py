@@ -13,15 +13,18 @@ import contextlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
+from ...protocol.errors import StorageError
 from .db import (
     SCHEMA,
     PgSettings,
     connect,
+    lost,
     open_pool,
     reopen_connection,
     reopen_from_pool,
     translate_errors,
 )
+from .records import PgRecordReader, PgRecordWriter
 from .transcripts import PgTranscriptReader, PgTranscriptWriter
 
 if TYPE_CHECKING:
@@ -29,6 +32,13 @@ if TYPE_CHECKING:
     import psycopg_pool
 
 T = TypeVar("T")
+
+RECORDS_TENANT = ":records"
+"""The tenant (`agent` column) of the scoped records an `open_memory` keeps on PostgreSQL
+(docs/design.md §11 "Records"): one for the whole store, as `records.db` is one file for
+every agent of a state directory, so every process opening the DSN shares the records. Not
+an agent id (the colon), so it never names an agent's rows; row-level security binds a
+worker to it as to an agent: `grant_agent(role, ':records')`."""
 
 
 class PgStore:
@@ -70,6 +80,36 @@ class PgStore:
             # ValueError: `reopen` already gave this (lost) connection back.
             with contextlib.suppress(ValueError):
                 self.pool.putconn(reader.conn)
+
+    def record_writer(self) -> PgRecordWriter:
+        """The records writer (`RECORDS_TENANT`) on a connection of its own, replaced
+        after a loss (`reopen_connection`), as an agent's writer is."""
+        return PgRecordWriter(
+            connect(self.settings), RECORDS_TENANT, reopen=reopen_connection(self.settings)
+        )
+
+    def read_records(self, fn: Callable[[PgRecordReader], T]) -> T:
+        """Run `fn` with a records reader (`RECORDS_TENANT`) on a connection of the pool,
+        given back after; errors become `StorageError` (`reading the records: <the
+        server's answer>`). A read whose connection turns out lost (it died while idle in
+        the pool) runs once more on a new one: a read changes nothing."""
+        what = "reading the records"
+        with translate_errors(what):
+            conn = self.pool.getconn()
+        try:
+            try:
+                with translate_errors(what):
+                    return fn(PgRecordReader(conn, RECORDS_TENANT))
+            except StorageError:
+                if not lost(conn):
+                    raise
+            conn = self._reopen(conn)
+            with translate_errors(what):
+                return fn(PgRecordReader(conn, RECORDS_TENANT))
+        finally:
+            # ValueError: `reopen` already gave this (lost) connection back.
+            with contextlib.suppress(ValueError):
+                self.pool.putconn(conn)
 
     def agents(self) -> list[str]:
         """Every agent with a session in the store, sorted."""
