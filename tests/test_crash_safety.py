@@ -41,8 +41,10 @@ SEED = 20261129
 READY_TIMEOUT = 20.0
 EXIT_TIMEOUT = 10.0
 # Each round is bounded (child start, at most 0.6 s of work, kill, verify); this is a
-# backstop so the test cannot run away if verification gets slow as the databases grow.
-WALL_BUDGET = 90.0
+# backstop so the test cannot run away if verification gets slow as the databases grow,
+# not a speed target: 22 rounds take 40-75 s on 2 idle cores and went past 90 s when the
+# suite shared them with other runs.
+WALL_BUDGET = 300.0
 
 AgentId = tuple[str, int]  # (agent, event id): event ids are per agent database
 
