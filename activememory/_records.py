@@ -99,6 +99,17 @@ ExactFlag: TypeAlias = bool | NotSetType
 A = TypeVar("A", bound=RecordAck)
 
 
+def _format_config(given: object) -> SearchResultFormatConfig:
+    """`format_config` as a search or `linked` takes it: None is the records' default."""
+    if given is None:
+        return RecordResultFormatConfig()
+    if not isinstance(given, SearchResultFormatConfig):
+        raise InvalidInputError(
+            f"format_config: expected a SearchResultFormatConfig, got {type(given).__name__}"
+        )
+    return given
+
+
 class SearchInfo(NamedTuple):
     """How a records search ran (docs/design.md §5.7), for `memory_recall`'s data: `mode`
     "hybrid" (text and vectors fused) or "text"; `fallback` why it is text only although
@@ -214,13 +225,7 @@ class _Layer:
             raise InvalidInputError(
                 f"config: expected a MemorySearchConfig, got {type(config).__name__}"
             )
-        if format_config is None:
-            format_config = RecordResultFormatConfig()
-        elif not isinstance(format_config, SearchResultFormatConfig):
-            raise InvalidInputError(
-                f"format_config: expected a SearchResultFormatConfig, "
-                f"got {type(format_config).__name__}"
-            )
+        format_config = _format_config(format_config)
         request = RecordQuery(
             scope=scope,
             boosts=boosts,
@@ -412,13 +417,7 @@ class Records(_Layer):
         record_id = _record_id("id", id)
         check_int("num_hops", num_hops, 0, MAX_HOPS)
         check_int("max_linked_results", max_linked_results, 0, MAX_LINKED_RESULTS)
-        if format_config is None:
-            format_config = RecordResultFormatConfig()
-        elif not isinstance(format_config, SearchResultFormatConfig):
-            raise InvalidInputError(
-                f"format_config: expected a SearchResultFormatConfig, "
-                f"got {type(format_config).__name__}"
-            )
+        format_config = _format_config(format_config)
         anywhere = SearchScope(
             user_id=None,
             agent_id=None,
