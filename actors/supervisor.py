@@ -305,6 +305,17 @@ class ReadSlot:
     busy: int = 0
 
 
+async def _on_least_busy(slots: tuple[ReadSlot, ...], run: Callable[[], T]) -> T:
+    """Run `run` on the executor of the slot with the fewest reads under way (ties: the
+    first). Cancellation: a read that has started finishes on its worker."""
+    slot = min(slots, key=lambda s: s.busy)
+    slot.busy += 1
+    try:
+        return await slot.executor.run(run)
+    finally:
+        slot.busy -= 1
+
+
 @dataclass(kw_only=True)
 class PgAgentStore(AgentStore):
     """An agent of the PostgreSQL store (docs/design.md §11 "Wiring"): the same writer
@@ -327,14 +338,10 @@ class PgAgentStore(AgentStore):
 
         Cancellation: a read that has started finishes on its worker; nothing is left behind.
         """
-        slot = min(self.slots, key=lambda s: s.busy)
         # The PostgreSQL reader has every method of `storage/reads.TranscriptReads`.
-        run = partial(self.pg.read, self.agent, cast(Callable[[Any], T], fn))
-        slot.busy += 1
-        try:
-            return await slot.executor.run(run)
-        finally:
-            slot.busy -= 1
+        return await _on_least_busy(
+            self.slots, partial(self.pg.read, self.agent, cast(Callable[[Any], T], fn))
+        )
 
 
 def _may_need_vectors(ack: IndexerAck) -> bool:
@@ -394,14 +401,10 @@ class PgRecordsDatabase(RecordsDatabase):
 
         Cancellation: a read that has started finishes on its worker; nothing is left behind.
         """
-        slot = min(self.slots, key=lambda s: s.busy)
         # The PostgreSQL reader has every method of `RecordReader` the API layer calls.
-        run = partial(self.pg.read_records, cast(Callable[[Any], T], fn))
-        slot.busy += 1
-        try:
-            return await slot.executor.run(run)
-        finally:
-            slot.busy -= 1
+        return await _on_least_busy(
+            self.slots, partial(self.pg.read_records, cast(Callable[[Any], T], fn))
+        )
 
 
 class Supervisor:
