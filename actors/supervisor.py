@@ -518,7 +518,14 @@ class Supervisor:
         records store yet (never creates one)."""
         if self.embedder is None or self.readonly:
             return None
-        if self._records is None and not records_db_path(self.state_dir).exists():
+        return await self.stored_records()
+
+    async def stored_records(self) -> RecordsDatabase | None:
+        """The records store, opening it on first use, if there is one; None when
+        `records.db` does not exist (never created just to be found empty). On PostgreSQL
+        the records tables are part of the schema: always there."""
+        stored = self.pg is not None or self._records is not None
+        if not stored and not records_db_path(self.state_dir).exists():
             return None
         return await self.records()
 

@@ -518,20 +518,3 @@ def test_records_of_an_open_memory_outlive_their_connections(tmp_path: Path) -> 
         assert {h.id for h in mem.records.search("seat", user_id="u1")} == {first, second}
         record = mem.records.get(second)
         assert record is not None and record.content == "likes window seats"
-
-
-def test_a_users_records_are_never_skipped_by_an_erase_on_postgresql(tmp_path: Path) -> None:
-    # No session of the user anywhere, so nothing else refuses first: the erase of their
-    # records is not on PostgreSQL yet, and says so rather than report nothing erased.
-    import activememory as am
-
-    with scratch_database() as dsn, am.sync.open_memory(tmp_path / "s", storage=dsn) as mem:
-        rid = mem.records.add("alice likes aisle seats", user_id="alice")
-        for dry_run in (True, False):
-            with pytest.raises(
-                am.StorageError, match="^exporting or erasing a user's records is not yet on"
-            ):
-                mem.erase_identity("alice", dry_run=dry_run)
-        with pytest.raises(am.StorageError, match="^exporting or erasing a user's records"):
-            mem.export_identity("alice")
-        assert mem.records.get(rid) is not None
