@@ -139,9 +139,6 @@ async def test_a_schema_newer_than_the_code_is_refused(tmp_path: Path) -> None:
 
 
 async def test_what_is_not_on_postgresql_yet_says_so(tmp_path: Path, dsn: str) -> None:
-    with pytest.raises(am.InvalidInputError, match="^readonly: .* is not yet on PostgreSQL"):
-        async with am.open_memory(tmp_path / "s", storage=dsn, readonly=True):
-            pass
     from fake_embedder import FakeEmbedder
 
     with pytest.raises(am.InvalidInputError, match=r"^embedder: vectors .* not yet on PostgreSQL"):
