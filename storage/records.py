@@ -504,14 +504,6 @@ class RecordReader:
             records = self._records(linked_seqs(trees))
         return hits_of([(seq, rec, 0.0)], trees, records)[0]
 
-    def any_of_users(self, user_ids: Sequence[str]) -> bool:
-        """Whether any record (expired ones included) belongs to one of `user_ids`."""
-        marks = ", ".join("?" * len(user_ids))
-        row = self.conn.execute(
-            f"SELECT EXISTS (SELECT 1 FROM records WHERE user_id IN ({marks}))", tuple(user_ids)
-        ).fetchone()
-        return bool(row and row[0])
-
     def records_of(self, user_ids: tuple[str, ...], agent: str | None) -> UserRecords:
         """The records of these users (with `agent`: those scoped to it or to no agent) and
         the relations among them, as `mem.export_identity` writes them (storage/userdata.py

@@ -252,6 +252,15 @@ class Pair:
             pg_one = self.pg_reader.linked(f"r{i}", query)
             assert _shape([pg_one] if pg_one else []) == _shape([lite_one] if lite_one else [])
 
+    def assert_equal_user_records(self) -> None:
+        """A user's records as an export and an erase's dry run read them (docs/design.md
+        §2.6): the same rows, times, relations and counts on both stores."""
+        lite = RecordReader(self.sqlite_conn)
+        for users in [("u1",), ("u2", "u1"), ("nobody",)]:
+            assert self.pg_reader.plan_record_erasure(users) == lite.plan_record_erasure(users)
+            for agent in (None, "a1", "a2"):
+                assert self.pg_reader.records_of(users, agent) == lite.records_of(users, agent)
+
 
 class _Thread:
     user_id = "u1"
@@ -287,6 +296,7 @@ def run_both(pair: Any, layer: str, batches: list[list[Any]], searches: list[Any
                 pg_acks = stores.pg_writer.apply(batch)
                 assert pg_acks == sqlite_acks, batch
                 assert stores.pg_reader.count() == RecordReader(stores.sqlite_conn).count()
+                stores.assert_equal_user_records()
                 for search in searches:
                     stores.assert_equal_search(layer, search)
         finally:

@@ -424,14 +424,6 @@ class PgRecordReader:
             records = self._records(linked_seqs(trees))
         return hits_of([(seq, rec, 0.0)], trees, records)[0]
 
-    def any_of_users(self, user_ids: Sequence[str]) -> bool:
-        """Whether any record (expired ones included) belongs to one of `user_ids`."""
-        row = self.conn.execute(
-            f"SELECT EXISTS (SELECT 1 FROM {_S}.records WHERE agent = %s AND user_id = ANY(%s))",
-            (self.agent, list(user_ids)),
-        ).fetchone()
-        return bool(row and row[0])
-
     def records_of(self, user_ids: tuple[str, ...], agent: str | None) -> UserRecords:
         """`RecordReader.records_of`: these users' records and their relations, as an
         export writes them; one snapshot."""
