@@ -11,7 +11,8 @@ handle. A crashed actor is never silently lost: its exception propagates out of
 
 Read-only (`open_memory(readonly=True)`, docs/design.md §1.6): each database is only its
 reader connections — no writer lock, no writer, no reconciler, no embedder actor — and every
-write is refused with `readonly_error`."""
+write is refused with `readonly_error`; on PostgreSQL the same, on connections the server
+itself keeps read-only (docs/design.md §11 "Read-only")."""
 
 from __future__ import annotations
 
@@ -521,7 +522,14 @@ class Supervisor:
         records store yet (never creates one)."""
         if self.embedder is None or self.readonly:
             return None
-        if self._records is None and not records_db_path(self.state_dir).exists():
+        return await self.stored_records()
+
+    async def stored_records(self) -> RecordsDatabase | None:
+        """The records store, opening it on first use, if there is one; None when
+        `records.db` does not exist (never created just to be found empty). On PostgreSQL
+        the records tables are part of the schema: always there."""
+        stored = self.pg is not None or self._records is not None
+        if not stored and not records_db_path(self.state_dir).exists():
             return None
         return await self.records()
 
@@ -574,14 +582,17 @@ class Supervisor:
 
     async def _open_pg_records(self, pg: PgStore) -> RecordsDatabase:
         """The records of the PostgreSQL store: the records keeper over a `PgRecordWriter`
-        (no lock: docs/design.md §11 "Several processes"); no embedder actor."""
-        write_executor = make_executor(self.executor_kind)
-        writer = await write_executor.run(pg.record_writer)
-        actor = RecordKeeper(
-            cast(StorageWriter[RecordCommand, RecordAck], writer),
-            write_executor,
-            max_batch=self.max_batch,
-        )
+        (no lock: docs/design.md §11 "Several processes"); no embedder actor. Read-only:
+        the reads alone (docs/design.md §11 "Read-only")."""
+        actor = None
+        if not self.readonly:
+            write_executor = make_executor(self.executor_kind)
+            writer = await write_executor.run(pg.record_writer)
+            actor = RecordKeeper(
+                cast(StorageWriter[RecordCommand, RecordAck], writer),
+                write_executor,
+                max_batch=self.max_batch,
+            )
         records = PgRecordsDatabase(
             path=Path("postgresql:records"),
             actor=actor,
@@ -596,7 +607,8 @@ class Supervisor:
             ),
         )
         records.embedder_stopped.set()
-        self._tg.start_soon(records.run_writer, name="records-keeper")
+        if actor is not None:
+            self._tg.start_soon(records.run_writer, name="records-keeper")
         return records
 
     async def _open(
@@ -753,7 +765,23 @@ class Supervisor:
     async def _open_pg_agent(self, agent: str, pg: PgStore) -> AgentStore:
         """An agent of the PostgreSQL store: its writer actor (no lock: docs/design.md §11
         "Several processes") and reconciler; no embedder actor (vectors are not on
-        PostgreSQL yet)."""
+        PostgreSQL yet). Read-only: its reads alone (docs/design.md §11 "Read-only")."""
+        slots = tuple(ReadSlot(executor=make_executor(self.executor_kind)) for _ in range(READERS))
+        if self.readonly:
+            store = PgAgentStore(
+                agent=agent,
+                path=Path(f"postgresql:{agent}"),
+                actor=None,
+                readers=(),
+                lock=None,
+                state_dir=self.state_dir,
+                reconciler=None,
+                pokes=None,
+                pg=pg,
+                slots=slots,
+            )
+            store.embedder_stopped.set()
+            return store
         write_executor = make_executor(self.executor_kind)
         writer = await write_executor.run(lambda: pg.writer(agent))
         actor = Indexer(
@@ -774,9 +802,7 @@ class Supervisor:
             ),
             pokes=poke_send,
             pg=pg,
-            slots=tuple(
-                ReadSlot(executor=make_executor(self.executor_kind)) for _ in range(READERS)
-            ),
+            slots=slots,
         )
         store.embedder_stopped.set()
         self._tg.start_soon(store.run_writer, name=f"indexer:{agent}")
@@ -877,17 +903,18 @@ async def open_supervisor(
     database also gets an embedder actor (docs/design.md §2.3). `readonly`: readers alone,
     on a state directory that must already hold a store (docs/design.md §1.6). `pg`: the
     transcripts are in that PostgreSQL store (docs/design.md §11), connected to (and its
-    schema made or checked) before anything starts; the state directory keeps the rest."""
+    schema made or checked) before anything starts; the state directory keeps the rest
+    (read-only, `pg.readonly`: the schema must exist; the state directory need not)."""
     store: PgStore | None = None
     if pg is not None:  # first: a server that cannot be used leaves no state directory
         from ..storage.pg.store import PgStore
 
         store = await make_executor(executor).run(lambda: PgStore.open(pg))
     try:
-        if readonly:
-            require_store(state_dir)
-        else:
+        if not readonly:
             ensure_state_dir(state_dir)
+        elif store is None:  # read-only on PostgreSQL: the server was checked to hold one
+            require_store(state_dir)
         async with _supervised(
             state_dir,
             executor,

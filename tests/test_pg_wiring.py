@@ -139,9 +139,6 @@ async def test_a_schema_newer_than_the_code_is_refused(tmp_path: Path) -> None:
 
 
 async def test_what_is_not_on_postgresql_yet_says_so(tmp_path: Path, dsn: str) -> None:
-    with pytest.raises(am.InvalidInputError, match="^readonly: .* is not yet on PostgreSQL"):
-        async with am.open_memory(tmp_path / "s", storage=dsn, readonly=True):
-            pass
     from fake_embedder import FakeEmbedder
 
     with pytest.raises(am.InvalidInputError, match=r"^embedder: vectors .* not yet on PostgreSQL"):
@@ -151,16 +148,8 @@ async def test_what_is_not_on_postgresql_yet_says_so(tmp_path: Path, dsn: str) -
     async with am.open_memory(tmp_path / "s", storage=dsn) as mem:
         event = await mem.sessions.append(KEY, hello("the gate code is 4417"))
         await mem.sessions.append("agent:main:main", hello("what is the gate code?"))
-        # Notes, export and erase are (tests/test_memory_notes.py, test_userdata.py), but a
-        # user who has scoped records is refused, never exported or erased without them.
+        # Notes, export and erase are (tests/test_memory_notes.py, test_userdata.py).
         assert await mem.notes.sync_notes("main") == 0  # no workspace: no notes
-        await mem.records.add("likes tea", user_id="alice")
-        refused = "^exporting or erasing a user's records is not yet on PostgreSQL"
-        with pytest.raises(am.StorageError, match=refused):
-            await mem.export_identity("alice")
-        with pytest.raises(am.StorageError, match=refused):
-            await mem.erase_identity("alice", dry_run=True)
-        assert (await mem.export_identity("bob")).records == ()  # no records: exported
         # memory_search: outside the private scope the conversations do not answer.
         caller = am.parse_session_key("agent:main:main")
         scope = mem.config.private_scope(caller)
