@@ -972,7 +972,7 @@ def _add_mcp_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser
     mcp = commands.add_parser(
         "mcp", help="serve one conversation's memory tools over MCP (stdio or streamable HTTP)"
     )
-    mcp.add_argument("--state-dir", type=Path, required=True)
+    add_store_arguments(mcp)
     mcp.add_argument(
         "--session-key", required=True, help="the conversation every tool runs as (the caller)"
     )
@@ -1000,6 +1000,7 @@ def _mcp(args: argparse.Namespace) -> int:
         config=args.config,
         token=args.token,
         readonly=args.readonly,
+        storage=args.storage,
     )
 
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import io
 import json
 from pathlib import Path
 
@@ -17,7 +18,7 @@ __all__ = ["pg_memory_dsn"]
 ALICE = "agent:main:direct:alice"
 TEXT_ONLY = {"agents": {"defaults": {"memorySearch": {"provider": "none"}}}}
 # Commands that open a memory but not through `open_store` (their own modules' options).
-OWN_OPTIONS = {"chat", "mcp", "demo"}
+OWN_OPTIONS = {"demo"}  # its own fresh state directory, always SQLite
 
 
 def _commands(parser: argparse.ArgumentParser, prefix: str = "") -> dict[str, list[str]]:
@@ -108,3 +109,22 @@ def test_the_config_files_storage_section_is_used(
         code, _, err = run(capsys, "sessions", *state, "--storage", "sqlite")
         assert code == 2 and err.startswith("activememory: error: --state-dir: ")
     assert not (tmp_path / "s").exists()
+
+
+def test_a_chat_on_postgresql_is_stored_there(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    pg_memory_dsn: str,
+) -> None:
+    empty_store(pg_memory_dsn)
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(TEXT_ONLY))
+    state = ["--state-dir", str(tmp_path / "s"), "--storage", pg_memory_dsn]
+    monkeypatch.setattr("sys.stdin", io.StringIO("I keep bees on the roof\n/quit\n"))
+    code, _, err = run(capsys, "chat", *state, "--config", str(config), "--session", ALICE)
+    assert code == 0, err
+    code, out, err = run(capsys, "search", "bees", *state, "--caller", ALICE, "--json")
+    found = {r["snippet"] for r in json.loads(out)["results"]}
+    assert found == {"I keep bees on the roof", 'You said: "I keep bees on the roof"'}, err
+    assert not (tmp_path / "s/agents").exists()  # nothing of it in the state directory

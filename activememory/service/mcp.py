@@ -337,9 +337,11 @@ def serve(
     config: Path | None = None,
     token: str | None = None,
     readonly: bool = False,
+    storage: str | None = None,
 ) -> int:
     """Run the MCP server for the conversation `session_key` until stdin closes (stdio)
-    or the process is interrupted (http). Returns the exit status.
+    or the process is interrupted (http). Returns the exit status. `storage`: the
+    PostgreSQL store (`open_memory(storage=...)`); None: the config's, else `state_dir`.
 
     Raises `InvalidInputError` before anything starts for a bad session key, transport,
     port or token, and for a non-loopback `host` without a token.
@@ -364,7 +366,9 @@ def serve(
     async def run() -> None:
         from .._memory import open_memory
 
-        async with open_memory(state_dir, config=config, readonly=readonly) as memory:
+        async with open_memory(
+            state_dir, config=config, readonly=readonly, storage=storage
+        ) as memory:
             server = make_server(MemoryTools(memory, key))
             async with anyio.create_task_group() as tasks:
                 # SIGTERM or Ctrl-C stop the transport, then the memory closes cleanly
