@@ -38,6 +38,15 @@ Three kinds of process:
       seconds (default half the run): the last run lives long enough to show a leak;
   (e) no group message ever reached a recall (the privacy boundary, docs/design.md §4.2).
 
+On PostgreSQL (`--storage DSN --workers N`, docs/design.md §7) N workload processes (the
+**workers**) share the session keys, each with its share of the rates and its own ack log
+(`soak-acks-<n>.jsonl`); a kill takes one running worker at random, and the next waits until
+it is READY again. No busy writer (the workers contend for the sessions' row locks) and no
+embedder. The soak's database is its own (created and dropped) unless the DSN names one,
+which must hold no store (`soak_database`). Check (a) merges the ack logs in each session's
+commit order, the store's `seq` (`replay_merged`); (b) compares the `message_index` rows
+with `storage/pg/terms.index_terms` of the active branches (`expected_pg_index`).
+
 The workload opens the memory with the default `memorySearch` (the shipped embedder on), so
 the soak also measures the **embedder's background rate and lag** (docs/design.md §2.3): the
 vectors it stored per second, the rows waiting for a vector (sampled each second from
@@ -52,6 +61,7 @@ Exit status 1 if any check fails.
 
     python -m activememory.simulations.soak [--sessions 200] [--append-rate 50]
         [--recall-rate 20] [--duration 600] [--faults] [--progress] [--json]
+        [--storage postgresql://... --workers 4]
 """
 
 from __future__ import annotations

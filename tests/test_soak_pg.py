@@ -266,3 +266,12 @@ def test_without_a_database_name_the_soak_makes_its_own_and_drops_it() -> None:
     with psycopg.connect(ADMIN_DSN) as admin:
         left = admin.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone()
     assert left is None
+
+
+def test_an_embedder_is_refused_on_postgresql(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        soak.parse_args(["--storage", "postgresql://x/y", "--embedder", "all-MiniLM-L6-v2"])
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "activememory soak: error: --embedder: no embedder on PostgreSQL yet "
+        "(vectors run on SQLite only)"
+    )
