@@ -67,17 +67,18 @@ def soaked(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, str
 def test_multi_worker_soak_on_postgresql_passes(soaked: tuple[Path, str, dict[str, Any]]) -> None:
     state_dir, _, report = soaked
     checks = {c["name"]: c["result"] for c in report["checks"]}
-    assert [checks[n] for n in "abce"] == ["PASS"] * 4, report["checks"]
-    assert checks.get("run") != "FAIL", report["checks"]
+    seen = {k: report[k] for k in ("checks", "run", "throughput")}
+    assert [checks[n] for n in "abce"] == ["PASS"] * 4, seen
+    assert checks.get("run") != "FAIL", seen
     assert report["soak"]["workers"] == WORKERS and report["soak"]["storage"] == "postgresql"
     # Every worker ran and wrote its own ack log; a worker was killed and restarted.
     assert all((state_dir / f"soak-acks-{w}.jsonl").exists() for w in range(WORKERS))
-    assert report["run"]["kills"] >= 1
-    assert report["run"]["workload_runs"] >= WORKERS + report["run"]["kills"]
+    assert report["run"]["kills"] >= 1, seen
+    assert report["run"]["workload_runs"] >= WORKERS + report["run"]["kills"], seen
     # The workers shared the sessions: rewinds took acknowledged messages off the branch.
-    assert report["throughput"]["messages_acked"] > 150
-    assert report["throughput"]["rewinds_acked"] >= 1
-    assert report["verify"]["rows_compared_after_rebuild"] > 100
+    assert report["throughput"]["messages_acked"] > 150, seen
+    assert report["throughput"]["rewinds_acked"] >= 1, seen
+    assert report["verify"]["rows_compared_after_rebuild"] > 100, report["verify"]
     assert report["environment"]["postgresql"]["database_kept"] is True
     assert report["ok"] is True
 
