@@ -85,7 +85,7 @@ import sys
 import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Literal
@@ -127,6 +127,8 @@ RSS_GROWTH_MAX = 0.10
 RSS_MIN_SAMPLES = 10  # fewer samples after warm-up: the RSS check is skipped
 GROUP_TOKEN = "teamonly"  # only group messages carry it: it must never reach a recall
 MARKER = re.compile(r"mk(\d+)q(\d+)z")
+# The workers get the DSN here, not on their command line (which `ps` shows, password and all).
+STORAGE_ENV = "ACTIVEMEMORY_SOAK_STORAGE"
 
 Status = Literal["PASS", "FAIL", "SKIP"]
 
@@ -590,7 +592,7 @@ async def run_child(args: argparse.Namespace) -> int:
             state_dir,
             config=soak_config(args.timeout_ms, args.embedder),
             models={MODEL: model},
-            storage=args.storage,
+            storage=os.environ[STORAGE_ENV] if args.storage_env else None,
         ) as mem:
             workload = Workload(mem, args, acks, model)
             # Open the agent database (and recover it after a kill) before saying READY.
@@ -736,14 +738,21 @@ def pump(stream: IO[bytes], inc: int, live: Live, ready: threading.Event) -> Non
 class Process:
     """A child process of the soak and the thread reading its stdout."""
 
-    def __init__(self, argv: list[str], inc: int, live: Live, stderr_path: Path) -> None:
+    def __init__(
+        self,
+        argv: list[str],
+        inc: int,
+        live: Live,
+        stderr_path: Path,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
         self.inc = inc
         self.stderr_path = stderr_path
         with stderr_path.open("ab") as err:
             err.write(f"--- run {inc}: {' '.join(argv[3:])}\n".encode())
             err.flush()
             self.stderr_from = err.tell()
-            self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err)
+            self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, env=env)
         assert self.proc.stdout is not None
         self.ready = threading.Event()
         self.reader = threading.Thread(
@@ -818,7 +827,7 @@ def child_argv(
     argv += ["--embedder", args.embedder] if args.embedder else []
     if share > 1:
         argv += ["--ack-log", ack_log_name(worker, share)]
-    argv += ["--storage", storage] if storage is not None else []
+    argv += ["--storage-env"] if storage is not None else []
     return argv + (["--fsync-acks"] if args.fsync_acks else [])
 
 
@@ -883,6 +892,7 @@ def drive(
     next_kill = begin + rng.uniform(kill_low, kill_high) if args.faults else float("inf")
     busy: Process | None = None
     workers = [Worker(index) for index in range(args.workers)]
+    env = None if storage is None else {**os.environ, STORAGE_ENV: storage}
 
     def start(worker: Worker) -> bool:
         """Start the worker's next run and wait until it is READY; False: stop the soak."""
@@ -893,7 +903,7 @@ def drive(
             inc = log.runs
             argv = child_argv(args, state_dir, inc, until, worker=worker.index, storage=storage)
             err = state_dir / child_err_name(worker.index, args.workers)
-            worker.child = child = Process(argv, inc, live, err)
+            worker.child = child = Process(argv, inc, live, err, env)
             log.runs += 1
             worker.runs += 1
             if child.wait_ready(READY_TIMEOUT_S):
@@ -1446,9 +1456,11 @@ class Probe:
 
     storage: str | None  # None: SQLite in the state directory
     index_name: str  # what the integrity check checks, for the report
-    snapshot: Any  # () -> Snapshot
-    expected: Any  # (branches, snapshot) -> session key -> event id -> index row
-    replay: Any  # replay_session (one worker) or replay_merged (several)
+    snapshot: Callable[[], Snapshot]
+    expected: Callable[[Mapping[str, list[int]], Snapshot], dict[str, dict[int, dict[str, Any]]]]
+    replay: Callable[
+        [str, list[Op], list[StoredEvent], Snapshot, list[str]], tuple[list[int], Counter[str]]
+    ]  # replay_session (one worker, its log's order) or replay_merged (several: seq order)
 
 
 def probe(state_dir: Path, storage: str | None) -> Probe:
@@ -2142,13 +2154,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--incarnation", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--until", type=float, default=0.0, help=argparse.SUPPRESS)
     parser.add_argument("--ack-log", default=ACK_LOG, help=argparse.SUPPRESS)
+    parser.add_argument("--storage-env", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.workers > 1 and args.storage is None:
         parser.error(
             f"--workers: {args.workers} workers need --storage (a PostgreSQL connection string): "
             "SQLite has one writer process"
         )
-    if args.storage is not None and args.embedder is not None and not args.child:
+    if args.storage is not None and args.embedder is not None:
         parser.error("--embedder: no embedder on PostgreSQL yet (vectors run on SQLite only)")
     if args.steady is None:
         args.steady = args.duration / 2

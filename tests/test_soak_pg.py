@@ -276,3 +276,15 @@ def test_an_embedder_is_refused_on_postgresql(capsys: pytest.CaptureFixture[str]
         "activememory soak: error: --embedder: no embedder on PostgreSQL yet "
         "(vectors run on SQLite only)"
     )
+
+
+def test_the_dsn_is_not_on_a_workers_command_line(tmp_path: Path) -> None:
+    # `ps` shows command lines to every local user: the DSN (and its password) goes by
+    # the environment.
+    dsn = "postgresql://bot:s3cret@db/memory"
+    args = soak.parse_args(["--storage", dsn, "--workers", "4"])
+    argv = soak.child_argv(args, tmp_path, 5, 0.0, worker=2, storage=dsn)
+    assert not any("s3cret" in arg for arg in argv)
+    assert argv[argv.index("--ack-log") + 1] == "soak-acks-2.jsonl"
+    assert "--storage-env" in argv
+    assert argv[argv.index("--append-rate") + 1] == "12.5"  # a quarter of the default 50
