@@ -287,7 +287,9 @@ class Workload:
         return f"mk{self.inc}q{next(self.markers)}z"
 
     async def branch(self, key: str) -> list[int]:
-        """The tail of the session's active branch as this run knows it."""
+        """The tail of the session's active branch as this run knows it (with several
+        workers only its own view: a rewind target the others took off the branch is still a
+        message of the session, which a rewind accepts)."""
         found = self.branches.get(key)
         if found is None:
             try:
@@ -894,18 +896,27 @@ def drive(
     workers = [Worker(index) for index in range(args.workers)]
     env = None if storage is None else {**os.environ, STORAGE_ENV: storage}
 
-    def start(worker: Worker) -> bool:
-        """Start the worker's next run and wait until it is READY; False: stop the soak."""
+    def launch(worker: Worker) -> None:
+        """Start the worker's next run."""
+        inc = log.runs
+        argv = child_argv(args, state_dir, inc, until, worker=worker.index, storage=storage)
+        err = state_dir / child_err_name(worker.index, args.workers)
+        worker.child = Process(argv, inc, live, err, env)
+        log.runs += 1
+        worker.runs += 1
+
+    def start(worker: Worker, *, launched: bool = False) -> bool:
+        """Start the worker's next run (unless `launched`) and wait until it is READY;
+        False: stop the soak."""
         while True:
-            if worker.runs > 0 and time.time() >= until - 0.5:
-                worker.finished = True  # no time left for another run
-                return True
-            inc = log.runs
-            argv = child_argv(args, state_dir, inc, until, worker=worker.index, storage=storage)
-            err = state_dir / child_err_name(worker.index, args.workers)
-            worker.child = child = Process(argv, inc, live, err, env)
-            log.runs += 1
-            worker.runs += 1
+            if not launched:
+                if worker.runs > 0 and time.time() >= until - 0.5:
+                    worker.finished = True  # no time left for another run
+                    return True
+                launch(worker)
+            launched = False
+            child = worker.child
+            assert child is not None
             if child.wait_ready(READY_TIMEOUT_S):
                 if worker.down_since is not None:
                     log.downtime_s += time.monotonic() - worker.down_since
@@ -913,9 +924,11 @@ def drive(
                 return True
             child.kill()
             if child.proc.returncode == -signal.SIGKILL:  # still starting: hung
-                log.problems.append(f"workload run {inc} not ready in {READY_TIMEOUT_S:.0f} s")
+                log.problems.append(
+                    f"workload run {child.inc} not ready in {READY_TIMEOUT_S:.0f} s"
+                )
                 return False
-            log.failed_starts.append(f"run {inc}: {child.last_error()}")
+            log.failed_starts.append(f"run {child.inc}: {child.last_error()}")
             if len(log.failed_starts) >= MAX_FAILED_STARTS:
                 log.problems.append(f"{MAX_FAILED_STARTS} workload runs failed to start")
                 return False
@@ -942,7 +955,9 @@ def drive(
             argv = [sys.executable, "-m", "activememory.simulations.soak", "--busy-writer"]
             argv += ["--state-dir", str(state_dir), "--seed", str(args.seed)]
             busy = Process(argv, -1, live, state_dir / BUSY_ERR)
-        going = all(start(worker) for worker in workers)
+        for worker in workers:  # all at once: each takes seconds to import and open
+            launch(worker)
+        going = all(start(worker, launched=True) for worker in workers)
         while going and not all(worker.finished for worker in workers):
             now = time.monotonic()
             running = [worker for worker in workers if worker.running()]
