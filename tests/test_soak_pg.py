@@ -3,8 +3,8 @@
 One 15-second soak with 3 workers (20 sessions, 20 appends/s, 5 recalls/s overall) with
 faults on runs through the CLI in a database of this test session's server: the chaos
 model, and kill -9 of a worker at random (restarted, the others running). Its report must
-PASS (a)-(c) and (e). Then the verifier itself is checked on a copy of that database with an
-acknowledged message deleted: it must FAIL with the loss. The merge rule of several
+PASS (a)-(c) and (e). Then the verifier itself is checked on copies of that database, one
+with an acknowledged message deleted, one with an index row changed: each must FAIL. The merge rule of several
 workers' ack logs (`replay_merged`) is checked as a table; the command's refusals without
 a server run.
 """
@@ -143,6 +143,32 @@ def test_verifier_finds_an_acknowledged_message_deleted_on_postgresql(
         f"acknowledged message {marker} (event {event_id}) is not in the store: LOST" in p
         for p in found.lost
     ), found.lost
+
+
+@pytest.mark.slow
+def test_verifier_finds_an_index_row_that_differs_on_postgresql(
+    soaked: tuple[Path, str, dict[str, Any]],
+) -> None:
+    state_dir, dsn, _ = soaked
+    with psycopg.connect(dsn) as conn:
+        # A row of a clean session: rebuild_index() leaves it as it is.
+        row = conn.execute(
+            "SELECT max(i.event_id) FROM activememory.message_index i"
+            " JOIN activememory.sessions s ON s.agent = i.agent AND s.id = i.session_id"
+            " WHERE NOT s.dirty"
+        ).fetchone()
+    assert row is not None and row[0] is not None
+    event_id = int(row[0])
+    found = verify_copy(
+        dsn,
+        state_dir,
+        ["UPDATE activememory.message_index SET terms = 'planted:1A' WHERE event_id = %(id)s"],
+        {"id": event_id},
+    )
+    assert found.lost == []
+    assert found.index and all(
+        f"row {event_id} holds" in p and "'planted':1A" in p for p in found.index
+    ), found.index
 
 
 # -- the merge rule of several workers' ack logs (a table) ------------------------------------
