@@ -2153,7 +2153,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         metavar="DSN",
         help="run on PostgreSQL: a connection string. Naming a database (dbname): it must hold "
         "no store yet and is kept; naming none: the soak creates its own on that server and "
-        "drops it afterwards",
+        'drops it afterwards. "sqlite": the state directory\'s files (the default)',
     )
     parser.add_argument(
         "--workers",
@@ -2171,6 +2171,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--ack-log", default=ACK_LOG, help=argparse.SUPPRESS)
     parser.add_argument("--storage-env", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.storage == "sqlite":  # as every command's --storage says it
+        args.storage = None
     if args.workers > 1 and args.storage is None:
         parser.error(
             f"--workers: {args.workers} workers need --storage (a PostgreSQL connection string): "

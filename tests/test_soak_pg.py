@@ -314,3 +314,9 @@ def test_the_dsn_is_not_on_a_workers_command_line(tmp_path: Path) -> None:
     assert argv[argv.index("--ack-log") + 1] == "soak-acks-2.jsonl"
     assert "--storage-env" in argv
     assert argv[argv.index("--append-rate") + 1] == "12.5"  # a quarter of the default 50
+
+
+def test_storage_sqlite_is_the_state_directory() -> None:
+    assert soak.parse_args(["--storage", "sqlite"]).storage is None
+    with pytest.raises(SystemExit):
+        soak.parse_args(["--storage", "sqlite", "--workers", "2"])
