@@ -256,6 +256,8 @@ class AgentStore(VectorDatabase[TranscriptReader, IndexerCommand, IndexerAck]):
     pokes: MemoryObjectSendStream[Poke] | None
     reconciler_stopped: anyio.Event = field(default_factory=anyio.Event)
     embedder: EmbedderActor[AgentFeed] | None = None
+    # The readers' in-memory vector index (None: read-only, or PostgreSQL).
+    vector_index: VectorIndexes | None = None
 
     async def submit(self, command: IndexerCommand) -> IndexerAck:
         """Queue `command` for the indexer and wait for its ack; a write that may have
@@ -743,6 +745,7 @@ class Supervisor:
             pokes=poke_send,
             embedder_reader=embedder_reader,
             embedder_read_executor=embedder_executor,
+            vector_index=indexes,
         )
         self._tg.start_soon(store.run_writer, name=f"indexer:{agent}")
         self._tg.start_soon(self._run_reconciler, store, name=f"reconciler:{agent}")

@@ -32,8 +32,11 @@ Three kinds of process:
       with no stray rows, and FTS5's integrity check passes;
   (c) every recall returned (none raised) within `timeoutMs + setupGraceTimeoutMs + 3000`
       ms: wall time around `mem.recall`, and the recall step of each `mem.reply`;
-  (d) RSS growth after warm-up is at most 10%: in the last workload run, the median of the
-      first 20% of its samples after `--warmup` against the median of the last 20%. A kill
+  (d) RSS growth after warm-up, less the in-memory vector index, is at most 10%: in the
+      last workload run, the median of the first 20% of its samples after `--warmup` against
+      the median of the last 20%. The vector index holds a vector per message by design
+      (docs/design.md §2.3), so it grows with the data; it is sampled with RSS
+      (`VectorIndexes.nbytes`) and taken out, and both figures are printed. A kill
       starts a fresh process and resets RSS, so kills happen only before the last `--steady`
       seconds (default half the run): the last run lives long enough to show a leak;
   (e) no group message ever reached a recall (the privacy boundary, docs/design.md §4.2).
@@ -506,11 +509,22 @@ class Workload:
         )
 
     async def sample_rss(self) -> None:
-        """Send RSS and SQLite's heap to the parent every second."""
+        """Send RSS, SQLite's heap and the vector index's bytes to the parent every second."""
         started = time.monotonic()
+        store = await self.mem._supervisor.agent(AGENT)
+        index = getattr(store, "vector_index", None)
         while True:
             age = time.monotonic() - started
-            emit({"t": "rss", "kib": rss_kib(), "sqlite": apsw.memory_used() // 1024, "age": age})
+            vix = 0 if index is None else index.nbytes() // 1024
+            emit(
+                {
+                    "t": "rss",
+                    "kib": rss_kib(),
+                    "sqlite": apsw.memory_used() // 1024,
+                    "vix": vix,
+                    "age": age,
+                }
+            )
             await trio.sleep(RSS_EVERY_S)
 
     async def watch_embedder(self) -> None:
@@ -664,6 +678,7 @@ class RssSample:
     at_s: float  # since the soak started
     kib: int
     sqlite_kib: int  # SQLite's own heap (apsw.memory_used), part of `kib`
+    vector_kib: int = 0  # the in-memory vector index (VectorIndexes.nbytes), part of `kib`
 
 
 @dataclass
@@ -695,7 +710,14 @@ class Live:
                 self.recalls.append(msg)
             elif kind == "rss":
                 at = time.monotonic() - self.started
-                sample = RssSample(inc, float(msg["age"]), at, int(msg["kib"]), int(msg["sqlite"]))
+                sample = RssSample(
+                    inc,
+                    float(msg["age"]),
+                    at,
+                    int(msg["kib"]),
+                    int(msg["sqlite"]),
+                    int(msg.get("vix", 0)),
+                )
                 self.rss.append(sample)
             elif kind == "tick":
                 self.ticks[inc] = msg
@@ -1704,6 +1726,11 @@ def rss_report(rss: Sequence[RssSample], warmup_s: float) -> dict[str, Any]:
         "final_run_s": round(final[-1].age_s, 1) if final else 0.0,
         "judged_samples": len(warm),
         "growth": growth([sample.kib for sample in warm]),
+        # What the check judges: RSS less the vector index, which holds a vector per
+        # message by design (docs/design.md §2.3) and so grows with the data, not a leak.
+        "net_growth": growth([sample.kib - sample.vector_kib for sample in warm]),
+        "vector_first_mib": median_mib(x.vector_kib for x in warm[:fifth]),
+        "vector_last_mib": median_mib(x.vector_kib for x in warm[-fifth:]),
         "first_mib": median_mib(x.kib for x in warm[:fifth]),
         "last_mib": median_mib(x.kib for x in warm[-fifth:]),
         "sqlite_first_mib": median_mib(x.sqlite_kib for x in warm[:fifth]),
@@ -1715,6 +1742,7 @@ def rss_report(rss: Sequence[RssSample], warmup_s: float) -> dict[str, Any]:
                 "age_s": round(x.age_s, 1),
                 "mib": _mib(x.kib),
                 "sqlite_mib": _mib(x.sqlite_kib),
+                "vector_mib": _mib(x.vector_kib),
             }
             for x in picks
         ],
@@ -1824,7 +1852,7 @@ def build_report(
             c_detail,
         )
     )
-    g = rss["growth"]
+    g = rss["net_growth"]
     if g is None:
         d_status: Status = "SKIP"
         d_detail = (
@@ -1835,11 +1863,18 @@ def build_report(
         d_status = "FAIL" if g > RSS_GROWTH_MAX else "PASS"
         d_detail = (
             f"last run ({rss['final_run_s']:.0f} s, no kills), after its {rss['warmup_s']:g} s "
-            f"warm-up: median {rss['first_mib']} -> {rss['last_mib']} MiB ({g:+.1%}); "
+            f"warm-up: median {rss['first_mib']} -> {rss['last_mib']} MiB "
+            f"({rss['growth']:+.1%}), of it the vector index {rss['vector_first_mib']} -> "
+            f"{rss['vector_last_mib']} MiB; without it {g:+.1%}; "
             f"SQLite heap {rss['sqlite_first_mib']} -> {rss['sqlite_last_mib']} MiB"
         )
     checks.append(
-        check("d", f"RSS growth after warm-up <= {RSS_GROWTH_MAX:.0%}", d_status, d_detail)
+        check(
+            "d",
+            f"RSS growth after warm-up, beyond the vector index, <= {RSS_GROWTH_MAX:.0%}",
+            d_status,
+            d_detail,
+        )
     )
     checks.append(
         check(
@@ -2019,9 +2054,11 @@ def format_report(report: dict[str, Any]) -> str:
         if s.get("storage") != "postgresql"
         else f"  faults: {f['kills']} kill -9 of a worker (the others running); no busy writer "
         "(the workers contend for the sessions' row locks)",
-        f"  RSS: peak {rss['peak_mib']} MiB; over time (soak s / run / MiB, SQLite heap MiB): "
+        f"  RSS: peak {rss['peak_mib']} MiB; over time (soak s / run / MiB, SQLite heap MiB, "
+        "vector index MiB): "
         + ", ".join(
-            f"{p['t_s']:.0f}/{p['run']}/{p['mib']} ({p['sqlite_mib']})" for p in rss["over_time"]
+            f"{p['t_s']:.0f}/{p['run']}/{p['mib']} ({p['sqlite_mib']}, {p['vector_mib']})"
+            for p in rss["over_time"]
         ),
         *_embedder_lines(report["embedder"]),
         "  store: " + ", ".join(f"{k} {v}" for k, v in report["verify"].items()),
