@@ -83,7 +83,6 @@ from .recall.models import RecallModels
 from .storage.db import DURABILITY_LEVELS, Durability, readonly_error
 from .storage.executor import EXECUTOR_KINDS, ExecutorKind
 from .storage.fts_query import MatchMode
-from .storage.reads import NOT_YET
 from .storage.run_transcripts import TranscriptPlace
 
 if TYPE_CHECKING:
@@ -728,9 +727,9 @@ async def open_memory(
     that PostgreSQL store, which several processes (hosts) may open at once — `state_dir`
     then keeps the config's workspaces and the control spool. The server is reached, and
     the schema made or checked, before `open_memory` returns: a bad DSN, an unreachable
-    server or a schema newer than this code is a `StorageError` naming `storage.dsn`. Not
-    yet on PostgreSQL (a `StorageError` saying so): records, memory notes, vectors (no
-    embedder), exporting or erasing a user's data, `readonly=True`.
+    server or a schema newer than this code is a `StorageError` naming `storage.dsn`.
+    Everything below works there too, but record vectors (records are searched by text)
+    and the in-memory vector index (vectors are scored exactly; docs/design.md §11).
 
     `executor="thread"` runs SQLite on worker threads (production); `"inline"` runs it on the
     event-loop thread, for deterministic virtual-time simulations. `durability="crash"`
@@ -782,11 +781,7 @@ async def open_memory(
         raise InvalidInputError(f"state_dir: expected a path, got {type(state_dir).__name__}")
     loaded = load_config(config if config is not None else {})
     pg = _postgresql(storage, loaded, readonly=readonly)
-    if pg is not None and embedder is not None:
-        raise InvalidInputError(f"embedder: vectors (recall by meaning) {NOT_YET}")
-    if pg is not None:
-        _log.debug("storage: PostgreSQL has no embedder until vectors are on PostgreSQL")
-    elif embedder is None and executor == "thread":
+    if embedder is None and executor == "thread":
         embedder = embedder_from_config(loaded)
     transcripts = TranscriptPlace(Path(state_dir), keep=not readonly)
     memory: Memory | None = None

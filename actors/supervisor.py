@@ -64,7 +64,7 @@ from ..storage.records import (
 from ..storage.transcripts import TranscriptReader, TranscriptWriter, agent_db_path
 from ..storage.vector_index import VectorFeed, VectorIndexes, attach, detach
 from .control import ControlActor, Handle
-from .embedder import AgentFeed, EmbedderActor, RecordFeed
+from .embedder import AgentFeed, EmbedderActor, Read, RecordFeed
 from .embedder import open_inbox as embedder_inbox
 from .group_commit import MAX_BATCH, A, C, GroupCommit, StorageWriter
 from .indexer import Indexer
@@ -749,26 +749,30 @@ class Supervisor:
         )
         self._tg.start_soon(store.run_writer, name=f"indexer:{agent}")
         self._tg.start_soon(self._run_reconciler, store, name=f"reconciler:{agent}")
-        if self.embedder is not None:
-            embed_send, embed_receive = embedder_inbox()
-            store.embed_pokes = embed_send
-            store.embedder = EmbedderActor(
-                embed_receive,
-                embedder=self.embedder,
-                feed=AgentFeed(
-                    agent=agent, submit=self._submit_for(agent), read=store.read_for_embedder
-                ),
-            )
-            self._tg.start_soon(self._run_embedder, store, name=f"embedder:{agent}")
-            store.poke_embedder("start")
-        else:
-            store.embedder_stopped.set()
+        self._start_embedder(store, store.read_for_embedder)
         return store
+
+    def _start_embedder(self, store: AgentStore, read: Read) -> None:
+        """With an embedder, the agent's embedder actor, reading its feed through `read`
+        and storing through the agent's indexer (docs/design.md §2.3)."""
+        if self.embedder is None:
+            store.embedder_stopped.set()
+            return
+        embed_send, embed_receive = embedder_inbox()
+        store.embed_pokes = embed_send
+        store.embedder = EmbedderActor(
+            embed_receive,
+            embedder=self.embedder,
+            feed=AgentFeed(agent=store.agent, submit=self._submit_for(store.agent), read=read),
+        )
+        self._tg.start_soon(self._run_embedder, store, name=f"embedder:{store.agent}")
+        store.poke_embedder("start")
 
     async def _open_pg_agent(self, agent: str, pg: PgStore) -> AgentStore:
         """An agent of the PostgreSQL store: its writer actor (no lock: docs/design.md §11
-        "Several processes") and reconciler; no embedder actor (vectors are not on
-        PostgreSQL yet). Read-only: its reads alone (docs/design.md §11 "Read-only")."""
+        "Several processes"), reconciler and, with an embedder, embedder actor (each
+        process embeds what it finds missing; the writer's checks keep one vector per row).
+        Read-only: its reads alone (docs/design.md §11 "Read-only")."""
         slots = tuple(ReadSlot(executor=make_executor(self.executor_kind)) for _ in range(READERS))
         if self.readonly:
             store = PgAgentStore(
@@ -807,9 +811,14 @@ class Supervisor:
             pg=pg,
             slots=slots,
         )
-        store.embedder_stopped.set()
         self._tg.start_soon(store.run_writer, name=f"indexer:{agent}")
         self._tg.start_soon(self._run_reconciler, store, name=f"reconciler:{agent}")
+        # The embedder actor's scans read on an executor of their own, as on SQLite, so
+        # they never queue a recall's read behind them.
+        own = (ReadSlot(executor=make_executor(self.executor_kind)),)
+        self._start_embedder(
+            store, lambda fn: _on_least_busy(own, partial(pg.read, agent, cast(Any, fn)))
+        )
         return store
 
     def _submit_for(self, agent: str) -> Submit:

@@ -153,9 +153,12 @@ VOCAB = (
 # -- the workload (child process) ---------------------------------------------------------
 
 
-def soak_config(timeout_ms: int, embedder: str | None = None) -> dict[str, Any]:
+def soak_config(
+    timeout_ms: int, embedder: str | None = None, *, postgresql: bool = False
+) -> dict[str, Any]:
     """The plugin config of the soak: the chaos model, a short budget, a visible breaker;
-    the default `memorySearch`, or the shipped `embedder` model named."""
+    the shipped `embedder` model named, else the default `memorySearch` — on PostgreSQL
+    none (text only): N workers would each load and run the default model."""
     settings = {
         "model": MODEL,
         "timeoutMs": timeout_ms,
@@ -166,6 +169,8 @@ def soak_config(timeout_ms: int, embedder: str | None = None) -> dict[str, Any]:
     config: dict[str, Any] = {"plugins": {"entries": {"active-memory": {"config": settings}}}}
     if embedder is not None:
         config["agents"] = {"defaults": {"memorySearch": {"model": embedder}}}
+    elif postgresql:
+        config["agents"] = {"defaults": {"memorySearch": {"provider": "none"}}}
     return config
 
 
@@ -606,7 +611,7 @@ async def run_child(args: argparse.Namespace) -> int:
     try:
         async with am.open_memory(
             state_dir,
-            config=soak_config(args.timeout_ms, args.embedder),
+            config=soak_config(args.timeout_ms, args.embedder, postgresql=args.storage_env),
             models={MODEL: model},
             storage=os.environ[STORAGE_ENV] if args.storage_env else None,
         ) as mem:
@@ -2183,7 +2188,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--embedder",
         choices=list(SHIPPED_MODELS),
-        help="the shipped embedding model (default: the config's default)",
+        help="the shipped embedding model (default: the config's default; with --storage,"
+        " none: text only)",
     )
     parser.add_argument(
         "--storage",
@@ -2215,8 +2221,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
             f"--workers: {args.workers} workers need --storage (a PostgreSQL connection string): "
             "SQLite has one writer process"
         )
-    if args.storage is not None and args.embedder is not None:
-        parser.error("--embedder: no embedder on PostgreSQL yet (vectors run on SQLite only)")
     if args.steady is None:
         args.steady = args.duration / 2
     return args

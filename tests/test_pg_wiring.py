@@ -138,14 +138,45 @@ async def test_a_schema_newer_than_the_code_is_refused(tmp_path: Path) -> None:
                 pass
 
 
-async def test_what_is_not_on_postgresql_yet_says_so(tmp_path: Path, dsn: str) -> None:
+async def test_vectors_are_made_and_searched_on_postgresql(tmp_path: Path, dsn: str) -> None:
     from fake_embedder import FakeEmbedder
 
-    with pytest.raises(am.InvalidInputError, match=r"^embedder: vectors .* not yet on PostgreSQL"):
-        async with am.open_memory(tmp_path / "s", storage=dsn, embedder=FakeEmbedder()):
-            pass
-    # The config's default embedder (the shipped model) is simply not used.
-    async with am.open_memory(tmp_path / "s", storage=dsn) as mem:
+    async with am.open_memory(
+        tmp_path / "s", storage=dsn, embedder=FakeEmbedder(), config=TEXT_ONLY
+    ) as mem:
+        event = await mem.sessions.append(KEY, hello("the gate code is 4417"))
+        await mem.sessions.append(KEY, hello("lunch was fine"))
+        assert await mem.sessions.vectors_ready()
+        (stats,) = await mem.sessions.stats()
+        assert (stats.embedder, stats.vectors_pending) == ("fake/bag-of-words", 0)
+        found = await mem.sessions.search("4417 gate", caller=KEY, mode="hybrid")
+        assert found.fallback is None
+        assert found.results[0].message_id == event.id
+        assert found.results[0].similarity is not None and found.results[0].similarity > 0.5
+        caller = am.parse_session_key("agent:main:main")
+        single = am.load_config(
+            {
+                **TEXT_ONLY,
+                "plugins": {"entries": {"active-memory": {"config": {"singleOwner": True}}}},
+            }
+        )
+        got = await mem.notes.search(
+            "main",
+            {"query": "gate code"},
+            caller=caller,
+            transcripts=single.private_scope(caller),
+        )
+        assert got.data["effectiveMode"] == "hybrid" and got.data["fallback"] is None
+        assert got.data["results"][0]["path"] == f"session:{KEY}#{event.id}"
+    with psycopg.connect(dsn) as conn:  # the vectors are the server's rows
+        (count,) = conn.execute(
+            "SELECT count(*) FROM activememory.message_vectors WHERE name = 'fake/bag-of-words'"
+        ).fetchone() or (0,)
+    assert count == 2
+
+
+async def test_memory_search_on_postgresql(tmp_path: Path, dsn: str) -> None:
+    async with am.open_memory(tmp_path / "s", storage=dsn, config=TEXT_ONLY) as mem:
         event = await mem.sessions.append(KEY, hello("the gate code is 4417"))
         await mem.sessions.append("agent:main:main", hello("what is the gate code?"))
         # Notes, export and erase are (tests/test_memory_notes.py, test_userdata.py).

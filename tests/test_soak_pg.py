@@ -295,13 +295,15 @@ def test_without_a_database_name_the_soak_makes_its_own_and_drops_it() -> None:
     assert left is None
 
 
-def test_an_embedder_is_refused_on_postgresql(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit):
-        soak.parse_args(["--storage", "postgresql://x/y", "--embedder", "all-MiniLM-L6-v2"])
-    assert capsys.readouterr().err.splitlines()[-1] == (
-        "activememory soak: error: --embedder: no embedder on PostgreSQL yet "
-        "(vectors run on SQLite only)"
-    )
+def test_workers_on_postgresql_embed_only_with_a_model_named() -> None:
+    # N workers would each load and run the default model: text only unless --embedder.
+    text_only = soak.soak_config(300, None, postgresql=True)
+    assert text_only["agents"] == {"defaults": {"memorySearch": {"provider": "none"}}}
+    named = soak.soak_config(300, "all-MiniLM-L6-v2", postgresql=True)
+    assert named["agents"] == {"defaults": {"memorySearch": {"model": "all-MiniLM-L6-v2"}}}
+    assert "agents" not in soak.soak_config(300)  # SQLite: the default model
+    args = soak.parse_args(["--storage", "postgresql://x/y", "--embedder", "all-MiniLM-L6-v2"])
+    assert args.embedder == "all-MiniLM-L6-v2"
 
 
 def test_the_dsn_is_not_on_a_workers_command_line(tmp_path: Path) -> None:
