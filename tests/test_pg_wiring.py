@@ -8,6 +8,7 @@ test_visibility.py); this module holds what only PostgreSQL has.
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +16,9 @@ from pathlib import Path
 import anyio
 import psycopg
 import pytest
+import trio
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import activememory as am
 
@@ -279,3 +283,71 @@ async def test_the_reconciler_rebuilds_dirty_sessions_behind_the_fence(
         assert (await mem.sessions.info(KEY)).leaf_event_id == new.id
         await mem.sessions.delete(KEY)
         assert await mem.sessions.list() == []
+
+
+VECTOR_KEYS = ["agent:main:direct:alice", "agent:main:direct:bob", "agent:main:explicit:notes"]
+WORDS = ["ferry", "noon", "gate", "code", "lunch", "tea"]
+vector_ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("append"), st.sampled_from(VECTOR_KEYS), st.sampled_from(WORDS)),
+        st.tuples(st.just("append"), st.sampled_from(VECTOR_KEYS), st.sampled_from(WORDS)),
+        st.tuples(st.just("rewind"), st.sampled_from(VECTOR_KEYS), st.integers(0, 3)),
+        st.tuples(st.just("delete"), st.sampled_from(VECTOR_KEYS)),
+        st.tuples(st.just("rebuild")),
+    ),
+    min_size=1,
+    max_size=25,
+)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
+@given(operations=vector_ops)
+def test_vectors_follow_the_active_branches_through_open_memory(
+    tmp_path_factory: pytest.TempPathFactory,
+    pg_memory_dsn: str,
+    operations: list[tuple[object, ...]],
+) -> None:
+    """docs/design.md §2.3 on PostgreSQL, through the public API: with the embedder actor
+    at rest, a vector exists for exactly the messages on the active branches."""
+    from fake_embedder import FakeEmbedder
+
+    empty_store(pg_memory_dsn)
+    state = tmp_path_factory.mktemp("s")
+
+    async def run() -> None:
+        async with am.open_memory(
+            state, storage=pg_memory_dsn, embedder=FakeEmbedder(), config=TEXT_ONLY
+        ) as mem:
+            for op in operations:
+                match op:
+                    case ("append", key, word):
+                        await mem.sessions.append(str(key), hello(f"the {word} again"))
+                    case ("rewind", key, back):
+                        try:
+                            branch = await mem.sessions.history(str(key))
+                        except am.SessionNotFoundError:
+                            continue
+                        if len(branch) > int(back):  # type: ignore[call-overload]
+                            await mem.sessions.rewind(str(key), branch[-1 - int(back)].id)  # type: ignore[call-overload]
+                    case ("delete", key):
+                        with contextlib.suppress(am.SessionNotFoundError):
+                            await mem.sessions.delete(str(key))
+                    case ("rebuild",):
+                        await mem.sessions.rebuild_index()
+            await mem.sessions.rebuild_index()
+            assert await mem.sessions.vectors_ready()
+            wanted: set[int] = set()
+            for key in VECTOR_KEYS:
+                with contextlib.suppress(am.SessionNotFoundError):
+                    wanted |= {e.id for e in await mem.sessions.history(key)}
+            with psycopg.connect(pg_memory_dsn) as conn:
+                stored = {
+                    int(r[0])
+                    for r in conn.execute(
+                        "SELECT event_id FROM activememory.message_vectors WHERE agent = 'main'"
+                    )
+                }
+            assert stored == wanted
+            assert all(s.vectors_pending == 0 for s in await mem.sessions.stats())
+
+    trio.run(run)
