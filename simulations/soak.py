@@ -1468,16 +1468,7 @@ def replay_merged(
                 f"{key}: message {op.marker} acknowledged as event {op.event_id} (seq {op.seq}), "
                 f"stored as {event.event_id} (seq {event.seq})"
             )
-        if event.text != op.text:
-            problems.append(
-                f"{key}: event {event.event_id} has index text {event.text!r}, expected {op.text!r}"
-            )
-        leaf = branch[-1] if branch else None
-        if event.parent_id != leaf or (op.check_parent and op.parent != leaf):
-            problems.append(
-                f"{key}: event {event.event_id} appended under {event.parent_id} "
-                f"(acknowledged under {op.parent}), the leaf was {leaf}"
-            )
+        problems += stored_append_problems(key, op, event, branch)
         branch.append(event.event_id)
         leaves.add(event.event_id)
     for op in appends.values():
@@ -1528,6 +1519,23 @@ class Verification:
     counts: dict[str, int] = field(default_factory=dict)
 
 
+def stored_append_problems(key: str, op: Op, event: StoredEvent, branch: list[int]) -> list[str]:
+    """What is wrong with `event`, stored for the append `op` with `branch` before it: its
+    index text, and its parent (the branch's leaf, and the parent acknowledged)."""
+    problems: list[str] = []
+    if event.text != op.text:
+        problems.append(
+            f"{key}: event {event.event_id} has index text {event.text!r}, expected {op.text!r}"
+        )
+    leaf = branch[-1] if branch else None
+    if event.parent_id != leaf or (op.check_parent and op.parent != leaf):
+        problems.append(
+            f"{key}: event {event.event_id} appended under {event.parent_id} "
+            f"(acknowledged under {op.parent}), the leaf was {leaf}"
+        )
+    return problems
+
+
 def replay_session(
     key: str, ops: list[Op], events: list[StoredEvent], snap: Snapshot, problems: list[str]
 ) -> tuple[list[int], Counter[str]]:
@@ -1556,17 +1564,7 @@ def replay_session(
                             f"{key}: message {op.marker} acknowledged as event {op.event_id}, "
                             f"stored as {event.event_id}"
                         )
-                    if event.text != op.text:
-                        problems.append(
-                            f"{key}: event {event.event_id} has index text {event.text!r}, "
-                            f"expected {op.text!r}"
-                        )
-                    leaf = branch[-1] if branch else None
-                    if event.parent_id != leaf or (op.check_parent and op.parent != leaf):
-                        problems.append(
-                            f"{key}: event {event.event_id} appended under {event.parent_id} "
-                            f"(acknowledged under {op.parent}), the leaf was {leaf}"
-                        )
+                    problems += stored_append_problems(key, op, event, branch)
                     branch.append(event.event_id)
                 else:
                     assert event.to is not None
