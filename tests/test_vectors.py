@@ -205,7 +205,9 @@ async def test_a_rewind_drops_the_sessions_vectors_and_the_cache_saves_recomputi
         await mem.sessions.rebuild_index()
         await settle(mem)
         assert vectors(state) == {(a.id, embedder.name)}
-        assert embedder.texts == ["alpha", "beta"]  # "alpha" again came from the cache
+        # "beta" follows "alpha": embedded alone and in its context (docs/design.md §4.7);
+        # "alpha" again came from the cache.
+        assert embedder.texts == ["alpha", "beta", "alpha\nbeta"]
         store = await store_of(mem)
         assert store.embedder is not None and store.embedder.cache_hits == 1
         await mem.sessions.delete(DIRECT)
@@ -330,7 +332,8 @@ async def test_a_model_change_re_embeds_and_never_mixes_names(tmp_path: Path) ->
         await store_of(mem)  # databases open on first use; the start poke re-embeds
         await settle(mem)
         assert vectors(state) == expected(state, "fake/new")
-        assert new.texts == ["alpha", "beta", "gamma"]
+        # each text alone, then the contexts of the two that follow another (§4.7)
+        assert new.texts == ["alpha", "beta", "gamma", "alpha\nbeta", "beta\ngamma"]
         store = await store_of(mem)
 
         def old_space(reader: object) -> list[tuple[int, float]]:
