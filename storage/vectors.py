@@ -12,6 +12,11 @@ session and its text is the one embedded (`apply_store_vectors`), and it deletes
 session's vectors in the transaction that makes it dirty or deletes it. So a vector exists
 only for an active-branch message of a clean session, at every committed point.
 
+A message's vector carries its context (docs/design.md §4.7, `message_vector`): the previous
+message on its branch, which is its nearest ancestor with text and so never changes while
+the message is on the branch (a rewind past it takes the message off the branch too). The
+cache key covers both texts (`message_digest`).
+
 Search: on the agent's reader, the in-memory vector index (`storage/vector_index.py`, fed
 by the writer's commits, its candidates verified in SQL); elsewhere, and as the reference
 the index is tested against, the plain scan (`scan_message_rows`, `scan_note_rows`): the
@@ -238,7 +243,9 @@ def apply_store_vectors(conn: apsw.Connection, cmd: StoreVectors) -> IndexerAck:
     messages = notes = skipped = 0
     for row in cmd.messages:
         found = conn.execute(_MESSAGE_ON_BRANCH, (row.id,)).fetchone()
-        if found is None or message_digest(str(found[1]), found[2]) != row.digest:
+        # Keyed by the text in its context (the embedder actor) or by the text alone (a
+        # store that gives no context, docs/design.md §11): either is of this message.
+        if found is None or row.digest not in _digests(str(found[1]), found[2]):
             skipped += 1
             if row.digest in _message_digests(conn, row.id):
                 conn.execute(cache, (row.digest, cmd.name, row.vector))  # off the branch now
@@ -280,7 +287,11 @@ def _message_digests(conn: apsw.Connection, event_id: int) -> set[bytes]:
     ).fetchone()
     if row is None or row[0] is None:
         return set()
-    return {text_digest(str(row[0])), message_digest(str(row[0]), row[1])}
+    return _digests(str(row[0]), row[1])
+
+
+def _digests(text: str, context: str | None) -> set[bytes]:
+    return {text_digest(text), message_digest(text, context)}
 
 
 def drop_session_vectors(conn: apsw.Connection, session_id: int) -> int:

@@ -14,6 +14,8 @@ import numpy
 import pytest
 import trio
 import trio.testing
+from hypothesis import given
+from hypothesis import strategies as st
 
 import activememory as am
 from activememory.actors.supervisor import AgentStore
@@ -34,6 +36,9 @@ from activememory.storage.search import _PRIVATE, private_params
 from activememory.storage.transcripts import TranscriptWriter
 from activememory.storage.vectors import (
     PendingBatch,
+    context_text,
+    message_digest,
+    message_vector,
     nearest_messages,
     nearest_notes,
     pending_batch,
@@ -547,6 +552,68 @@ async def test_stored_only_while_the_text_and_branch_still_hold(tmp_path: Path) 
         )
         assert ack == VectorsStored(messages=1, notes=0, skipped=3)
     assert vectors(state) == {(a.id, "x")}
+
+
+def stored_vector(state: Path, event_id: int) -> numpy.ndarray:
+    conn = apsw.Connection(str(db_path(state)), flags=apsw.SQLITE_OPEN_READONLY)
+    try:
+        [(blob,)] = conn.execute(
+            "SELECT vector FROM message_vectors WHERE event_id = ?", (event_id,)
+        ).fetchall()
+        return numpy.frombuffer(blob, dtype="<f4")
+    finally:
+        conn.close()
+
+
+async def test_a_message_is_embedded_with_the_previous_one_and_a_rewind_gives_the_next_its_own(
+    tmp_path: Path,
+) -> None:
+    # docs/design.md §4.7: a message's vector is the unit mean of its own and that of the
+    # previous message followed by it; rewinding the previous message drops it too.
+    state = tmp_path / "s"
+    embedder = FakeEmbedder()
+    question, reply = "did you adopt the dog", "yes, Tuesday"
+    async with am.open_memory(state, executor="inline", embedder=embedder) as mem:
+        h = await mem.sessions.append(DIRECT, user("hello"))
+        a = await mem.sessions.append(DIRECT, user(question))
+        b = await mem.sessions.append(DIRECT, am.Message(role="assistant", content=reply))
+        await settle(mem)
+        assert vectors(state) == {(e.id, embedder.name) for e in (h, a, b)}
+        numpy.testing.assert_allclose(stored_vector(state, h.id), embed_text("hello"))
+        numpy.testing.assert_allclose(
+            stored_vector(state, b.id),
+            message_vector(embed_text(reply), embed_text(f"{question}\n{reply}")),
+            rtol=1e-6,
+        )
+        await mem.sessions.rewind(DIRECT, h.id)  # the question and its reply leave the branch
+        await mem.sessions.rebuild_index()
+        c = await mem.sessions.append(DIRECT, am.Message(role="assistant", content=reply))
+        await settle(mem)
+        assert (
+            vectors(state)
+            == expected(state, embedder.name)
+            == {
+                (h.id, embedder.name),
+                (c.id, embedder.name),
+            }
+        )
+        # The same words after something else: another cache key, embedded again.
+        assert embedder.texts[-2:] == [reply, f"hello\n{reply}"]
+        numpy.testing.assert_allclose(
+            stored_vector(state, c.id),
+            message_vector(embed_text(reply), embed_text(f"hello\n{reply}")),
+            rtol=1e-6,
+        )
+
+
+@given(st.text(max_size=8), st.text(max_size=8), st.text(max_size=8), st.text(max_size=8))
+def test_a_message_digest_covers_its_text_and_its_context(
+    t1: str, c1: str, t2: str, c2: str
+) -> None:
+    assert message_digest(t1, None) == text_digest(t1)
+    assert message_digest(t1, c1) != text_digest(t1)
+    assert message_digest(t1, c1) != text_digest(context_text(t1, c1))
+    assert (message_digest(t1, c1) == message_digest(t2, c2)) == ((t1, c1) == (t2, c2))
 
 
 async def test_the_actor_reads_above_its_watermark_until_the_epoch_moves(tmp_path: Path) -> None:
