@@ -330,10 +330,14 @@ class EmbedderActor(PokedActor, Generic[F]):
 
     async def _embed_with_context(self, rows: Iterable[tuple[str, str | None]]) -> list[bytes]:
         """The stored BLOB of each (text, context): the text's vector, or with a context
-        `message_vector` of it and of `context_text` — one embed call for both."""
+        `message_vector` of it and of `context_text`; at most `batch` texts per embed call
+        (so a call's work, and what its timeout means, stay those of a batch of rows)."""
         rows = list(rows)
-        joint = [context_text(t, c) for t, c in rows if c is not None]
-        matrix = await self._embed([t for t, _ in rows] + joint)
+        texts = [t for t, _ in rows] + [context_text(t, c) for t, c in rows if c is not None]
+        parts = [
+            await self._embed(texts[i : i + self.batch]) for i in range(0, len(texts), self.batch)
+        ]
+        matrix = numpy.concatenate(parts)
         out, j = [], len(rows)
         for i, (_, context) in enumerate(rows):
             if context is None:

@@ -107,6 +107,9 @@ def message_digest(text: str, context: str | None) -> bytes:
     return digest.digest()
 
 
+OWN_WEIGHT = 0.8
+
+
 def context_text(text: str, context: str) -> str:
     """What is embedded as a message's context: the previous message, then the message."""
     return f"{context}\n{text}"
@@ -116,7 +119,9 @@ def message_vector(own: numpy.ndarray, joint: numpy.ndarray) -> numpy.ndarray:
     """A message's vector (docs/design.md §4.7): the unit mean of its text's own vector and
     the vector of `context_text` (the previous message and it), so a short reply ("Yes, last
     Tuesday!") also carries what it answers, and a long one still stands for itself."""
-    blend = numpy.asarray(own, dtype=numpy.float32) + numpy.asarray(joint, dtype=numpy.float32)
+    blend = OWN_WEIGHT * numpy.asarray(own, dtype=numpy.float32) + (1 - OWN_WEIGHT) * numpy.asarray(
+        joint, dtype=numpy.float32
+    )
     norm = float(numpy.linalg.norm(blend))
     return blend / norm if norm > 0 else blend
 
