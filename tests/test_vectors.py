@@ -5,6 +5,7 @@ applies visibility before k."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import anyio
@@ -18,6 +19,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import activememory as am
+from activememory.actors.embedder import BATCH
 from activememory.actors.supervisor import AgentStore
 from activememory.protocol.config import PrivateScope
 from activememory.protocol.embeddings import BACKGROUND
@@ -674,3 +676,35 @@ async def test_the_backlog_is_embedded_as_background_work_and_a_query_is_not(
     queries = [background for background, texts in embedder.marks if texts == ("seat preference",)]
     assert stored and all(stored)
     assert queries == [False]
+
+
+async def test_an_embed_call_holds_at_most_a_batch_of_texts(tmp_path: Path) -> None:
+    # A message in context needs two texts embedded (docs/design.md §4.7); a call still
+    # holds at most BATCH of them, so its timeout means what it did.
+    sizes: list[int] = []
+
+    class Counting(FakeEmbedder):
+        async def embed(
+            self, texts: Sequence[str], *, deadline: float | None = None
+        ) -> numpy.ndarray:
+            sizes.append(len(texts))
+            return await super().embed(texts, deadline=deadline)
+
+    state = tmp_path / "s"
+    embedder = Counting()
+    async with am.open_memory(state, executor="inline", embedder=embedder) as mem:
+        entries = [
+            am.ImportEntry(
+                id=f"m{i}",
+                parent_id=f"m{i - 1}" if i else None,
+                timestamp=1_700_000_000.0 + i,
+                message=user(f"message number {i}"),
+            )
+            for i in range(BATCH + 6)
+        ]
+        await mem.sessions.import_transcript(DIRECT, entries)
+        await mem.sessions.rebuild_index()
+        await settle(mem)
+        assert len(vectors(state)) == BATCH + 6
+        assert vectors(state) == expected(state, embedder.name)
+    assert max(sizes) == BATCH and sum(sizes) == 2 * (BATCH + 6) - 1
