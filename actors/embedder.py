@@ -24,7 +24,7 @@ without it.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Generic, NamedTuple, Protocol, TypeVar
 
 import anyio
@@ -60,10 +60,8 @@ from ..storage.transcripts import TranscriptReader
 from ..storage.vectors import (
     PendingBatch,
     cached_vectors,
-    context_text,
-    message_digest,
-    message_vector,
     pending_batch,
+    text_digest,
     to_blob,
 )
 from .poked import PokedActor
@@ -101,13 +99,10 @@ class EmbedderFailed(Exception):
 
 class FeedBatch(NamedTuple):
     """Rows lacking a vector, as a feed read them: `rows` are (key, text); `state` is the
-    feed's own (what it stores them with, its watermark once they are stored);
-    `contexts[i]`, when given, is row i's context (a message's previous message: its vector
-    is `storage.vectors.message_vector`, docs/design.md §4.7)."""
+    feed's own (what it stores them with, its watermark once they are stored)."""
 
     rows: list[tuple[int, str]]
     state: object
-    contexts: Sequence[str | None] = ()
 
 
 class VectorFeed(Protocol):
@@ -159,8 +154,7 @@ class AgentFeed:
         )
         if not batch.messages and not batch.notes:
             self._after, self._epoch = batch.scanned_to, batch.epoch
-        contexts = [batch.contexts.get(i) for i, _ in batch.messages]
-        return FeedBatch(batch.messages + batch.notes, batch, contexts + [None] * len(batch.notes))
+        return FeedBatch(batch.messages + batch.notes, batch)
 
     async def cached(self, name: str, digests: list[bytes]) -> dict[bytes, bytes]:
         return await self._read(lambda r: cached_vectors(r.conn, name, digests))
@@ -309,15 +303,12 @@ class EmbedderActor(PokedActor, Generic[F]):
         if not batch.rows:
             return 0, 0
         texts = [t for _, t in batch.rows]
-        contexts = list(batch.contexts) or [None] * len(texts)
-        digests = [message_digest(t, c) for t, c in zip(texts, contexts, strict=True)]
+        digests = [text_digest(t) for t in texts]
         vectors = await self.feed.cached(name, digests)
         self.cache_hits += sum(d in vectors for d in digests)
-        missing = {
-            d: (t, c) for d, t, c in zip(digests, texts, contexts, strict=True) if d not in vectors
-        }
+        missing = {d: t for d, t in zip(digests, texts, strict=True) if d not in vectors}
         if missing:
-            embedded = await self._embed_with_context(missing.values())
+            embedded = await self._embed(list(missing.values()))
             vectors.update(zip(missing, embedded, strict=True))
         rows = [
             VectorRow(id=i, digest=d, vector=vectors[d])
@@ -328,27 +319,8 @@ class EmbedderActor(PokedActor, Generic[F]):
         self.skipped += skipped
         return len(rows), stored
 
-    async def _embed_with_context(self, rows: Iterable[tuple[str, str | None]]) -> list[bytes]:
-        """The stored BLOB of each (text, context): the text's vector, or with a context
-        `message_vector` of it and of `context_text`; at most `batch` texts per embed call
-        (so a call's work, and what its timeout means, stay those of a batch of rows)."""
-        rows = list(rows)
-        texts = [t for t, _ in rows] + [context_text(t, c) for t, c in rows if c is not None]
-        parts = [
-            await self._embed(texts[i : i + self.batch]) for i in range(0, len(texts), self.batch)
-        ]
-        matrix = numpy.concatenate(parts)
-        out, j = [], len(rows)
-        for i, (_, context) in enumerate(rows):
-            if context is None:
-                out.append(to_blob(matrix[i]))
-            else:
-                out.append(to_blob(message_vector(matrix[i], matrix[j])))
-                j += 1
-        return out
-
-    async def _embed(self, texts: Sequence[str]) -> numpy.ndarray:
-        """The embedder's vectors, checked; any failure is `EmbedderFailed`."""
+    async def _embed(self, texts: Sequence[str]) -> list[bytes]:
+        """The embedder's vectors as stored BLOBs; any failure is `EmbedderFailed`."""
         self.embed_calls += 1
         background = BACKGROUND.set(True)  # the backlog yields the CPU to queries
         try:
@@ -371,4 +343,4 @@ class EmbedderActor(PokedActor, Generic[F]):
                 f" got shape {array.shape}"
             )
         self.texts_embedded += len(texts)
-        return array
+        return [to_blob(row) for row in array]

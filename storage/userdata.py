@@ -30,7 +30,7 @@ from ..protocol.session_key import ChatType, parse_session_key
 from ..protocol.transcript import Event, SessionInfo
 from ..protocol.userdata import AgentErasure, RecordErasure
 from .db import describe
-from .vectors import message_digest, text_digest
+from .vectors import text_digest
 
 # The sessions of a `PrivateScope` and those they spawned: `owned(key)`, with `:peers`
 # (JSON list or NULL for every peer) and `:owner` bound (docs/design.md §2.6).
@@ -170,29 +170,14 @@ def _unshared_digests(conn: apsw.Connection, ids: str) -> list[bytes]:
     Only remaining texts of a length some erased text has are hashed (SQL filters by
     length first), so this is one scan in C and little hashing.
     """
-    events = cast(
-        list[tuple[int, int | None, str | None]],
-        conn.execute(
-            "SELECT id, parent_id, text FROM events"
-            " WHERE session_id IN (SELECT value FROM json_each(?))",
-            (ids,),
-        ).fetchall(),
-    )
-    erased = [(t,) for _, _, t in events if t is not None]
+    erased = conn.execute(
+        "SELECT text FROM events WHERE session_id IN (SELECT value FROM json_each(?))"
+        " AND text IS NOT NULL",
+        (ids,),
+    ).fetchall()
     if not erased:
         return []
     texts = {str(t) for (t,) in erased}
-    # A message's vector is also cached under its context's key (docs/design.md §4.7): the
-    # text with its nearest ancestor's, both in the erased session. Never shared with what
-    # stays unless the same two texts follow each other there: then only re-embedded.
-    contextual: set[bytes] = set()
-    by_id = {i: (p, t) for i, p, t in events}
-    for parent, text in by_id.values():
-        while text is not None and parent is not None and parent in by_id:
-            parent, context = by_id[parent]
-            if context is not None:
-                contextual.add(message_digest(str(text), str(context)))
-                break
     lengths = json.dumps(sorted({len(t) for t in texts}))
     kept = conn.execute(
         "SELECT text FROM events WHERE session_id NOT IN (SELECT value FROM json_each(?1))"
@@ -201,7 +186,7 @@ def _unshared_digests(conn: apsw.Connection, ids: str) -> list[bytes]:
         (ids, lengths),
     ).fetchall()
     shared = texts & {str(t) for (t,) in kept}
-    return sorted({text_digest(t) for t in texts - shared} | contextual)
+    return sorted(text_digest(t) for t in texts - shared)
 
 
 def erase_extras(conn: apsw.Connection, plan: ErasurePlan) -> None:

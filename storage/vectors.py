@@ -12,11 +12,6 @@ session and its text is the one embedded (`apply_store_vectors`), and it deletes
 session's vectors in the transaction that makes it dirty or deletes it. So a vector exists
 only for an active-branch message of a clean session, at every committed point.
 
-A message's vector carries its context (docs/design.md §4.7, `message_vector`): the previous
-message on its branch, which is its nearest ancestor with text and so never changes while
-the message is on the branch (a rewind past it takes the message off the branch too). The
-cache key covers both texts (`message_digest`).
-
 Search: on the agent's reader, the in-memory vector index (`storage/vector_index.py`, fed
 by the writer's commits, its candidates verified in SQL); elsewhere, and as the reference
 the index is tested against, the plain scan (`scan_message_rows`, `scan_note_rows`): the
@@ -45,18 +40,9 @@ __all__ = ["Near"]  # defined with the index, which shares the plain path's rank
 
 VectorParams = Sequence[object] | Mapping[str, object]
 
-# The context of message `e` on the active branch (docs/design.md §4.7): the text of the
-# nearest message before it on the branch, i.e. its nearest ancestor with text. Ancestors
-# never change, so neither does a message's context; a rewind that drops the previous
-# message drops the message too.
-_CONTEXT = (
-    "(SELECT p.text FROM active_branch b JOIN events p ON p.id = b.event_id"
-    " WHERE b.session_id = e.session_id AND b.depth < e.depth AND p.text IS NOT NULL"
-    " ORDER BY b.depth DESC LIMIT 1)"
-)
 # An indexed message (user/assistant text on the active branch) of a clean session.
 _MESSAGE_ON_BRANCH = (
-    f"SELECT e.session_id, e.text, {_CONTEXT} FROM events e"
+    "SELECT e.session_id, e.text FROM events e"
     " JOIN active_branch a ON a.session_id = e.session_id AND a.depth = e.depth"
     " AND a.event_id = e.id"
     " JOIN sessions s ON s.id = e.session_id"
@@ -73,7 +59,7 @@ _PENDING_MESSAGES = (
 )
 # The same, above a watermark of event ids (?2).
 _PENDING_ABOVE = (
-    f"SELECT e.id, e.text, {_CONTEXT} FROM events e"
+    "SELECT e.id, e.text FROM events e"
     " JOIN active_branch a ON a.session_id = e.session_id AND a.depth = e.depth"
     " AND a.event_id = e.id"
     " JOIN sessions s ON s.id = e.session_id"
@@ -91,43 +77,6 @@ _PENDING_NOTES = (
 def text_digest(text: str) -> bytes:
     """The content-hash cache key of a text (sha256 of its UTF-8)."""
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()
-
-
-OWN_WEIGHT = 0.8
-"""How much a message's own text weighs in its vector, against its context (`message_vector`).
-Measured (docs/design.md §4.7): 0.5 and 0.7 lift LoCoMo more but inject wrong notes on the
-paraphrase set, where a fact is often said after an unrelated reply."""
-
-
-def message_digest(text: str, context: str | None) -> bytes:
-    """The cache key of a message's vector: of its text and its context (the previous
-    message's text, `message_vector`), so a text said after something else is embedded
-    again; the blend's weight is part of the key. Without a context, its `text_digest`."""
-    if context is None:
-        return text_digest(text)
-    digest = hashlib.sha256(f"context {OWN_WEIGHT}\0".encode())
-    for part in (context, text):
-        data = part.encode("utf-8", "surrogatepass")
-        digest.update(len(data).to_bytes(8, "little"))
-        digest.update(data)
-    return digest.digest()
-
-
-def context_text(text: str, context: str) -> str:
-    """What is embedded as a message's context: the previous message, then the message."""
-    return f"{context}\n{text}"
-
-
-def message_vector(own: numpy.ndarray, joint: numpy.ndarray) -> numpy.ndarray:
-    """A message's vector (docs/design.md §4.7): its text's own vector and that of
-    `context_text` (the previous message, then it), weighed `OWN_WEIGHT` to the rest and
-    L2-normalised, so a short reply ("Yes, last Tuesday!") also carries what it answers,
-    and a fact said out of the blue still stands for itself."""
-    blend = OWN_WEIGHT * numpy.asarray(own, dtype=numpy.float32) + (1 - OWN_WEIGHT) * numpy.asarray(
-        joint, dtype=numpy.float32
-    )
-    norm = float(numpy.linalg.norm(blend))
-    return blend / norm if norm > 0 else blend
 
 
 def to_blob(vector: numpy.ndarray) -> bytes:
@@ -150,9 +99,6 @@ class PendingBatch(NamedTuple):
     scanned_to: int  # every message up to this event id has been considered
     messages: list[tuple[int, str]]  # (event id, text)
     notes: list[tuple[int, str]]  # (chunk id, text)
-    # event id -> its context (`message_vector`), for the messages that have one; a store
-    # that gives none (PostgreSQL, docs/design.md §11) embeds each text alone.
-    contexts: Mapping[int, str] = {}
 
 
 def pending_batch(
@@ -170,15 +116,11 @@ def pending_batch(
         current = int(row[0]) if row else 0
         start = after if epoch == current else 0
         (top,) = conn.execute("SELECT coalesce(max(id), 0) FROM events").fetchone() or (0,)
-        rows = cast(
-            list[tuple[int, str, str | None]],
-            conn.execute(_PENDING_AFTER, (name, start, limit)).fetchall(),
-        )
-        messages = [(int(i), str(t)) for i, t, _ in rows]
-        contexts = {int(i): str(c) for i, _, c in rows if c is not None}
+        rows = conn.execute(_PENDING_AFTER, (name, start, limit)).fetchall()
+        messages = [(int(i), str(t)) for i, t in cast(list[tuple[int, str]], rows)]
         full = len(messages) == limit
         notes = [] if full else pending_notes(conn, name, limit - len(messages))
-    return PendingBatch(current, messages[-1][0] if full else int(top), messages, notes, contexts)
+    return PendingBatch(current, messages[-1][0] if full else int(top), messages, notes)
 
 
 def bump_vector_epoch(conn: apsw.Connection) -> None:
@@ -252,11 +194,10 @@ def apply_store_vectors(conn: apsw.Connection, cmd: StoreVectors) -> IndexerAck:
     messages = notes = skipped = 0
     for row in cmd.messages:
         found = conn.execute(_MESSAGE_ON_BRANCH, (row.id,)).fetchone()
-        # Keyed by the text in its context (the embedder actor) or by the text alone (a
-        # store that gives no context, docs/design.md §11): either is of this message.
-        if found is None or row.digest not in _digests(str(found[1]), found[2]):
+        if found is None or text_digest(str(found[1])) != row.digest:
             skipped += 1
-            if row.digest in _message_digests(conn, row.id):
+            text = conn.execute("SELECT text FROM events WHERE id = ?", (row.id,)).fetchone()
+            if text is not None and text[0] is not None and text_digest(text[0]) == row.digest:
                 conn.execute(cache, (row.digest, cmd.name, row.vector))  # off the branch now
             continue
         conn.execute(cache, (row.digest, cmd.name, row.vector))
@@ -280,27 +221,6 @@ def apply_store_vectors(conn: apsw.Connection, cmd: StoreVectors) -> IndexerAck:
         )
         notes += 1
     return VectorsStored(messages=messages, notes=notes, skipped=skipped)
-
-
-def _message_digests(conn: apsw.Connection, event_id: int) -> set[bytes]:
-    """The digests a stored message may have been embedded under: its text alone, and with
-    the text of its nearest ancestor that has one (its context, whatever branch it is on)."""
-    row = conn.execute(
-        "WITH RECURSIVE up(id, parent_id, text, n) AS ("
-        " SELECT id, parent_id, text, 0 FROM events WHERE id = ?"
-        " UNION ALL SELECT p.id, p.parent_id, p.text, up.n + 1 FROM events p"
-        " JOIN up ON p.id = up.parent_id WHERE up.n = 0 OR up.text IS NULL)"
-        " SELECT (SELECT text FROM up WHERE n = 0),"
-        " (SELECT text FROM up WHERE n > 0 AND text IS NOT NULL ORDER BY n LIMIT 1)",
-        (event_id,),
-    ).fetchone()
-    if row is None or row[0] is None:
-        return set()
-    return _digests(str(row[0]), row[1])
-
-
-def _digests(text: str, context: str | None) -> set[bytes]:
-    return {text_digest(text), message_digest(text, context)}
 
 
 def drop_session_vectors(conn: apsw.Connection, session_id: int) -> int:

@@ -13,8 +13,6 @@ from test_visibility_hybrid import NeedleEmbedder
 
 import activememory as am
 from activememory._cli import main
-from activememory.embed.local import shipped_embedder
-from activememory.recall.hybrid import MIN_SIMILARITY
 
 from fake_embedder import FakeEmbedder
 
@@ -138,26 +136,3 @@ def test_cli_search_mode_hybrid(capsys: pytest.CaptureFixture[str], tmp_path: Pa
     with pytest.raises(SystemExit):
         main([*args, "--mode", "vector"])
     assert "--mode: invalid choice: 'vector'" in capsys.readouterr().err
-
-
-async def test_a_short_reply_is_found_by_the_question_about_what_it_answered(
-    tmp_path: Path,
-) -> None:
-    # docs/design.md §4.7: a message's vector carries the previous message, so "Yes, last
-    # Tuesday!" is about adopting a dog; alone it is under MIN_SIMILARITY.
-    turns = [
-        ("assistant", "Did you ever adopt that rescue dog you told me about?"),
-        ("user", "Yes, last Tuesday!"),
-        ("assistant", "How did the job interview go on Friday?"),
-        ("user", "Really well, they called back already!"),
-    ]
-    question = "When did I adopt the dog?"
-    reply, q = await shipped_embedder().embed([turns[1][1], question])
-    assert float(reply @ q) < MIN_SIMILARITY
-    async with am.open_memory(tmp_path / "state") as mem:
-        for role, text in turns:
-            await mem.sessions.append(KEY, am.Message(role=role, content=text))  # type: ignore[arg-type]
-        assert await mem.sessions.vectors_ready()
-        res = await mem.sessions.search(question, caller=KEY, mode="hybrid")
-        [hit] = [h for h in res.results if h.snippet == turns[1][1]]
-        assert hit.similarity is not None and hit.similarity >= MIN_SIMILARITY

@@ -5,7 +5,6 @@ applies visibility before k."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 
 import anyio
@@ -15,11 +14,8 @@ import numpy
 import pytest
 import trio
 import trio.testing
-from hypothesis import given
-from hypothesis import strategies as st
 
 import activememory as am
-from activememory.actors.embedder import BATCH
 from activememory.actors.supervisor import AgentStore
 from activememory.protocol.config import PrivateScope
 from activememory.protocol.embeddings import BACKGROUND
@@ -38,9 +34,6 @@ from activememory.storage.search import _PRIVATE, private_params
 from activememory.storage.transcripts import TranscriptWriter
 from activememory.storage.vectors import (
     PendingBatch,
-    context_text,
-    message_digest,
-    message_vector,
     nearest_messages,
     nearest_notes,
     pending_batch,
@@ -212,9 +205,7 @@ async def test_a_rewind_drops_the_sessions_vectors_and_the_cache_saves_recomputi
         await mem.sessions.rebuild_index()
         await settle(mem)
         assert vectors(state) == {(a.id, embedder.name)}
-        # "beta" follows "alpha": embedded alone and in its context (docs/design.md §4.7);
-        # "alpha" again came from the cache.
-        assert embedder.texts == ["alpha", "beta", "alpha\nbeta"]
+        assert embedder.texts == ["alpha", "beta"]  # "alpha" again came from the cache
         store = await store_of(mem)
         assert store.embedder is not None and store.embedder.cache_hits == 1
         await mem.sessions.delete(DIRECT)
@@ -339,8 +330,7 @@ async def test_a_model_change_re_embeds_and_never_mixes_names(tmp_path: Path) ->
         await store_of(mem)  # databases open on first use; the start poke re-embeds
         await settle(mem)
         assert vectors(state) == expected(state, "fake/new")
-        # each text alone, then the contexts of the two that follow another (§4.7)
-        assert new.texts == ["alpha", "beta", "gamma", "alpha\nbeta", "beta\ngamma"]
+        assert new.texts == ["alpha", "beta", "gamma"]
         store = await store_of(mem)
 
         def old_space(reader: object) -> list[tuple[int, float]]:
@@ -556,68 +546,6 @@ async def test_stored_only_while_the_text_and_branch_still_hold(tmp_path: Path) 
     assert vectors(state) == {(a.id, "x")}
 
 
-def stored_vector(state: Path, event_id: int) -> numpy.ndarray:
-    conn = apsw.Connection(str(db_path(state)), flags=apsw.SQLITE_OPEN_READONLY)
-    try:
-        [(blob,)] = conn.execute(
-            "SELECT vector FROM message_vectors WHERE event_id = ?", (event_id,)
-        ).fetchall()
-        return numpy.frombuffer(blob, dtype="<f4")
-    finally:
-        conn.close()
-
-
-async def test_a_message_is_embedded_with_the_previous_one_and_a_rewind_gives_the_next_its_own(
-    tmp_path: Path,
-) -> None:
-    # docs/design.md §4.7: a message's vector is the unit mean of its own and that of the
-    # previous message followed by it; rewinding the previous message drops it too.
-    state = tmp_path / "s"
-    embedder = FakeEmbedder()
-    question, reply = "did you adopt the dog", "yes, Tuesday"
-    async with am.open_memory(state, executor="inline", embedder=embedder) as mem:
-        h = await mem.sessions.append(DIRECT, user("hello"))
-        a = await mem.sessions.append(DIRECT, user(question))
-        b = await mem.sessions.append(DIRECT, am.Message(role="assistant", content=reply))
-        await settle(mem)
-        assert vectors(state) == {(e.id, embedder.name) for e in (h, a, b)}
-        numpy.testing.assert_allclose(stored_vector(state, h.id), embed_text("hello"))
-        numpy.testing.assert_allclose(
-            stored_vector(state, b.id),
-            message_vector(embed_text(reply), embed_text(f"{question}\n{reply}")),
-            rtol=1e-6,
-        )
-        await mem.sessions.rewind(DIRECT, h.id)  # the question and its reply leave the branch
-        await mem.sessions.rebuild_index()
-        c = await mem.sessions.append(DIRECT, am.Message(role="assistant", content=reply))
-        await settle(mem)
-        assert (
-            vectors(state)
-            == expected(state, embedder.name)
-            == {
-                (h.id, embedder.name),
-                (c.id, embedder.name),
-            }
-        )
-        # The same words after something else: another cache key, embedded again.
-        assert embedder.texts[-2:] == [reply, f"hello\n{reply}"]
-        numpy.testing.assert_allclose(
-            stored_vector(state, c.id),
-            message_vector(embed_text(reply), embed_text(f"hello\n{reply}")),
-            rtol=1e-6,
-        )
-
-
-@given(st.text(max_size=8), st.text(max_size=8), st.text(max_size=8), st.text(max_size=8))
-def test_a_message_digest_covers_its_text_and_its_context(
-    t1: str, c1: str, t2: str, c2: str
-) -> None:
-    assert message_digest(t1, None) == text_digest(t1)
-    assert message_digest(t1, c1) != text_digest(t1)
-    assert message_digest(t1, c1) != text_digest(context_text(t1, c1))
-    assert (message_digest(t1, c1) == message_digest(t2, c2)) == ((t1, c1) == (t2, c2))
-
-
 async def test_the_actor_reads_above_its_watermark_until_the_epoch_moves(tmp_path: Path) -> None:
     state = tmp_path / "s"
     async with am.open_memory(state, executor="inline") as mem:
@@ -676,35 +604,3 @@ async def test_the_backlog_is_embedded_as_background_work_and_a_query_is_not(
     queries = [background for background, texts in embedder.marks if texts == ("seat preference",)]
     assert stored and all(stored)
     assert queries == [False]
-
-
-async def test_an_embed_call_holds_at_most_a_batch_of_texts(tmp_path: Path) -> None:
-    # A message in context needs two texts embedded (docs/design.md §4.7); a call still
-    # holds at most BATCH of them, so its timeout means what it did.
-    sizes: list[int] = []
-
-    class Counting(FakeEmbedder):
-        async def embed(
-            self, texts: Sequence[str], *, deadline: float | None = None
-        ) -> numpy.ndarray:
-            sizes.append(len(texts))
-            return await super().embed(texts, deadline=deadline)
-
-    state = tmp_path / "s"
-    embedder = Counting()
-    async with am.open_memory(state, executor="inline", embedder=embedder) as mem:
-        entries = [
-            am.ImportEntry(
-                id=f"m{i}",
-                parent_id=f"m{i - 1}" if i else None,
-                timestamp=1_700_000_000.0 + i,
-                message=user(f"message number {i}"),
-            )
-            for i in range(BATCH + 6)
-        ]
-        await mem.sessions.import_transcript(DIRECT, entries)
-        await mem.sessions.rebuild_index()
-        await settle(mem)
-        assert len(vectors(state)) == BATCH + 6
-        assert vectors(state) == expected(state, embedder.name)
-    assert max(sizes) == BATCH and sum(sizes) == 2 * (BATCH + 6) - 1
