@@ -118,7 +118,7 @@ from .record_vectors import (
 )
 from .search import TermStats, indexed_rows, newest_match, rankable
 from .transcripts import write_transaction
-from .userdata import erase_records, purge
+from .userdata import RecordRow, RelationRow, erase_records, purge, records_of
 
 RECORDS_DB = "records.db"
 BOOST = 0.5
@@ -510,6 +510,12 @@ class RecordReader:
             f"SELECT EXISTS (SELECT 1 FROM records WHERE user_id IN ({marks}))", tuple(user_ids)
         ).fetchone()
         return bool(row and row[0])
+
+    def every_record(self) -> tuple[list[RecordRow], list[RelationRow]]:
+        """Every record (expired ones included) with its stored times, oldest first, and
+        every relation, in one snapshot: what `migrate` copies (docs/design.md §11)."""
+        records, relations, _outside = records_of(self.conn, None, None)
+        return records, relations
 
     def count(self) -> int:
         """How many records are stored (expired ones included)."""

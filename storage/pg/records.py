@@ -49,6 +49,7 @@ from ...protocol.records import (
     RecordDeleted,
     RecordInvalidated,
     RecordRejected,
+    RecordRelation,
     RecordsErased,
     RecordsLinked,
     RecordStatus,
@@ -78,6 +79,7 @@ from ..records import (
     search_steps,
 )
 from ..search import RANK_BUDGET
+from ..userdata import RecordRow, RelationRow
 from .db import SCHEMA, Reopen, describe, lost
 from .search import _bm25_params
 from .terms import PgQuery, index_terms, pg_query
@@ -437,6 +439,32 @@ class PgRecordReader:
             (self.agent, list(user_ids)),
         ).fetchone()
         return bool(row and row[0])
+
+    def every_record(self) -> tuple[list[RecordRow], list[RelationRow]]:
+        """`RecordReader.every_record`: the tenant's records (expired ones included) with
+        their stored times in seq order, and its relations in id order; one snapshot."""
+        with self.conn.transaction():
+            rows = self.conn.execute(
+                f"SELECT {_COLUMNS.format(a='r')}, r.created_at, r.invalidated_at"
+                f" FROM {_S}.records r WHERE r.agent = %s ORDER BY r.seq",
+                (self.agent,),
+            ).fetchall()
+            edges = self.conn.execute(
+                f"SELECT source, target, relation, created_at FROM {_S}.record_relations"
+                " WHERE agent = %s ORDER BY id",
+                (self.agent,),
+            ).fetchall()
+        records: list[RecordRow] = []
+        ids: dict[int, str] = {}
+        for row in rows:
+            seq, record = _record(row[:-2])
+            ids[seq] = record.id
+            records.append(RecordRow(record, float(row[-2]), row[-1]))
+        relations = [
+            RelationRow(RecordRelation(relation=name, source_id=ids[s], target_id=ids[t]), at)
+            for s, t, name, at in edges
+        ]
+        return records, relations
 
     def count(self) -> int:
         """How many records are stored (expired ones included)."""

@@ -1114,8 +1114,8 @@ class PgTranscriptReader:
             return plan_erasure(self.conn, self.agent, scope).erasure
 
     @_read
-    def session_trees(self, scope: PrivateScope) -> list[SessionTree]:
-        """The identity's sessions with their whole trees (storage/pg/userdata.py), in one
+    def session_trees(self, scope: PrivateScope | None) -> list[SessionTree]:
+        """The identity's sessions (None: every session) with their whole trees (storage/pg/userdata.py), in one
         snapshot."""
         from .userdata import session_trees
 

@@ -169,19 +169,21 @@ def _unshared_digests(conn: Connection, tenant: str, ids: Sequence[int]) -> list
     return sorted(text_digest(t) for t in texts - shared)
 
 
-def session_trees(conn: Connection, tenant: str, scope: PrivateScope) -> list[SessionTree]:
+def session_trees(conn: Connection, tenant: str, scope: PrivateScope | None) -> list[SessionTree]:
     """The sessions of `tenant` that the identity `scope` selects (and those they spawned),
-    oldest first, with their whole trees (storage/userdata.py `session_trees`: every
+    or with None every session of `tenant` (`migrate`), oldest first, with their whole trees (storage/userdata.py `session_trees`: every
     message in write order, the switches); the caller's one snapshot."""
     columns = ", ".join(f"s.{c.strip()}" for c in _SESSION_COLUMNS.split(","))
-    infos = [
-        _session_info(row)
-        for row in conn.execute(
+    if scope is None:
+        sql = f"SELECT {columns} FROM {_S}.sessions s WHERE s.agent = %(agent)s ORDER BY s.id"
+        params: dict[str, Any] = {"agent": tenant}
+    else:
+        sql = (
             f"{_OWNED} SELECT {columns} FROM {_S}.sessions s JOIN owned USING (id)"
-            " WHERE s.agent = %(agent)s ORDER BY s.id",
-            _scope_params(tenant, scope),
-        ).fetchall()
-    ]
+            " WHERE s.agent = %(agent)s ORDER BY s.id"
+        )
+        params = _scope_params(tenant, scope)
+    infos = [_session_info(row) for row in conn.execute(sql, params).fetchall()]
     trees = []
     for info in infos:
         rows = conn.execute(
