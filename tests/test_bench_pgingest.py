@@ -20,7 +20,7 @@ def test_bench_pgingest_reports_the_floor_the_library_and_the_verdict(
 ) -> None:
     with scratch_database():  # skips (or fails under CI) without a server, as the store's tests
         pass
-    tiny = ["--appenders", "3", "--messages-per-appender", "20", "--workers", "1"]
+    tiny = ["--appenders", "3", "--messages-per-appender", "20", "--workers", "1", "--rounds", "1"]
     assert main(["bench", "pgingest", *tiny, "--dsn", ADMIN_DSN, "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     [one] = result["by_workers"]
@@ -29,6 +29,7 @@ def test_bench_pgingest_reports_the_floor_the_library_and_the_verdict(
     assert one["raw"]["mean_batch_size"] == 3  # one message per appender a transaction
     assert 1 <= one["library"]["mean_batch_size"] <= 3
     assert one["pass"] == (one["ratio_to_raw"] >= result["target_ratio"] == 0.7)
+    assert one["ratio_to_raw_by_round"] == [one["ratio_to_raw"]]
     assert result["scaling"]["workers"] == [1, 1] and result["pass"] == one["pass"]
     table = format_table(result)
     assert f"{one['ratio_to_raw']:.2f} (target >= 0.7): " in table
