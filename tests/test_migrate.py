@@ -38,10 +38,11 @@ def dsn(pg_memory_dsn: str) -> str:
 async def make_source(path: Path) -> None:
     """tests/test_userdata.py's people (a rewound branch, a sandboxed spawned session, an
     archived one in a second agent, switches, records with relations and an invalidated
-    one), plus an unscoped record and a few more words to search."""
+    one), plus an unscoped record, a session without messages and a few more words."""
     async with am.open_memory(path, config=CONFIG) as mem:
         await store_people(mem)
         await mem.records.add("the office plant is a fern", user_id=None)
+        await mem.sessions.create("agent:main:explicit:empty", persistent=False)
         for text in ("the ferry leaves at noon", "bring the red umbrella", "noon is lunch"):
             await mem.sessions.append(GROUP, user(text))
 
@@ -73,7 +74,7 @@ async def test_sqlite_to_postgresql_and_back_is_the_same_store(tmp_path: Path, d
     lines: list[str] = []
     there = await am.migrate(tmp_path / "src", dsn, verify_sample=20, progress=lines.append)
     assert there.ok, there.text()
-    assert (there.agents, there.sessions, there.records, there.relations) == (2, 6, 4, 2)
+    assert (there.agents, there.sessions, there.records, there.relations) == (2, 7, 4, 2)
     assert there.messages == 12  # the rewound-away reply included
     assert there.queries == 20
     assert any(line.startswith("verify: 20/20") for line in lines)
@@ -103,7 +104,7 @@ def test_the_command_line_migrates_and_prints_the_verification(
     trio.run(make_source, tmp_path / "src")
     assert main(["migrate", str(tmp_path / "src"), dsn, "--verify-sample", "5"]) == 0
     out = capsys.readouterr().out
-    assert "copied: 2 agents, 6 sessions, 12 messages, 4 records, 2 relations" in out
+    assert "copied: 2 agents, 7 sessions, 12 messages, 4 records, 2 relations" in out
     assert out.rstrip().endswith("OK")
 
 
