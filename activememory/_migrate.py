@@ -218,14 +218,18 @@ async def _destination(side: _Side) -> AsyncIterator[tuple[Memory, Callable[[], 
         committed = True
 
     if side.path is None:
-        async with _opened(side) as mem:
-            await _require_empty(mem, side)
-            try:
+        written = False
+        try:
+            async with _opened(side) as mem:
+                await _require_empty(mem, side)
+                written = True
                 yield mem, commit
-            finally:
-                if not committed:
-                    with anyio.CancelScope(shield=True):
-                        await _undo(mem, side)
+        finally:
+            if written and not committed:
+                # On a memory of its own: a cancellation has stopped the first one's actors.
+                with anyio.CancelScope(shield=True):
+                    async with _opened(side) as fresh:
+                        await _undo(fresh, side)
         return
     # SQLite: a new directory beside the destination, renamed into place once verified.
     target = side.path

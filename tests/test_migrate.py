@@ -5,6 +5,7 @@ non-empty destination, a bad DSN and a failure midway leave the destination as i
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -140,19 +141,31 @@ async def test_a_bad_dsn_is_a_clear_error_naming_the_side(tmp_path: Path) -> Non
     assert not (tmp_path / "new").exists()
 
 
+@pytest.mark.parametrize("how", ["error", "cancelled"])
 @pytest.mark.parametrize("into", ["postgresql", "sqlite"])
 async def test_a_migrate_failing_midway_leaves_the_destination_as_it_was(
-    tmp_path: Path, dsn: str, into: str
+    tmp_path: Path, dsn: str, into: str, how: str
 ) -> None:
     await make_source(tmp_path / "src")
     dest = dsn if into == "postgresql" else str(tmp_path / "dest")
+    with anyio.CancelScope() as scope:
 
-    def fail_after_the_sessions(line: str) -> None:
-        if "records" in line:
-            raise RuntimeError("the copy stops here")
+        def stop_after_the_sessions(line: str) -> None:
+            if "records" not in line:
+                return
+            if how == "cancelled":
+                scope.cancel()  # at its next checkpoint, inside the copy
+            else:
+                raise RuntimeError("the copy stops here")
 
-    with pytest.raises(RuntimeError, match="the copy stops here"):
-        await am.migrate(tmp_path / "src", dest, progress=fail_after_the_sessions)
+        with (
+            pytest.raises(RuntimeError, match="the copy stops here")
+            if how == "error"
+            else (contextlib.nullcontext())
+        ):
+            await am.migrate(tmp_path / "src", dest, progress=stop_after_the_sessions)
+            pytest.fail("the migrate went on")
+    assert scope.cancelled_caught == (how == "cancelled")
     if into == "sqlite":
         left = [p.name async for p in anyio.Path(tmp_path).iterdir()]
         assert left == ["src"]  # no staging directory
