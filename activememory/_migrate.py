@@ -40,6 +40,9 @@ _CONFIG: dict[str, object] = {
     "agents": {"defaults": {"memorySearch": {"provider": "none"}}},
     "tools": {"sessions": {"visibility": "all"}},
 }
+# What a session's copy must keep besides its tree (`updated_at` is the import's time).
+_COMPARED = ("persistent", "interactive", "archived", "sandboxed", "spawned_by", "created_at")
+_COMPARED += ("switches",)
 _WORD = re.compile(r"\w{3,}")
 # libpq's two spellings: a URI, or key=value pairs (docs/design.md §11 "Wiring").
 _DSN = re.compile(r"^(postgres(ql)?://|\s*[a-z_]+\s*=)", re.IGNORECASE)
@@ -329,8 +332,9 @@ async def _every_record(mem: Memory) -> tuple[list[RecordEntry], list[RelationEn
 async def _verify(
     src: Memory, dest: Memory, samples: int, say: Callable[[str], object]
 ) -> tuple[list[str], int]:
-    """What differs between the two stores: per-session message counts and leaves, and the
-    search answers of `samples` words of the source, on every agent."""
+    """What differs between the two stores: per session the message count, the leaf, the
+    messages and the metadata, and the search answers of `samples` words of the source,
+    on every agent."""
     mismatches: list[str] = []
     agents = await src._supervisor.known_agents()
     copied = await dest._supervisor.known_agents()
@@ -360,12 +364,17 @@ async def _verify(
 def _session_mismatches(key: str, a: Transcript | None, b: Transcript | None) -> list[str]:
     if a is None or b is None:
         return [f"session {key}: only in the {'destination' if a is None else 'source'}"]
-    found = []
     if len(a.entries) != len(b.entries):
-        found.append(f"session {key}: {len(a.entries)} messages, copied {len(b.entries)}")
-    elif a.leaf_id != b.leaf_id:
-        found.append(f"session {key}: leaf {a.leaf_id}, copied {b.leaf_id}")
-    return found
+        return [f"session {key}: {len(a.entries)} messages, copied {len(b.entries)}"]
+    if a.leaf_id != b.leaf_id:
+        return [f"session {key}: leaf {a.leaf_id}, copied {b.leaf_id}"]
+    if a.entries != b.entries:
+        return [f"session {key}: the messages differ (ids, parents, times or content)"]
+    return [
+        f"session {key}: {name} {getattr(a, name)!r}, copied {getattr(b, name)!r}"
+        for name in _COMPARED
+        if getattr(a, name) != getattr(b, name)
+    ]
 
 
 async def _answer(mem: Memory, agent: str, word: str) -> Sequence[tuple[str, int]]:
