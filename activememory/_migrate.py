@@ -41,8 +41,15 @@ _CONFIG: dict[str, object] = {
     "tools": {"sessions": {"visibility": "all"}},
 }
 # What a session's copy must keep besides its tree (`updated_at` is the import's time).
-_COMPARED = ("persistent", "interactive", "archived", "sandboxed", "spawned_by", "created_at")
-_COMPARED += ("switches",)
+_COMPARED = (
+    "persistent",
+    "interactive",
+    "archived",
+    "sandboxed",
+    "spawned_by",
+    "created_at",
+    "switches",
+)
 _WORD = re.compile(r"\w{3,}")
 # libpq's two spellings: a URI, or key=value pairs (docs/design.md §11 "Wiring").
 _DSN = re.compile(r"^(postgres(ql)?://|\s*[a-z_]+\s*=)", re.IGNORECASE)
