@@ -6,6 +6,8 @@ non-empty destination, a bad DSN and a failure midway leave the destination as i
 from __future__ import annotations
 
 import contextlib
+import json
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -277,3 +279,34 @@ def test_any_store_survives_the_round_trip(
         assert await snapshot(root / "back") == await snapshot(root / "src")
 
     trio.run(run)
+
+
+def test_a_source_written_during_the_migrate_is_a_mismatch_and_nothing_is_copied(
+    tmp_path: Path, dsn: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trio.run(make_source, tmp_path / "src")
+    assert trio.run(lambda: am.migrate(tmp_path / "src", dsn, verify_sample=0)).ok
+    # A worker still writing to the PostgreSQL source (there is no lock to keep it out),
+    # between the copy of agent main and the verification.
+    with am.sync.open_memory(tmp_path / "worker", config=CONFIG, storage=dsn) as worker:
+
+        def write_meanwhile(line: str) -> None:
+            if line.startswith("migrate: agent main"):
+                # Blocking, from a thread of its own (the sync API refuses an event loop's).
+                late = threading.Thread(
+                    target=worker.sessions.append, args=(GROUP, user("a late message"))
+                )
+                late.start()
+                late.join()
+
+        report = trio.run(
+            lambda: am.migrate(dsn, tmp_path / "back", verify_sample=5, progress=write_meanwhile)
+        )
+        assert not report.ok
+        assert report.mismatches[0] == f"session {GROUP}: 5 messages, copied 4"
+        assert report.text().endswith("FAILED: the destination was left as it was (nothing copied)")
+        assert not (tmp_path / "back").exists()
+        # Once the source is quiet, the command line copies it (`--json`: the report).
+        assert main(["migrate", dsn, str(tmp_path / "back"), "--json", "--verify-sample", "0"]) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert out["ok"] is True and out["sessions"] == 7 and out["messages"] == 13
