@@ -61,7 +61,7 @@ class MigrationReport(msgspec.Struct, frozen=True, kw_only=True):
 
     source: str  # as given (a DSN with its password masked)
     destination: str
-    agents: int
+    agents: int  # with sessions
     sessions: int
     messages: int
     records: int
@@ -292,9 +292,10 @@ async def _copy(
     """Every agent's sessions, then the records and relations, through `import_export`."""
     await src.sessions.rebuild_index()  # dirty sessions: search both stores on the same rows
     agents = await src._supervisor.known_agents()
-    sessions = messages = 0
+    sessions = messages = copied = 0
     for n, agent in enumerate(agents, 1):
         transcripts = await _transcripts(src, agent)
+        copied += bool(transcripts)  # an agent database left without sessions is not one
         done = await dest.import_export(IdentityExport(None, transcripts=tuple(transcripts)))
         sessions += done.sessions
         messages += sum(len(t.entries) for t in transcripts)
@@ -309,7 +310,7 @@ async def _copy(
     rebuilt = await dest.sessions.rebuild_index()
     say(f"migrate: {rebuilt.index_rows} messages indexed in {time.monotonic() - started:.1f} s")
     return {
-        "agents": len(agents),
+        "agents": copied,
         "sessions": sessions,
         "messages": messages,
         "records": len(records),
@@ -343,10 +344,11 @@ async def _verify(
     messages and the metadata, and the search answers of `samples` words of the source,
     on every agent."""
     mismatches: list[str] = []
-    agents = await src._supervisor.known_agents()
-    copied = await dest._supervisor.known_agents()
-    if copied != agents:
-        mismatches.append(f"agents: source {agents}, destination {copied}")
+    # Every agent of either side: one whose sessions were all deleted may have a database
+    # on SQLite and nothing on PostgreSQL; a session on one side only is a mismatch below.
+    agents = sorted(
+        set(await src._supervisor.known_agents()) | set(await dest._supervisor.known_agents())
+    )
     words: set[str] = set()
     for agent in agents:
         before = {t.session_key: t for t in await _transcripts(src, agent)}

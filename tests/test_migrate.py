@@ -49,6 +49,8 @@ async def make_source(path: Path) -> None:
         await store_people(mem)
         await mem.records.add("the office plant is a fern", user_id=None)
         await mem.sessions.create("agent:main:explicit:empty", persistent=False)
+        await mem.sessions.append("agent:ghost:main", user("soon gone"))
+        await mem.sessions.delete("agent:ghost:main")  # its database stays, empty
         for text in ("the ferry leaves at noon", "bring the red umbrella", "noon is lunch"):
             await mem.sessions.append(GROUP, user(text))
 
@@ -60,6 +62,7 @@ async def snapshot(path: Path, storage: str | None = None) -> dict[str, Any]:
         sessions: dict[str, list[Transcript]] = {
             agent: [_comparable(t) for t in await _transcripts(mem, agent)] for agent in agents
         }
+        sessions = {agent: found for agent, found in sessions.items() if found}
         # Renumbered by design: session ids, write counters (a rewind's own event is not an
         # entry of the import format, so later seqs close up), the import's update time.
         renumbered = {"session_id": 0, "updated_at": 0.0, "revision": 0, "indexed_seq": 0}
