@@ -70,7 +70,9 @@ def add_chat_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    chat.add_argument("--state-dir", type=Path, required=True)
+    from ._cli import add_store_arguments
+
+    add_store_arguments(chat)
     chat.add_argument("--config", type=Path, help="JSON5 config file; reloaded when it changes")
     chat.add_argument(
         "--session",
@@ -102,6 +104,7 @@ class ChatOptions:
     """What `activememory chat` was asked to do (its command-line options)."""
 
     state_dir: Path
+    storage: str | None = None  # the PostgreSQL store (`--storage`); None: the config's
     config: Path | None = None
     session: str = DEFAULT_SESSION
     owner: bool = False
@@ -251,7 +254,9 @@ class _Chat:
     async def run(self, config: Config | None, watched: _Watched | None) -> int:
         from ._memory import open_memory
 
-        async with open_memory(self.options.state_dir, config=config) as mem:
+        async with open_memory(
+            self.options.state_dir, config=config, storage=self.options.storage
+        ) as mem:
             self._banner(mem)
             for warning in mem.config.warnings:
                 self._status(f"[config warning: {warning}]")

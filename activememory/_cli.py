@@ -31,8 +31,10 @@ from .storage.fts_query import MATCH_MODES
 
 # The parser needs none of the runtime (trio, the store, the records stack, httpx, numpy):
 # a command imports it when it runs, so `--help` and `--version` stay quick
-# (docs/design.md §9). The store is opened in one place, `with_memory`.
+# (docs/design.md §9). The store is opened in one place, `open_store`.
 if TYPE_CHECKING:
+    from contextlib import AbstractAsyncContextManager
+
     from ._doctor import DoctorReport
     from ._importers import IdentityExport, LocomoSample, Transcript
     from ._memory import Memory
@@ -110,7 +112,7 @@ def _parser() -> argparse.ArgumentParser:
         help="import JSONL transcripts or LoCoMo conversations; a re-run skips what is there",
     )
     imp.add_argument("paths", type=Path, nargs="+")
-    imp.add_argument("--state-dir", type=Path, required=True)
+    add_store_arguments(imp)
     imp.add_argument(
         "--format",
         choices=IMPORT_FORMATS,
@@ -124,7 +126,7 @@ def _parser() -> argparse.ArgumentParser:
     reindex = commands.add_parser(
         "reindex", help="rebuild the full-text index (every agent, one agent or one session)"
     )
-    reindex.add_argument("--state-dir", type=Path, required=True)
+    add_store_arguments(reindex)
     reindex.add_argument("--agent", help="only this agent's sessions")
     reindex.add_argument("--session", help="only this session (a session key)")
     reindex.add_argument("--json", action="store_true")
@@ -137,7 +139,7 @@ def _parser() -> argparse.ArgumentParser:
 
     search = commands.add_parser("search", help="full-text search of stored conversations")
     search.add_argument("query")
-    search.add_argument("--state-dir", type=Path, required=True)
+    add_store_arguments(search)
     search.add_argument("--caller", required=True, help="session key of the one searching")
     search.add_argument("--session-key", help="search only this (visible) session")
     search.add_argument("--limit", type=int, default=10, help="1-25 (default 10)")
@@ -161,13 +163,13 @@ def _parser() -> argparse.ArgumentParser:
 
     history = commands.add_parser("history", help="print a session's active branch")
     history.add_argument("session_key")
-    history.add_argument("--state-dir", type=Path, required=True)
+    add_store_arguments(history)
     history.add_argument("--limit", type=int)
     history.add_argument("--json", action="store_true")
     history.set_defaults(run=_history)
 
     stats = commands.add_parser("stats", help="index statistics of every agent database")
-    stats.add_argument("--state-dir", type=Path, required=True)
+    add_store_arguments(stats)
     stats.add_argument("--json", action="store_true")
     stats.set_defaults(run=_stats)
 
@@ -175,14 +177,14 @@ def _parser() -> argparse.ArgumentParser:
         "recall", help="run the recall step for one message and show what it found"
     )
     recall.add_argument("message")
-    recall.add_argument("--state-dir", type=Path, required=True)
+    add_store_arguments(recall)
     recall.add_argument("--session", default="agent:main:main", help="session key of the turn")
     recall.add_argument("--config", type=Path, help="JSON5 config file")
     recall.add_argument("--json", action="store_true")
     recall.set_defaults(run=_recall)
 
     doctor = commands.add_parser("doctor", help="check the setup and the index's health")
-    doctor.add_argument("--state-dir", type=Path, required=True)
+    add_store_arguments(doctor)
     doctor.add_argument("--config", type=Path, help="JSON5 config file")
     doctor.add_argument("--json", action="store_true")
     doctor.set_defaults(run=_doctor)
@@ -216,31 +218,72 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def add_store_arguments(parser: argparse.ArgumentParser) -> None:
+    """`--state-dir` and `--storage`: where a command's memory is (docs/design.md §11).
+    Every command that opens a memory takes both; `open_store` hands them to `open_memory`."""
+    parser.add_argument("--state-dir", type=Path, required=True)
+    parser.add_argument(
+        "--storage",
+        metavar="DSN",
+        help="the memory is in this PostgreSQL store (postgresql://... or host=... dbname=...;"
+        " \"sqlite\": the state directory's files); default: the config's storage section,"
+        " else the state directory",
+    )
+
+
+def memory_config(
+    args: argparse.Namespace, config: Config | dict[str, object] | Path | None, *, existing: bool
+) -> Config:
+    """The config a command opens its memory with, loaded once. With `existing` (a read
+    command, or a write that must not make a store out of a typo) a memory in the state
+    directory's files needs a state directory that holds one (`_existing_state_dir`); on
+    PostgreSQL (`--storage`, else the config's `storage.backend`, as `open_memory` chooses)
+    the server's store is what must exist, and `open_memory` checks that."""
+    from ._config import load_config
+
+    loaded = load_config(config if config is not None else {})
+    storage = getattr(args, "storage", None)
+    on_postgresql = (
+        storage != "sqlite" if storage is not None else loaded.storage.backend != "sqlite"
+    )
+    if existing and not on_postgresql:
+        _existing_state_dir(args.state_dir)
+    return loaded
+
+
+def open_store(
+    args: argparse.Namespace,
+    config: Config | dict[str, object] | Path | None = None,
+    *,
+    readonly: bool = False,
+    existing: bool = False,
+) -> AbstractAsyncContextManager[Memory]:
+    """The one place a command opens its memory: `open_memory` with `--state-dir`,
+    `--storage` and `config` (`memory_config`). `readonly` (the read commands): read beside
+    a running bot without its writer (docs/design.md §1.6, §11 "Read-only"), from a store
+    that must exist; `existing`: a write to a store that must exist."""
+    from ._memory import open_memory
+
+    loaded = memory_config(args, config, existing=readonly or existing)
+    storage = getattr(args, "storage", None)
+    return open_memory(args.state_dir, config=loaded, readonly=readonly, storage=storage)
+
+
 def with_memory(
     args: argparse.Namespace,
     fetch: Callable[[Memory], Awaitable[T]],
     config: Config | dict[str, object] | Path | None = None,
     *,
     readonly: bool = False,
-    storage: str | None = None,
+    existing: bool = False,
 ) -> T:
-    """Open the store at `--state-dir`, return `fetch(mem)`, close it.
-
-    `readonly` (the read commands): the store must exist, and is read beside a running bot
-    without its writer lock (docs/design.md §1.6). `storage`: `open_memory`'s (a
-    PostgreSQL DSN; docs/design.md §11).
-    """
+    """Open the command's memory (`open_store`), return `fetch(mem)`, close it."""
     import trio
 
-    from ._memory import open_memory
-
-    if readonly:
-        _existing_state_dir(args.state_dir)
+    opened = open_store(args, config, readonly=readonly, existing=existing)
 
     async def run() -> T:
-        async with open_memory(
-            args.state_dir, config=config, readonly=readonly, storage=storage
-        ) as mem:
+        async with opened as mem:
             return await fetch(mem)
 
     return trio.run(run)
@@ -507,9 +550,10 @@ def _run_and_show(
     config: dict[str, object] | None = None,
     *,
     readonly: bool = False,
+    existing: bool = False,
 ) -> int:
-    """Open the state dir, fetch a result, print it for a person or (`--json`) a program."""
-    result = with_memory(args, fetch, config, readonly=readonly)
+    """Open the memory, fetch a result, print it for a person or (`--json`) a program."""
+    result = with_memory(args, fetch, config, readonly=readonly, existing=existing)
     if args.json:
         print(msgspec.json.format(msgspec.json.encode(result)).decode())
     else:
@@ -608,9 +652,9 @@ def _search(args: argparse.Namespace) -> int:
 
     # --wait rebuilds the index itself, so it opens the store for writing (its reconciler
     # and embedder); otherwise search reads beside a running bot.
-    if args.wait:
-        _existing_state_dir(args.state_dir)
-    return _run_and_show(args, fetch, _print_search, config, readonly=not args.wait)
+    return _run_and_show(
+        args, fetch, _print_search, config, readonly=not args.wait, existing=args.wait
+    )
 
 
 def _print_search(result: SearchResult) -> None:
@@ -786,7 +830,7 @@ def _print_stats(stats: Sequence[IndexStats]) -> None:
 
 def _add_userdata_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     sessions = commands.add_parser("sessions", help="list stored sessions, filtered")
-    sessions.add_argument("--state-dir", type=Path, required=True)
+    add_store_arguments(sessions)
     sessions.add_argument("--config", type=Path, help="JSON5 config file (session.identityLinks)")
     sessions.add_argument("--agent", help="only this agent's sessions")
     sessions.add_argument("--chat-type", choices=CHAT_TYPES)
@@ -802,7 +846,7 @@ def _add_userdata_parsers(commands: argparse._SubParsersAction[argparse.Argument
     export = commands.add_parser(
         "export", help="write everything stored about one identity in the import format"
     )
-    export.add_argument("--state-dir", type=Path, required=True)
+    add_store_arguments(export)
     export.add_argument("--config", type=Path, help="JSON5 config file (session.identityLinks)")
     export.add_argument("--identity", required=True)
     export.add_argument("--agent", help="only this agent's sessions (and records it may see)")
@@ -812,7 +856,7 @@ def _add_userdata_parsers(commands: argparse._SubParsersAction[argparse.Argument
     erase = commands.add_parser(
         "erase", help="erase everything stored about one identity (see --dry-run)"
     )
-    erase.add_argument("--state-dir", type=Path, required=True)
+    add_store_arguments(erase)
     erase.add_argument("--config", type=Path, help="JSON5 config file (session.identityLinks)")
     erase.add_argument("--identity", required=True)
     erase.add_argument("--dry-run", action="store_true", help="only list what would go")
@@ -881,10 +925,11 @@ def _erase(args: argparse.Namespace) -> int:
     import trio
 
     from ._control import bot_serves, erase_through_bot
-    from ._memory import open_memory
+
+    config = memory_config(args, args.config, existing=True)  # a dry run reads: beside a bot
+    state_dir = args.state_dir
 
     async def run() -> ErasureSummary:
-        state_dir = _existing_state_dir(args.state_dir)  # a dry run only reads: beside a bot
         if not args.dry_run and bot_serves(state_dir):
             # A bot holds the writers: it erases through them (docs/design.md §1.7).
             if args.config is not None:
@@ -893,7 +938,7 @@ def _erase(args: argparse.Namespace) -> int:
             summary, pid = await erase_through_bot(state_dir, args.identity, within=args.timeout)
             print(f"erased by the running bot (pid {pid})", file=sys.stderr)
             return summary
-        async with open_memory(state_dir, config=args.config, readonly=args.dry_run) as mem:
+        async with open_store(args, config, readonly=args.dry_run) as mem:
             return await mem.erase_identity(args.identity, dry_run=args.dry_run)
 
     summary = trio.run(run)
@@ -928,7 +973,7 @@ def _add_mcp_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser
     mcp = commands.add_parser(
         "mcp", help="serve one conversation's memory tools over MCP (stdio or streamable HTTP)"
     )
-    mcp.add_argument("--state-dir", type=Path, required=True)
+    add_store_arguments(mcp)
     mcp.add_argument(
         "--session-key", required=True, help="the conversation every tool runs as (the caller)"
     )
@@ -946,8 +991,7 @@ def _add_mcp_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser
 def _mcp(args: argparse.Namespace) -> int:
     from .service.mcp import serve  # the `mcp` extra: imported only by this command
 
-    if args.readonly:
-        _existing_state_dir(args.state_dir)
+    memory_config(args, args.config, existing=args.readonly)  # the config's storage decides
     return serve(
         args.state_dir,
         session_key=args.session_key,
@@ -957,13 +1001,14 @@ def _mcp(args: argparse.Namespace) -> int:
         config=args.config,
         token=args.token,
         readonly=args.readonly,
+        storage=args.storage,
     )
 
 
 def _add_serve_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """`activememory serve` (docs/design.md §12.1): the HTTP/JSON API."""
     serve = commands.add_parser("serve", help="serve the HTTP/JSON API (and --ui, the inspector)")
-    serve.add_argument("--state-dir", type=Path, required=True)
+    add_store_arguments(serve)
     serve.add_argument("--config", type=Path, help="JSON5 config file")
     serve.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     serve.add_argument("--port", type=int, default=8787, help="port (default 8787; 0: any free)")
@@ -994,12 +1039,10 @@ def _add_serve_parser(commands: argparse._SubParsersAction[argparse.ArgumentPars
 def _serve(args: argparse.Namespace) -> int:
     import signal
 
-    from ._config import load_config
-    from ._memory import open_memory
     from .service import http
     from .service.auth import shown_url
 
-    config = load_config(args.config if args.config is not None else {})
+    config = memory_config(args, args.config, existing=False)
     options = http.options_from(
         host=args.host,
         port=args.port,
@@ -1019,7 +1062,7 @@ def _serve(args: argparse.Namespace) -> int:
         ) from None
 
     async def run() -> None:
-        async with open_memory(args.state_dir, config=config) as mem:
+        async with open_store(args, config) as mem:
             ui = inspector(mem) if inspector is not None else None
             app = http.build_app(mem, options, ui=ui)
             shutdown = anyio.Event()

@@ -83,7 +83,6 @@ from .recall.models import RecallModels
 from .storage.db import DURABILITY_LEVELS, Durability, readonly_error
 from .storage.executor import EXECUTOR_KINDS, ExecutorKind
 from .storage.fts_query import MatchMode
-from .storage.reads import NOT_YET
 from .storage.run_transcripts import TranscriptPlace
 
 if TYPE_CHECKING:
@@ -728,9 +727,9 @@ async def open_memory(
     that PostgreSQL store, which several processes (hosts) may open at once — `state_dir`
     then keeps the config's workspaces and the control spool. The server is reached, and
     the schema made or checked, before `open_memory` returns: a bad DSN, an unreachable
-    server or a schema newer than this code is a `StorageError` naming `storage.dsn`. Not
-    yet on PostgreSQL (a `StorageError` saying so): records, memory notes, vectors (no
-    embedder), exporting or erasing a user's data, `readonly=True`.
+    server or a schema newer than this code is a `StorageError` naming `storage.dsn`.
+    Everything below works there too, but record vectors (records are searched by text)
+    and the in-memory vector index (vectors are scored exactly; docs/design.md §11).
 
     `executor="thread"` runs SQLite on worker threads (production); `"inline"` runs it on the
     event-loop thread, for deterministic virtual-time simulations. `durability="crash"`
@@ -753,7 +752,10 @@ async def open_memory(
     naming readonly. Sessions the writer is re-indexing stay hidden from search, which says
     `indexing`; `sessions.info(key).dirty` and `stats` show them. Recall works: its
     sub-agent transcript goes to a private temporary folder, never into the store
-    (`persistTranscripts` is ignored).
+    (`persistTranscripts` is ignored). On PostgreSQL (`storage`) the database must hold the
+    store's schema at this code's version instead (`state_dir` need not exist), and every
+    connection is opened read-only, so the server itself refuses a write
+    (docs/design.md §11 "Read-only").
 
     A writer open with the thread executor also serves other processes' control requests
     (docs/design.md §1.7): `activememory erase` beside the running bot asks it, and the
@@ -778,14 +780,8 @@ async def open_memory(
     if not isinstance(state_dir, str | os.PathLike):
         raise InvalidInputError(f"state_dir: expected a path, got {type(state_dir).__name__}")
     loaded = load_config(config if config is not None else {})
-    pg = _postgresql(storage, loaded)
-    if pg is not None and readonly:
-        raise InvalidInputError(f"readonly: a read-only open {NOT_YET}")
-    if pg is not None and embedder is not None:
-        raise InvalidInputError(f"embedder: vectors (recall by meaning) {NOT_YET}")
-    if pg is not None:
-        _log.debug("storage: PostgreSQL has no embedder until vectors are on PostgreSQL")
-    elif embedder is None and executor == "thread":
+    pg = _postgresql(storage, loaded, readonly=readonly)
+    if embedder is None and executor == "thread":
         embedder = embedder_from_config(loaded)
     transcripts = TranscriptPlace(Path(state_dir), keep=not readonly)
     memory: Memory | None = None
@@ -880,10 +876,10 @@ def _check_positive_int(name: str, value: object) -> None:
         raise InvalidInputError(f"{name}: {value!r} is not a positive integer")
 
 
-def _postgresql(storage: object, config: Config) -> PgSettings | None:
+def _postgresql(storage: object, config: Config, *, readonly: bool) -> PgSettings | None:
     """The PostgreSQL store `open_memory` is asked for (its `storage` argument, else the
-    config's `storage` section); None for SQLite. Bad values are `InvalidInputError`
-    naming `storage` or the config key."""
+    config's `storage` section), opened read-only with `readonly`; None for SQLite. Bad
+    values are `InvalidInputError` naming `storage` or the config key."""
     section = config.storage
     if storage is None:
         if section.backend == "sqlite":
@@ -907,4 +903,6 @@ def _postgresql(storage: object, config: Config) -> PgSettings | None:
             f"storage: PostgreSQL needs the postgres extra (pip install 'activememory[postgres]'):"
             f" {exc}"
         ) from None
-    return PgSettings(dsn=dsn, pool_min=section.pool_min, pool_max=section.pool_max)
+    return PgSettings(
+        dsn=dsn, pool_min=section.pool_min, pool_max=section.pool_max, readonly=readonly
+    )

@@ -4,7 +4,7 @@ directory) and PostgreSQL (a DSN), either way, and verify the copy (docs/design.
 
 The copy is the export format's: every agent's sessions are read as `session_trees`
 (every session, not one identity's) and turned into `Transcript`s by `transcript_of`,
-the records and relations by `every_record`, and the destination stores them with
+the records and relations by `records_of(None, None)` (every record), and the destination stores them with
 `import_export`, the import's own writers (event ids kept: the destination is empty, so
 they are free). Nothing here knows the tree rules or either store's tables.
 """
@@ -276,8 +276,8 @@ async def _undo(mem: Memory, side: _Side) -> None:
             for info in await store.read(lambda reader: reader.sessions()):
                 await mem.sessions.delete(info.key)
         db = await mem._supervisor.records()
-        records, _relations = await db.read(lambda reader: reader.every_record())
-        for row in records:
+        every = await db.read(lambda reader: reader.records_of(None, None))
+        for row in every.records:
             await mem.records.delete(row.record.id)
     except ActiveMemoryError as exc:
         raise StorageError(
@@ -325,16 +325,12 @@ async def _transcripts(mem: Memory, agent: str) -> list[Transcript]:
 
 
 async def _every_record(mem: Memory) -> tuple[list[RecordEntry], list[RelationEntry]]:
-    supervisor = mem._supervisor
-    if supervisor.pg is None:
-        from .storage.records import records_db_path
-
-        if not records_db_path(supervisor.state_dir).exists():
-            return [], []  # never create records.db just to find it empty
-    db = await supervisor.records()
-    rows, edges = await db.read(lambda reader: reader.every_record())
-    records = [RecordEntry(r.record, r.created_at, r.invalidated_at) for r in rows]
-    return records, [RelationEntry(e.relation, e.created_at) for e in edges]
+    db = await mem._supervisor.stored_records()  # never makes records.db to find it empty
+    if db is None:
+        return [], []
+    every = await db.read(lambda reader: reader.records_of(None, None))
+    records = [RecordEntry(r.record, r.created_at, r.invalidated_at) for r in every.records]
+    return records, [RelationEntry(e.relation, e.created_at) for e in every.relations]
 
 
 async def _verify(

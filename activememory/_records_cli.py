@@ -8,12 +8,11 @@ import argparse
 import json
 import re
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 
-from ._cli import with_memory
+from ._cli import add_store_arguments, with_memory
 from .protocol.errors import InvalidInputError
 from .protocol.record_results import RecordSearchResult, iso_timestamp
 from .protocol.records import NOT_SET, Record, RecordType
@@ -116,26 +115,15 @@ def _scope_arguments(parser: argparse.ArgumentParser, what: str) -> None:
 
 
 def _common(parser: argparse.ArgumentParser, run: Callable[[argparse.Namespace], int]) -> None:
-    parser.add_argument("--state-dir", type=Path, required=True)
-    parser.add_argument(
-        "--storage",
-        metavar="DSN",
-        help="the records are in this PostgreSQL store (postgresql://... or host=... "
-        "dbname=...; default: the state directory's records.db)",
-    )
+    add_store_arguments(parser)
     parser.add_argument("--json", action="store_true")
     parser.set_defaults(run=run)
 
 
 def _run(args: argparse.Namespace, readonly: bool, fn: Callable[[Memory], Awaitable[T]]) -> T:
     """Run `fn` on the store; an error names the command-line argument, not the API's."""
-    # PostgreSQL has no writer lock to keep clear of (docs/design.md §11 "Several
-    # processes"): a read command opens it as any process does, beside a running bot.
-    storage = args.storage
     try:
-        return with_memory(
-            args, fn, readonly=readonly and storage in (None, "sqlite"), storage=storage
-        )
+        return with_memory(args, fn, readonly=readonly)
     except InvalidInputError as exc:
         text = _FIELD.sub(lambda m: FLAGS.get(m[1], m[1]), str(exc))
         text = text.replace("mem.records.store.search()", "--layer store")

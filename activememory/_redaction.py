@@ -311,6 +311,13 @@ class Redactor:
             text = redacted
         return text
 
+    def traceback(self, exc: BaseException) -> str:
+        """`exc`'s formatted traceback with every secret masked: what a server logs of a
+        failure it does not show its client (docs/design.md §12)."""
+        import traceback
+
+        return self.redact("".join(traceback.format_exception(exc)))
+
     def _redact_once(self, text: str) -> str:
         for rules in (_builtin_rules(), self._extra):
             for rule in rules:

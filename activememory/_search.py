@@ -43,7 +43,7 @@ from .storage.fts_query import (
 )
 from .storage.hybrid import Candidate as FuseCandidate
 from .storage.reads import TranscriptReads
-from .storage.search import Candidate, DbScope, ScopePage, TermStats, scope_sql
+from .storage.search import Candidate, DbScope, ScopePage, TermStats
 
 _encode = msgspec.json.Encoder().encode
 # How far before the first hit a snippet starts, so the hit has some context.
@@ -206,14 +206,14 @@ def _search_one(
     snippets = [make_snippet(redactor.redact(c.text), terms) for c in page.candidates]
     if meaning is None or meaning.vector is None:
         return _AgentPage(page, snippets)
-    sql, params = scope_sql(scope, caller, session_key)
     side = message_side(
-        reader.local("hybrid search (vectors)"),
+        reader,
         meaning,
         pool=pool,
         text_messages=[c.event_id for c in page.candidates],
-        visible_sql=f"SELECT id FROM ({sql})",
-        visible_params=params,
+        scope=scope,
+        caller=caller,
+        session_key=session_key,
     )
     only = {i: make_snippet(redactor.redact(row.text), terms) for i, row in side.rows.items()}
     return _AgentPage(page, snippets, side, only)

@@ -11,7 +11,7 @@ keeper.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import TypeVar
 
 import msgspec
@@ -50,9 +50,7 @@ from .protocol.records import (
 from .protocol.session_key import CHAT_TYPES, ChatType, parse_session_key
 from .protocol.transcript import ImportEntry, SessionInfo
 from .protocol.userdata import AgentErasure, ErasureSummary, RecordErasure
-from .storage.reads import not_yet
-from .storage.records import records_db_path
-from .storage.userdata import SessionTree, plan_record_erasure, records_of
+from .storage.userdata import SessionTree
 
 MAX_IDENTITY_CHARS = 256
 A = TypeVar("A", bound=IndexerAck)
@@ -137,13 +135,11 @@ async def export_identity(
     records: tuple[RecordEntry, ...] = ()
     relations: tuple[RelationEntry, ...] = ()
     user_ids = _user_ids(config, identity)
-    if await _records_exist(supervisor, user_ids):
-        db = await supervisor.records()
-        rows, edges, _outside = await db.read(
-            lambda reader: records_of(reader.conn, user_ids, agent)
-        )
-        records = tuple(RecordEntry(r.record, r.created_at, r.invalidated_at) for r in rows)
-        relations = tuple(RelationEntry(e.relation, e.created_at) for e in edges)
+    db = await supervisor.stored_records() if user_ids else None
+    if db is not None:
+        mine = await db.read(lambda reader: reader.records_of(user_ids, agent))
+        records = tuple(RecordEntry(r.record, r.created_at, r.invalidated_at) for r in mine.records)
+        relations = tuple(RelationEntry(e.relation, e.created_at) for e in mine.relations)
     return IdentityExport(
         identity=identity,
         transcripts=tuple(transcripts),
@@ -181,22 +177,6 @@ def transcript_of(tree: SessionTree) -> Transcript:
         keep_ids=True,
         switches=tree.switches,
     )
-
-
-async def _records_exist(supervisor: Supervisor, user_ids: Sequence[str]) -> bool:
-    """Whether the records store must be read for `user_ids`."""
-    if supervisor.pg is not None:
-        # Their export and erase are read here on the SQLite connection: a user who has
-        # records on PostgreSQL is refused, never skipped (docs/design.md §11 "Records").
-        if not user_ids:
-            return False
-        db = await supervisor.records()
-        has_records: bool = await db.read(lambda reader: reader.any_of_users(user_ids))
-        if has_records:
-            raise not_yet("exporting or erasing a user's records")
-        return False
-    # Never create records.db just to find it empty.
-    return records_db_path(supervisor.state_dir).exists()
 
 
 async def import_export(
@@ -290,10 +270,10 @@ async def erase_identity(
             agents.append(ack.erasure)
     user_ids = _user_ids(config, identity)
     records = RecordErasure(user_ids=user_ids)
-    if user_ids and await _records_exist(supervisor, user_ids):
-        db = await supervisor.records()
+    db = await supervisor.stored_records() if user_ids else None
+    if db is not None:
         if dry_run:
-            records = await db.read(lambda reader: plan_record_erasure(reader.conn, user_ids))
+            records = await db.read(lambda reader: reader.plan_record_erasure(user_ids))
         else:
             erased = await _submit_record(
                 supervisor, EraseUserRecords(user_ids=user_ids), RecordsErased

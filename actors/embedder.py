@@ -49,6 +49,7 @@ from ..protocol.records import (
     RecordVectorsStored,
     StoreRecordVectors,
 )
+from ..storage.reads import TranscriptReads
 from ..storage.record_vectors import (
     RecordMark,
     cached_record_vectors,
@@ -56,11 +57,8 @@ from ..storage.record_vectors import (
     pending_records,
 )
 from ..storage.records import RecordReader
-from ..storage.transcripts import TranscriptReader
 from ..storage.vectors import (
     PendingBatch,
-    cached_vectors,
-    pending_batch,
     text_digest,
     to_blob,
 )
@@ -77,9 +75,10 @@ SubmitRecord = Callable[[RecordCommand], Awaitable[RecordAck]]
 
 
 class Read(Protocol):
-    """Runs a function on the agent database's reader (`Database.read`)."""
+    """Runs a function on a reader of the agent's store (`Database.read_for_embedder`;
+    on PostgreSQL `PgAgentStore.read`): either store's `TranscriptReads`."""
 
-    def __call__(self, fn: Callable[[TranscriptReader], T], /) -> Awaitable[T]: ...
+    def __call__(self, fn: Callable[[TranscriptReads], T], /) -> Awaitable[T]: ...
 
 
 class ReadRecords(Protocol):
@@ -150,14 +149,14 @@ class AgentFeed:
     async def pending(self, name: str, limit: int) -> FeedBatch:
         after, epoch = self._after, self._epoch
         batch = await self._read(
-            lambda r: pending_batch(r.conn, name, after=after, epoch=epoch, limit=limit)
+            lambda r: r.pending_vectors(name, after=after, epoch=epoch, limit=limit)
         )
         if not batch.messages and not batch.notes:
             self._after, self._epoch = batch.scanned_to, batch.epoch
         return FeedBatch(batch.messages + batch.notes, batch)
 
     async def cached(self, name: str, digests: list[bytes]) -> dict[bytes, bytes]:
-        return await self._read(lambda r: cached_vectors(r.conn, name, digests))
+        return await self._read(lambda r: r.cached_vectors(name, digests))
 
     async def store(self, name: str, batch: FeedBatch, rows: list[VectorRow]) -> tuple[int, int]:
         pending = batch.state

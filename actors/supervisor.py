@@ -11,7 +11,8 @@ handle. A crashed actor is never silently lost: its exception propagates out of
 
 Read-only (`open_memory(readonly=True)`, docs/design.md §1.6): each database is only its
 reader connections — no writer lock, no writer, no reconciler, no embedder actor — and every
-write is refused with `readonly_error`."""
+write is refused with `readonly_error`; on PostgreSQL the same, on connections the server
+itself keeps read-only (docs/design.md §11 "Read-only")."""
 
 from __future__ import annotations
 
@@ -63,7 +64,7 @@ from ..storage.records import (
 from ..storage.transcripts import TranscriptReader, TranscriptWriter, agent_db_path
 from ..storage.vector_index import VectorFeed, VectorIndexes, attach, detach
 from .control import ControlActor, Handle
-from .embedder import AgentFeed, EmbedderActor, RecordFeed
+from .embedder import AgentFeed, EmbedderActor, Read, RecordFeed
 from .embedder import open_inbox as embedder_inbox
 from .group_commit import MAX_BATCH, A, C, GroupCommit, StorageWriter
 from .indexer import Indexer
@@ -255,6 +256,8 @@ class AgentStore(VectorDatabase[TranscriptReader, IndexerCommand, IndexerAck]):
     pokes: MemoryObjectSendStream[Poke] | None
     reconciler_stopped: anyio.Event = field(default_factory=anyio.Event)
     embedder: EmbedderActor[AgentFeed] | None = None
+    # The readers' in-memory vector index (None: read-only, or PostgreSQL).
+    vector_index: VectorIndexes | None = None
 
     async def submit(self, command: IndexerCommand) -> IndexerAck:
         """Queue `command` for the indexer and wait for its ack; a write that may have
@@ -305,6 +308,17 @@ class ReadSlot:
     busy: int = 0
 
 
+async def _on_least_busy(slots: tuple[ReadSlot, ...], run: Callable[[], T]) -> T:
+    """Run `run` on the executor of the slot with the fewest reads under way (ties: the
+    first). Cancellation: a read that has started finishes on its worker."""
+    slot = min(slots, key=lambda s: s.busy)
+    slot.busy += 1
+    try:
+        return await slot.executor.run(run)
+    finally:
+        slot.busy -= 1
+
+
 @dataclass(kw_only=True)
 class PgAgentStore(AgentStore):
     """An agent of the PostgreSQL store (docs/design.md §11 "Wiring"): the same writer
@@ -327,14 +341,10 @@ class PgAgentStore(AgentStore):
 
         Cancellation: a read that has started finishes on its worker; nothing is left behind.
         """
-        slot = min(self.slots, key=lambda s: s.busy)
         # The PostgreSQL reader has every method of `storage/reads.TranscriptReads`.
-        run = partial(self.pg.read, self.agent, cast(Callable[[Any], T], fn))
-        slot.busy += 1
-        try:
-            return await slot.executor.run(run)
-        finally:
-            slot.busy -= 1
+        return await _on_least_busy(
+            self.slots, partial(self.pg.read, self.agent, cast(Callable[[Any], T], fn))
+        )
 
 
 def _may_need_vectors(ack: IndexerAck) -> bool:
@@ -394,14 +404,10 @@ class PgRecordsDatabase(RecordsDatabase):
 
         Cancellation: a read that has started finishes on its worker; nothing is left behind.
         """
-        slot = min(self.slots, key=lambda s: s.busy)
         # The PostgreSQL reader has every method of `RecordReader` the API layer calls.
-        run = partial(self.pg.read_records, cast(Callable[[Any], T], fn))
-        slot.busy += 1
-        try:
-            return await slot.executor.run(run)
-        finally:
-            slot.busy -= 1
+        return await _on_least_busy(
+            self.slots, partial(self.pg.read_records, cast(Callable[[Any], T], fn))
+        )
 
 
 class Supervisor:
@@ -518,7 +524,14 @@ class Supervisor:
         records store yet (never creates one)."""
         if self.embedder is None or self.readonly:
             return None
-        if self._records is None and not records_db_path(self.state_dir).exists():
+        return await self.stored_records()
+
+    async def stored_records(self) -> RecordsDatabase | None:
+        """The records store, opening it on first use, if there is one; None when
+        `records.db` does not exist (never created just to be found empty). On PostgreSQL
+        the records tables are part of the schema: always there."""
+        stored = self.pg is not None or self._records is not None
+        if not stored and not records_db_path(self.state_dir).exists():
             return None
         return await self.records()
 
@@ -571,14 +584,17 @@ class Supervisor:
 
     async def _open_pg_records(self, pg: PgStore) -> RecordsDatabase:
         """The records of the PostgreSQL store: the records keeper over a `PgRecordWriter`
-        (no lock: docs/design.md §11 "Several processes"); no embedder actor."""
-        write_executor = make_executor(self.executor_kind)
-        writer = await write_executor.run(pg.record_writer)
-        actor = RecordKeeper(
-            cast(StorageWriter[RecordCommand, RecordAck], writer),
-            write_executor,
-            max_batch=self.max_batch,
-        )
+        (no lock: docs/design.md §11 "Several processes"); no embedder actor. Read-only:
+        the reads alone (docs/design.md §11 "Read-only")."""
+        actor = None
+        if not self.readonly:
+            write_executor = make_executor(self.executor_kind)
+            writer = await write_executor.run(pg.record_writer)
+            actor = RecordKeeper(
+                cast(StorageWriter[RecordCommand, RecordAck], writer),
+                write_executor,
+                max_batch=self.max_batch,
+            )
         records = PgRecordsDatabase(
             path=Path("postgresql:records"),
             actor=actor,
@@ -593,7 +609,8 @@ class Supervisor:
             ),
         )
         records.embedder_stopped.set()
-        self._tg.start_soon(records.run_writer, name="records-keeper")
+        if actor is not None:
+            self._tg.start_soon(records.run_writer, name="records-keeper")
         return records
 
     async def _open(
@@ -728,29 +745,50 @@ class Supervisor:
             pokes=poke_send,
             embedder_reader=embedder_reader,
             embedder_read_executor=embedder_executor,
+            vector_index=indexes,
         )
         self._tg.start_soon(store.run_writer, name=f"indexer:{agent}")
         self._tg.start_soon(self._run_reconciler, store, name=f"reconciler:{agent}")
-        if self.embedder is not None:
-            embed_send, embed_receive = embedder_inbox()
-            store.embed_pokes = embed_send
-            store.embedder = EmbedderActor(
-                embed_receive,
-                embedder=self.embedder,
-                feed=AgentFeed(
-                    agent=agent, submit=self._submit_for(agent), read=store.read_for_embedder
-                ),
-            )
-            self._tg.start_soon(self._run_embedder, store, name=f"embedder:{agent}")
-            store.poke_embedder("start")
-        else:
-            store.embedder_stopped.set()
+        self._start_embedder(store, store.read_for_embedder)
         return store
+
+    def _start_embedder(self, store: AgentStore, read: Read) -> None:
+        """With an embedder, the agent's embedder actor, reading its feed through `read`
+        and storing through the agent's indexer (docs/design.md §2.3)."""
+        if self.embedder is None:
+            store.embedder_stopped.set()
+            return
+        embed_send, embed_receive = embedder_inbox()
+        store.embed_pokes = embed_send
+        store.embedder = EmbedderActor(
+            embed_receive,
+            embedder=self.embedder,
+            feed=AgentFeed(agent=store.agent, submit=self._submit_for(store.agent), read=read),
+        )
+        self._tg.start_soon(self._run_embedder, store, name=f"embedder:{store.agent}")
+        store.poke_embedder("start")
 
     async def _open_pg_agent(self, agent: str, pg: PgStore) -> AgentStore:
         """An agent of the PostgreSQL store: its writer actor (no lock: docs/design.md §11
-        "Several processes") and reconciler; no embedder actor (vectors are not on
-        PostgreSQL yet)."""
+        "Several processes"), reconciler and, with an embedder, embedder actor (each
+        process embeds what it finds missing; the writer's checks keep one vector per row).
+        Read-only: its reads alone (docs/design.md §11 "Read-only")."""
+        slots = tuple(ReadSlot(executor=make_executor(self.executor_kind)) for _ in range(READERS))
+        if self.readonly:
+            store = PgAgentStore(
+                agent=agent,
+                path=Path(f"postgresql:{agent}"),
+                actor=None,
+                readers=(),
+                lock=None,
+                state_dir=self.state_dir,
+                reconciler=None,
+                pokes=None,
+                pg=pg,
+                slots=slots,
+            )
+            store.embedder_stopped.set()
+            return store
         write_executor = make_executor(self.executor_kind)
         writer = await write_executor.run(lambda: pg.writer(agent))
         actor = Indexer(
@@ -771,13 +809,16 @@ class Supervisor:
             ),
             pokes=poke_send,
             pg=pg,
-            slots=tuple(
-                ReadSlot(executor=make_executor(self.executor_kind)) for _ in range(READERS)
-            ),
+            slots=slots,
         )
-        store.embedder_stopped.set()
         self._tg.start_soon(store.run_writer, name=f"indexer:{agent}")
         self._tg.start_soon(self._run_reconciler, store, name=f"reconciler:{agent}")
+        # The embedder actor's scans read on an executor of their own, as on SQLite, so
+        # they never queue a recall's read behind them.
+        own = (ReadSlot(executor=make_executor(self.executor_kind)),)
+        self._start_embedder(
+            store, lambda fn: _on_least_busy(own, partial(pg.read, agent, cast(Any, fn)))
+        )
         return store
 
     def _submit_for(self, agent: str) -> Submit:
@@ -874,17 +915,18 @@ async def open_supervisor(
     database also gets an embedder actor (docs/design.md §2.3). `readonly`: readers alone,
     on a state directory that must already hold a store (docs/design.md §1.6). `pg`: the
     transcripts are in that PostgreSQL store (docs/design.md §11), connected to (and its
-    schema made or checked) before anything starts; the state directory keeps the rest."""
+    schema made or checked) before anything starts; the state directory keeps the rest
+    (read-only, `pg.readonly`: the schema must exist; the state directory need not)."""
     store: PgStore | None = None
     if pg is not None:  # first: a server that cannot be used leaves no state directory
         from ..storage.pg.store import PgStore
 
         store = await make_executor(executor).run(lambda: PgStore.open(pg))
     try:
-        if readonly:
-            require_store(state_dir)
-        else:
+        if not readonly:
             ensure_state_dir(state_dir)
+        elif store is None:  # read-only on PostgreSQL: the server was checked to hold one
+            require_store(state_dir)
         async with _supervised(
             state_dir,
             executor,

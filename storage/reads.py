@@ -5,8 +5,7 @@
 a `TranscriptReader` on an SQLite connection, or a `PgTranscriptReader` on a connection of
 the PostgreSQL pool. The API layer (activememory/, activememory/recall/) types its reader
 functions with `TranscriptReads` and calls only these methods, so it never branches on the
-store. A part that is not on PostgreSQL yet asks `local(feature)` for the SQLite connection;
-the PostgreSQL reader raises `StorageError` naming the feature and "not yet on PostgreSQL".
+store. `not_yet(feature)` is the error of a feature not on PostgreSQL yet.
 """
 
 from __future__ import annotations
@@ -14,7 +13,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    import apsw
+    from collections.abc import Sequence
+
+    import numpy
 
     from ..protocol.config import PrivateScope
     from ..protocol.recall import SessionSwitches
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
     from .notes import NoteHit, NoteStat
     from .search import DbScope, ScopePage, TermStats
     from .userdata import SessionTree
+    from .vectors import MessageRow, Near, NoteRow, PendingBatch
 
 
 NOT_YET = "is not yet on PostgreSQL (docs/design.md §11)"
@@ -116,9 +118,51 @@ class TranscriptReads(Protocol):
         """The database's bytes on disk by part; None where the store cannot tell."""
         ...
 
-    def local(self, feature: str) -> apsw.Connection:
-        """The SQLite connection, for `feature`, a part not on PostgreSQL yet; there,
-        `StorageError` naming `feature` and `NOT_YET`."""
+    # -- Vectors (docs/design.md §2.3, §4.7; on PostgreSQL: storage/pg/vectors.py) ---------
+
+    def pending_vectors(
+        self, name: str, *, after: int, epoch: int | None, limit: int
+    ) -> PendingBatch:
+        """Up to `limit` messages above the watermark `after` (under `epoch`) and note
+        chunks lacking a vector of `name` (the embedder actor's feed); one snapshot."""
+        ...
+
+    def cached_vectors(self, name: str, digests: list[bytes]) -> dict[bytes, bytes]:
+        """The content-hash cache's vectors of `name` for these text digests."""
+        ...
+
+    def nearest_messages(
+        self,
+        query: numpy.ndarray,
+        *,
+        name: str,
+        scope: DbScope,
+        caller: str,
+        session_key: str | None,
+        k: int,
+    ) -> list[Near]:
+        """The `k` messages nearest `query` among the clean sessions `caller` may see under
+        `scope` (`scope_sql`'s rules, in SQL before `k`), best first."""
+        ...
+
+    def message_vectors(self, event_ids: Sequence[int], name: str) -> dict[int, numpy.ndarray]:
+        """The stored vectors of `name` of these messages (those that have one)."""
+        ...
+
+    def message_rows(self, event_ids: Sequence[int]) -> list[MessageRow]:
+        """These messages' rows (session key, time, role, text)."""
+        ...
+
+    def nearest_notes(self, query: numpy.ndarray, *, name: str, k: int) -> list[Near]:
+        """The `k` note chunks nearest `query`, best first."""
+        ...
+
+    def note_vectors(self, chunk_ids: Sequence[int], name: str) -> dict[int, numpy.ndarray]:
+        """The stored vectors of `name` of these note chunks (those that have one)."""
+        ...
+
+    def note_rows(self, chunk_ids: Sequence[int]) -> list[NoteRow]:
+        """These note chunks' rows (path, lines, text)."""
         ...
 
 

@@ -107,6 +107,7 @@ from ..protocol.records import (
     SearchScope,
     StoreRecordVectors,
 )
+from ..protocol.userdata import RecordErasure
 from .db import Migration, describe, open_connection
 from .fts_query import RANK, TOKENIZE, MatchPlan, index_columns
 from .hybrid import Candidate, HybridWeights, fuse
@@ -118,7 +119,7 @@ from .record_vectors import (
 )
 from .search import TermStats, indexed_rows, newest_match, rankable
 from .transcripts import write_transaction
-from .userdata import RecordRow, RelationRow, erase_records, purge, records_of
+from .userdata import UserRecords, erase_records, plan_record_erasure, purge, records_of
 
 RECORDS_DB = "records.db"
 BOOST = 0.5
@@ -503,19 +504,17 @@ class RecordReader:
             records = self._records(linked_seqs(trees))
         return hits_of([(seq, rec, 0.0)], trees, records)[0]
 
-    def any_of_users(self, user_ids: Sequence[str]) -> bool:
-        """Whether any record (expired ones included) belongs to one of `user_ids`."""
-        marks = ", ".join("?" * len(user_ids))
-        row = self.conn.execute(
-            f"SELECT EXISTS (SELECT 1 FROM records WHERE user_id IN ({marks}))", tuple(user_ids)
-        ).fetchone()
-        return bool(row and row[0])
+    def records_of(self, user_ids: tuple[str, ...] | None, agent: str | None) -> UserRecords:
+        """The records of these users (None: every record, as `migrate` copies them; with
+        `agent`: those scoped to it or to no agent) and
+        the relations among them, as `mem.export_identity` writes them (storage/userdata.py
+        `records_of`); one snapshot."""
+        return records_of(self.conn, user_ids, agent)
 
-    def every_record(self) -> tuple[list[RecordRow], list[RelationRow]]:
-        """Every record (expired ones included) with its stored times, oldest first, and
-        every relation, in one snapshot: what `migrate` copies (docs/design.md §11)."""
-        records, relations, _outside = records_of(self.conn, None, None)
-        return records, relations
+    def plan_record_erasure(self, user_ids: tuple[str, ...]) -> RecordErasure:
+        """What `EraseUserRecords(user_ids)` would remove, as the erase counts it
+        (`mem.erase_identity(dry_run=True)`); one snapshot."""
+        return plan_record_erasure(self.conn, user_ids)
 
     def count(self) -> int:
         """How many records are stored (expired ones included)."""

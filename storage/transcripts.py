@@ -10,12 +10,14 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import json
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, cast
 
 import apsw
 import msgspec
+import numpy
 from msgspec.structs import replace
 
 from ..protocol.config import PrivateScope
@@ -57,7 +59,7 @@ from .db import describe
 from .footprint import DiskUsage, disk_usage
 from .fts_query import MatchPlan, index_row
 from .notes import NoteHit, NoteStat, apply_sync_notes, indexed_note_files, search_notes
-from .search import DbScope, ScopePage, TermStats, private_message, search_scope
+from .search import DbScope, ScopePage, TermStats, private_message, scope_sql, search_scope
 from .userdata import (
     SessionTree,
     erase_extras,
@@ -66,7 +68,22 @@ from .userdata import (
     purge,
     session_trees,
 )
-from .vectors import apply_store_vectors, bump_vector_epoch, drop_session_vectors, pending_count
+from .vectors import (
+    MessageRow,
+    Near,
+    NoteRow,
+    PendingBatch,
+    apply_store_vectors,
+    bump_vector_epoch,
+    cached_vectors,
+    drop_session_vectors,
+    message_vectors_of,
+    nearest_message_rows,
+    nearest_note_rows,
+    note_vectors_of,
+    pending_batch,
+    pending_count,
+)
 
 _INSERT_MESSAGE = (
     "INSERT INTO events(id, session_id, parent_id, seq, depth, ts, kind, role, content, text)"
@@ -918,9 +935,76 @@ class TranscriptReader:
         """The database's bytes on disk by part (storage/footprint.py)."""
         return disk_usage(self.conn)
 
-    def local(self, feature: str) -> apsw.Connection:
-        """The SQLite connection (storage/reads.py `TranscriptReads.local`)."""
-        return self.conn
+    # -- vectors (storage/reads.py "Vectors") --------------------------------------------
+
+    def pending_vectors(
+        self, name: str, *, after: int, epoch: int | None, limit: int
+    ) -> PendingBatch:
+        return pending_batch(self.conn, name, after=after, epoch=epoch, limit=limit)
+
+    def cached_vectors(self, name: str, digests: list[bytes]) -> dict[bytes, bytes]:
+        return cached_vectors(self.conn, name, digests)
+
+    def nearest_messages(
+        self,
+        query: numpy.ndarray,
+        *,
+        name: str,
+        scope: DbScope,
+        caller: str,
+        session_key: str | None,
+        k: int,
+    ) -> list[Near]:
+        sql, params = scope_sql(scope, caller, session_key)
+        return nearest_message_rows(
+            self.conn,
+            query,
+            name=name,
+            visible_sql=f"SELECT id FROM ({sql})",
+            visible_params=params,
+            k=k,
+        )
+
+    def message_vectors(self, event_ids: Sequence[int], name: str) -> dict[int, numpy.ndarray]:
+        return message_vectors_of(self.conn, event_ids, name=name)
+
+    def message_rows(self, event_ids: Sequence[int]) -> list[MessageRow]:
+        return [
+            MessageRow(int(i), str(key), float(ts), str(role), str(text), int(sid))
+            for i, key, ts, role, text, sid in _by_ids(
+                self.conn,
+                "SELECT e.id, s.key, e.ts, e.role, e.text, e.session_id FROM events e"
+                " JOIN sessions s ON s.id = e.session_id",
+                "e.id",
+                event_ids,
+            )
+        ]
+
+    def nearest_notes(self, query: numpy.ndarray, *, name: str, k: int) -> list[Near]:
+        return nearest_note_rows(self.conn, query, name=name, k=k)
+
+    def note_vectors(self, chunk_ids: Sequence[int], name: str) -> dict[int, numpy.ndarray]:
+        return note_vectors_of(self.conn, chunk_ids, name=name)
+
+    def note_rows(self, chunk_ids: Sequence[int]) -> list[NoteRow]:
+        return [
+            NoteRow(int(i), str(path), int(start), int(end), str(text))
+            for i, path, start, end, text in _by_ids(
+                self.conn,
+                "SELECT id, path, start_line, end_line, text FROM note_chunks",
+                "id",
+                chunk_ids,
+            )
+        ]
+
+
+def _by_ids(
+    conn: apsw.Connection, select: str, column: str, ids: Sequence[int]
+) -> list[tuple[Any, ...]]:
+    if not ids:
+        return []
+    sql = f"{select} WHERE {column} IN (SELECT value FROM json_each(?))"
+    return cast(list[tuple[Any, ...]], conn.execute(sql, (json.dumps(list(ids)),)).fetchall())
 
 
 def read_switches(conn: apsw.Connection, key: str) -> SessionSwitches:

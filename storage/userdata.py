@@ -16,6 +16,7 @@ checkpoint (the WAL emptied to zero bytes).
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, cast
 
@@ -319,14 +320,37 @@ class RelationRow(NamedTuple):
     created_at: float
 
 
+class UserRecords(NamedTuple):
+    """A user's records as an export needs them (`records_of`, on either store): the
+    records in insertion order, the relations among them in insertion order, and how many
+    relations lead from them to other records (not exported: their other end is not the
+    user's)."""
+
+    records: list[RecordRow]
+    relations: list[RelationRow]
+    outside: int
+
+
+def user_relations(
+    seqs: dict[int, str], edges: Sequence[tuple[int, int, str, float]]
+) -> tuple[list[RelationRow], int]:
+    """The `edges` (source seq, target seq, relation, created_at) touching a user's records
+    `seqs` (seq -> id) whose both ends are the user's, and how many lead elsewhere."""
+    relations = [
+        RelationRow(RecordRelation(relation=name, source_id=seqs[s], target_id=seqs[t]), at)
+        for s, t, name, at in edges
+        if s in seqs and t in seqs
+    ]
+    return relations, len(edges) - len(relations)
+
+
 def records_of(
     conn: apsw.Connection, user_ids: tuple[str, ...] | None, agent: str | None
-) -> tuple[list[RecordRow], list[RelationRow], int]:
+) -> UserRecords:
     """The records of these users (None: of every user and none, as `migrate` copies them;
-    with `agent`: those scoped to it or to no agent), the
-    relations among them, and how many relations lead from them to other records (not
-    exported: their other end is not the user's); one read transaction. Expired records
-    are included: they are still stored."""
+    with `agent`: those scoped to it or to no agent) and
+    their relations (`UserRecords`); one read transaction. Expired records are included:
+    they are still stored."""
     # Here, not at the top: storage/records.py (the writer) imports this module.
     from .records import _COLUMNS, _record
 
@@ -360,9 +384,5 @@ def records_of(
                 (chosen,),
             ).fetchall(),
         )
-    relations = [
-        RelationRow(RecordRelation(relation=name, source_id=seqs[s], target_id=seqs[t]), at)
-        for s, t, name, at in edges
-        if s in seqs and t in seqs
-    ]
-    return records, relations, len(edges) - len(relations)
+    relations, outside = user_relations(seqs, edges)
+    return UserRecords(records, relations, outside)

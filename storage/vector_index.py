@@ -41,6 +41,7 @@ four plain scans of every row, mostly the fresh memory's page faults). Deleted r
 from __future__ import annotations
 
 import json
+import sys
 import threading
 import time
 import weakref
@@ -268,6 +269,13 @@ class _Matrix:
         self.resets = -1
         self.used = 0.0  # time.monotonic() of the last search
 
+    def nbytes(self) -> int:
+        """The arrays' bytes and the id map's (`VectorIndexes.nbytes`)."""
+        arrays = (self.ids, self.sessions, self.alive, self.vectors)
+        # A dict entry is its slot in the table plus two int objects (ids past 256).
+        entries = sys.getsizeof(self.row_of) + 2 * 32 * len(self.row_of)
+        return sum(a.nbytes for a in arrays) + entries
+
     def load(self, conn: apsw.Connection, seq: int, resets: int) -> None:
         """Every vector of the name, from the transaction's snapshot."""
         table, key = _TABLES[self.table]
@@ -381,6 +389,13 @@ class VectorIndexes:
         # Counters for tests and benchmarks.
         self.loads = 0
         self.fallbacks = 0
+
+    def nbytes(self) -> int:
+        """The bytes this index holds in memory: every matrix's arrays (vectors with their
+        room to grow, ids, sessions, the live mask) and its id map. Grows with the vectors
+        held, by design (docs/design.md §2.3); the soak judges RSS growth beyond it."""
+        with self._lock:
+            return sum(matrix.nbytes() for matrix in self._matrices.values())
 
     def nearest_messages(
         self,

@@ -92,6 +92,27 @@ def from_blobs(blobs: Sequence[bytes], dim: int) -> numpy.ndarray:
 # -- the embedder actor's reads (reader connection) ---------------------------------------
 
 
+class MessageRow(NamedTuple):
+    """A message the vector side found, as both readers return it (storage/reads.py)."""
+
+    id: int
+    session_key: str
+    timestamp: float
+    role: str
+    text: str
+    session_id: int
+
+
+class NoteRow(NamedTuple):
+    """A note chunk the vector side found, as both readers return it."""
+
+    id: int
+    path: str
+    start_line: int
+    end_line: int
+    text: str
+
+
 class PendingBatch(NamedTuple):
     """Rows lacking a vector, as the embedder actor reads them (`pending_batch`)."""
 

@@ -9,25 +9,34 @@ import pytest
 
 import activememory as am
 
+# A test that takes both a loop and an executor runs on two of the four pairs, which still
+# run each loop and each executor: asyncio with threads (an asyncio bot) and trio inline (a
+# virtual-time simulation). A test about the pairing itself is marked `full_matrix`.
+PAIRS = {("asyncio", "thread"), ("trio", "inline")}
+
+
+def _runs(item: pytest.Item) -> bool:
+    callspec = getattr(item, "callspec", None)
+    params = callspec.params if callspec is not None else {}
+    loop, executor = params.get("anyio_backend"), params.get("executor")
+    if params.get("storage") == "postgresql":
+        return (
+            (loop or "trio") == "trio"
+            and (executor or "thread") == "thread"
+            and item.get_closest_marker("sqlite_only") is None
+        )
+    if loop is None or executor is None or item.get_closest_marker("full_matrix"):
+        return True
+    return (loop, executor) in PAIRS
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """PostgreSQL runs each public-API test once (on trio, thread executor: the store is the
-    same under either loop and executor) and never a `sqlite_only` one: those combinations
-    are deselected, not collected and skipped by the hundred (tests/pg_server.py `storage`)."""
-    keep: list[pytest.Item] = []
-    dropped: list[pytest.Item] = []
-    for item in items:
-        callspec = getattr(item, "callspec", None)
-        params = callspec.params if callspec is not None else {}
-        on_postgresql = params.get("storage") == "postgresql"
-        if on_postgresql and (
-            params.get("anyio_backend", "trio") != "trio"
-            or params.get("executor", "thread") != "thread"
-            or item.get_closest_marker("sqlite_only") is not None
-        ):
-            dropped.append(item)
-        else:
-            keep.append(item)
+    same under either loop and executor) and never a `sqlite_only` one; SQLite runs a test
+    taking a loop and an executor on `PAIRS` unless it is marked `full_matrix`. The other
+    combinations are deselected, not collected and skipped by the hundred."""
+    keep = [item for item in items if _runs(item)]
+    dropped = [item for item in items if not _runs(item)]
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = keep

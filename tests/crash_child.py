@@ -112,7 +112,10 @@ async def appender(mem: am.Memory, n: int, seed: int) -> None:
 
 
 async def main(state_dir: Path, seed: int) -> None:
-    async with am.open_memory(state_dir, executor="thread") as mem:
+    # With an embedder, so kills land in its vector writes too; the small shipped model,
+    # so the child's CPU goes to appending, not to the default model's embedding.
+    config = {"agents": {"defaults": {"memorySearch": {"model": "all-MiniLM-L6-v2"}}}}
+    async with am.open_memory(state_dir, executor="thread", config=config) as mem:
         sys.stdout.write("READY\n")
         sys.stdout.flush()
         async with trio.open_nursery() as nursery:

@@ -15,7 +15,7 @@ from activememory.protocol.indexer import Rejected
 
 from fake_embedder import FakeEmbedder
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.full_matrix]  # about executors and loops
 
 ALICE = "agent:main:direct:alice"
 

@@ -197,13 +197,20 @@ def test_the_owner_is_recalled_across_her_chats_and_another_user_never(tmp_path:
     assert (other.judged, other.status) == ("quiet", "no_relevant_memory")
 
 
+SMALL = "all-MiniLM-L6-v2"  # shipped beside the default; the default's own run is the bench's
+
+
 def test_the_cli_runs_a_slice_end_to_end_and_prints_its_table(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    assert cli(["bench", "paraphrase", "--limit", "3", "--state-dir", str(tmp_path)]) == 0
+    small = tmp_path / "small.json5"  # the small shipped model: the corpus embeds quickly
+    small.write_text(f"{{agents: {{defaults: {{memorySearch: {{model: {SMALL!r}}}}}}}}}")
+    runs = tmp_path / "runs"
+    argv = ["--limit", "3", "--state-dir", str(runs), "--config", str(small)]
+    assert cli(["bench", "paraphrase", *argv]) == 0
     out = capsys.readouterr().out
     assert out.startswith("Paraphrase recall: facts asked in other words")
-    assert "  config: defaults (+ the data set's identities)" in out
+    assert f"  config: {small} (+ the data set's identities)" in out
     for label, target in (
         ("recalled", "(target >= 80%)"),
         ("wrong notes", "(target <= 5%)"),
@@ -215,13 +222,16 @@ def test_the_cli_runs_a_slice_end_to_end_and_prints_its_table(
     assert "  missed (question -> status):" in out
     assert "  wrong notes (question -> note):" in out
     # --state-dir keeps each run in a new directory of its own.
-    (run,) = tmp_path.iterdir()
+    (run,) = runs.iterdir()
     assert run.name.startswith("bench-paraphrase-") and (run / "agents" / "main").is_dir()
 
 
 def test_json_and_a_config_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     off = tmp_path / "off.json5"
-    off.write_text('{plugins: {entries: {"active-memory": {config: {enabled: false}}}}}')
+    off.write_text(
+        '{plugins: {entries: {"active-memory": {config: {enabled: false}}}},'
+        f" agents: {{defaults: {{memorySearch: {{model: {SMALL!r}}}}}}}}}"
+    )
     assert cli(["bench", "paraphrase", "--limit", "2", "--config", str(off), "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["config"] == str(off)

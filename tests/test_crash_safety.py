@@ -240,7 +240,10 @@ async def verify_round(
     rng: random.Random,
     totals: Totals,
 ) -> None:
-    async with am.open_memory(state_dir) as mem:
+    # Text only: what is checked here is the tree and its text index; an embedder would
+    # only embed every round's new rows while the check reads.
+    text_only = {"agents": {"defaults": {"memorySearch": {"provider": "none"}}}}
+    async with am.open_memory(state_dir, config=text_only) as mem:
         # Opening every agent (stats does) runs crash recovery on the library's writer.
         for stats in await mem.sessions.stats():
             assert stats.fts_integrity_ok, f"FTS5 integrity-check failed after crash: {stats}"

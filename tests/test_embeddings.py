@@ -48,6 +48,11 @@ def local(request: pytest.FixtureRequest) -> Iterator[LocalEmbedder]:
     yield embedder
 
 
+# What the model computes does not depend on the loop: these run on one (the wrapper's own
+# behaviour, concurrency, deadlines and cancellation, runs on both).
+MODEL_ONLY = pytest.mark.parametrize("anyio_backend", ["trio"])
+
+
 async def ranking(embedder: am.Embedder, question: str) -> list[int]:
     vectors = await embedder.embed([question, *MEMORIES])
     scores = vectors[1:] @ vectors[0]
@@ -87,6 +92,7 @@ def test_importing_the_library_loads_no_model_runtime() -> None:
     assert done.stdout.strip() == "[]", done.stderr
 
 
+@MODEL_ONLY
 async def test_a_shipped_model_gives_unit_float32_rows_of_its_size(local: LocalEmbedder) -> None:
     assert isinstance(local, am.Embedder)
     shipped = SHIPPED_MODELS[local.name.removeprefix("local/")]
@@ -101,10 +107,12 @@ async def test_a_shipped_model_gives_unit_float32_rows_of_its_size(local: LocalE
     assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
 
 
+@MODEL_ONLY
 async def test_no_texts_give_no_rows(local: LocalEmbedder) -> None:
     assert (await local.embed([])).shape == (0, local.dim)
 
 
+@MODEL_ONLY
 async def test_the_vectors_are_deterministic_and_do_not_depend_on_the_batch(
     local: LocalEmbedder,
 ) -> None:
@@ -118,6 +126,7 @@ async def test_the_vectors_are_deterministic_and_do_not_depend_on_the_batch(
     assert np.allclose(many[6 + LISBON], alone[0], atol=1e-5)
 
 
+@MODEL_ONLY
 async def test_texts_are_read_up_to_the_models_tokens_not_the_files_128(
     local: LocalEmbedder,
 ) -> None:
@@ -128,6 +137,7 @@ async def test_texts_are_read_up_to_the_models_tokens_not_the_files_128(
     assert np.allclose(vectors[2], (await local.embed([filler * 2]))[0], atol=1e-5)  # cut there
 
 
+@MODEL_ONLY
 async def test_paraphrases_find_their_memory(local: LocalEmbedder) -> None:
     allergies = await ranking(local, "Do I have any allergies?")
     assert allergies[0] == PEANUTS

@@ -18,7 +18,7 @@ from activememory.storage.executor import ThreadExecutor, dedicated, make_execut
 
 from index_probe import agent_db, indexed_tokens
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.full_matrix]  # about executors and loops
 
 
 async def test_concurrent_appenders_share_transactions(mem: am.Memory) -> None:

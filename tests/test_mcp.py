@@ -369,7 +369,9 @@ async def test_a_failing_tool_tells_the_client_nothing_of_its_insides(
     async with am.open_memory(seeded.state, config=seeded.config) as mem:
 
         async def broken(*args: object, **kwargs: object) -> None:
-            raise RuntimeError("boom at /srv/secret/path")
+            raise RuntimeError(
+                "boom at /srv/secret/path, api_key=sk-abcdefghijklmnopqrstuvwxyz0123"
+            )
 
         monkeypatch.setattr(mem.sessions, "search", broken)
         async with Client(make_server(MemoryTools(mem, parse_session_key(ALICE)))) as client:
@@ -378,6 +380,8 @@ async def test_a_failing_tool_tells_the_client_nothing_of_its_insides(
             recalled = await call(client, "memory_recall", {"query": "peanuts"})
             assert recalled["results"] == []  # the server goes on; bob's record stays his
     assert "boom at /srv/secret/path" in caplog.text  # the operator's log has it
+    assert "RuntimeError" in caplog.text and "Traceback" in caplog.text
+    assert "abcdefghijklmnopqrstuvwxyz" not in caplog.text  # ... with its secrets masked
 
 
 def test_a_record_type_is_described_by_the_field_not_the_enum() -> None:

@@ -132,9 +132,9 @@ async def indexed_chunks(mem: am.Memory, storage: str | None) -> dict[str, int]:
     belongs to an indexed file (storage/pg/notes.py)."""
     if storage is None:
         store = await mem._supervisor.agent("main")
-        assert await store.read(lambda r: notes_integrity_ok(r.local("a test")))
+        assert await store.read(lambda r: notes_integrity_ok(r.conn))
         sql = "SELECT path, count(*) FROM note_chunks GROUP BY path"
-        return dict(await store.read(lambda r: r.local("a test").execute(sql).fetchall()))
+        return dict(await store.read(lambda r: r.conn.execute(sql).fetchall()))
     import psycopg
 
     with psycopg.connect(storage) as conn:

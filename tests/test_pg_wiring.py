@@ -8,6 +8,7 @@ test_visibility.py); this module holds what only PostgreSQL has.
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +16,9 @@ from pathlib import Path
 import anyio
 import psycopg
 import pytest
+import trio
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import activememory as am
 
@@ -138,29 +142,49 @@ async def test_a_schema_newer_than_the_code_is_refused(tmp_path: Path) -> None:
                 pass
 
 
-async def test_what_is_not_on_postgresql_yet_says_so(tmp_path: Path, dsn: str) -> None:
-    with pytest.raises(am.InvalidInputError, match="^readonly: .* is not yet on PostgreSQL"):
-        async with am.open_memory(tmp_path / "s", storage=dsn, readonly=True):
-            pass
+async def test_vectors_are_made_and_searched_on_postgresql(tmp_path: Path, dsn: str) -> None:
     from fake_embedder import FakeEmbedder
 
-    with pytest.raises(am.InvalidInputError, match=r"^embedder: vectors .* not yet on PostgreSQL"):
-        async with am.open_memory(tmp_path / "s", storage=dsn, embedder=FakeEmbedder()):
-            pass
-    # The config's default embedder (the shipped model) is simply not used.
-    async with am.open_memory(tmp_path / "s", storage=dsn) as mem:
+    async with am.open_memory(
+        tmp_path / "s", storage=dsn, embedder=FakeEmbedder(), config=TEXT_ONLY
+    ) as mem:
+        event = await mem.sessions.append(KEY, hello("the gate code is 4417"))
+        await mem.sessions.append(KEY, hello("lunch was fine"))
+        assert await mem.sessions.vectors_ready()
+        (stats,) = await mem.sessions.stats()
+        assert (stats.embedder, stats.vectors_pending) == ("fake/bag-of-words", 0)
+        found = await mem.sessions.search("4417 gate", caller=KEY, mode="hybrid")
+        assert found.fallback is None
+        assert found.results[0].message_id == event.id
+        assert found.results[0].similarity is not None and found.results[0].similarity > 0.5
+        caller = am.parse_session_key("agent:main:main")
+        single = am.load_config(
+            {
+                **TEXT_ONLY,
+                "plugins": {"entries": {"active-memory": {"config": {"singleOwner": True}}}},
+            }
+        )
+        got = await mem.notes.search(
+            "main",
+            {"query": "gate code"},
+            caller=caller,
+            transcripts=single.private_scope(caller),
+        )
+        assert got.data["effectiveMode"] == "hybrid" and got.data["fallback"] is None
+        assert got.data["results"][0]["path"] == f"session:{KEY}#{event.id}"
+    with psycopg.connect(dsn) as conn:  # the vectors are the server's rows
+        (count,) = conn.execute(
+            "SELECT count(*) FROM activememory.message_vectors WHERE name = 'fake/bag-of-words'"
+        ).fetchone() or (0,)
+    assert count == 2
+
+
+async def test_memory_search_on_postgresql(tmp_path: Path, dsn: str) -> None:
+    async with am.open_memory(tmp_path / "s", storage=dsn, config=TEXT_ONLY) as mem:
         event = await mem.sessions.append(KEY, hello("the gate code is 4417"))
         await mem.sessions.append("agent:main:main", hello("what is the gate code?"))
-        # Notes, export and erase are (tests/test_memory_notes.py, test_userdata.py), but a
-        # user who has scoped records is refused, never exported or erased without them.
+        # Notes, export and erase are (tests/test_memory_notes.py, test_userdata.py).
         assert await mem.notes.sync_notes("main") == 0  # no workspace: no notes
-        await mem.records.add("likes tea", user_id="alice")
-        refused = "^exporting or erasing a user's records is not yet on PostgreSQL"
-        with pytest.raises(am.StorageError, match=refused):
-            await mem.export_identity("alice")
-        with pytest.raises(am.StorageError, match=refused):
-            await mem.erase_identity("alice", dry_run=True)
-        assert (await mem.export_identity("bob")).records == ()  # no records: exported
         # memory_search: outside the private scope the conversations do not answer.
         caller = am.parse_session_key("agent:main:main")
         scope = mem.config.private_scope(caller)
@@ -259,3 +283,71 @@ async def test_the_reconciler_rebuilds_dirty_sessions_behind_the_fence(
         assert (await mem.sessions.info(KEY)).leaf_event_id == new.id
         await mem.sessions.delete(KEY)
         assert await mem.sessions.list() == []
+
+
+VECTOR_KEYS = ["agent:main:direct:alice", "agent:main:direct:bob", "agent:main:explicit:notes"]
+WORDS = ["ferry", "noon", "gate", "code", "lunch", "tea"]
+vector_ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("append"), st.sampled_from(VECTOR_KEYS), st.sampled_from(WORDS)),
+        st.tuples(st.just("append"), st.sampled_from(VECTOR_KEYS), st.sampled_from(WORDS)),
+        st.tuples(st.just("rewind"), st.sampled_from(VECTOR_KEYS), st.integers(0, 3)),
+        st.tuples(st.just("delete"), st.sampled_from(VECTOR_KEYS)),
+        st.tuples(st.just("rebuild")),
+    ),
+    min_size=1,
+    max_size=25,
+)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
+@given(operations=vector_ops)
+def test_vectors_follow_the_active_branches_through_open_memory(
+    tmp_path_factory: pytest.TempPathFactory,
+    pg_memory_dsn: str,
+    operations: list[tuple[object, ...]],
+) -> None:
+    """docs/design.md §2.3 on PostgreSQL, through the public API: with the embedder actor
+    at rest, a vector exists for exactly the messages on the active branches."""
+    from fake_embedder import FakeEmbedder
+
+    empty_store(pg_memory_dsn)
+    state = tmp_path_factory.mktemp("s")
+
+    async def run() -> None:
+        async with am.open_memory(
+            state, storage=pg_memory_dsn, embedder=FakeEmbedder(), config=TEXT_ONLY
+        ) as mem:
+            for op in operations:
+                match op:
+                    case ("append", key, word):
+                        await mem.sessions.append(str(key), hello(f"the {word} again"))
+                    case ("rewind", key, back):
+                        try:
+                            branch = await mem.sessions.history(str(key))
+                        except am.SessionNotFoundError:
+                            continue
+                        if len(branch) > int(back):  # type: ignore[call-overload]
+                            await mem.sessions.rewind(str(key), branch[-1 - int(back)].id)  # type: ignore[call-overload]
+                    case ("delete", key):
+                        with contextlib.suppress(am.SessionNotFoundError):
+                            await mem.sessions.delete(str(key))
+                    case ("rebuild",):
+                        await mem.sessions.rebuild_index()
+            await mem.sessions.rebuild_index()
+            assert await mem.sessions.vectors_ready()
+            wanted: set[int] = set()
+            for key in VECTOR_KEYS:
+                with contextlib.suppress(am.SessionNotFoundError):
+                    wanted |= {e.id for e in await mem.sessions.history(key)}
+            with psycopg.connect(pg_memory_dsn) as conn:
+                stored = {
+                    int(r[0])
+                    for r in conn.execute(
+                        "SELECT event_id FROM activememory.message_vectors WHERE agent = 'main'"
+                    )
+                }
+            assert stored == wanted
+            assert all(s.vectors_pending == 0 for s in await mem.sessions.stats())
+
+    trio.run(run)

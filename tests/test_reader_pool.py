@@ -21,7 +21,7 @@ from activememory.protocol.indexer import ReindexChunk, Reindexed
 from activememory.protocol.session_key import parse_session_key
 from activememory.storage.vector_index import VectorIndexes, attached
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.full_matrix]  # about executors and loops
 
 T = TypeVar("T")
 KEY = "agent:main:direct:alice"

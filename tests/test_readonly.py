@@ -1,5 +1,6 @@
 """Inspecting a live bot (docs/design.md §1.6): `open_memory(readonly=True)` beside a writer,
-on a read-only copy, and every write refused."""
+on a read-only copy, and every write refused; on both stores (docs/design.md §11
+"Read-only"), where the files are not SQLite's."""
 
 from __future__ import annotations
 
@@ -20,6 +21,9 @@ import pytest
 import activememory as am
 from activememory.storage.db import MIGRATIONS, SCHEMA_VERSION, migrate, readonly_uri
 
+from pg_server import empty_store, pg_memory_dsn, scratch_database, storage
+
+__all__ = ["pg_memory_dsn", "storage"]
 pytestmark = pytest.mark.anyio
 
 TEXT_ONLY = {"agents": {"defaults": {"memorySearch": {"provider": "none"}}}}
@@ -56,17 +60,47 @@ def chmod_read_only(root: Path) -> None:
         path.chmod(path.stat().st_mode & ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH))
 
 
+def store_snapshot(mem: am.Memory, storage: str | None) -> dict[str, object]:
+    """What "nothing changed" means on either store: every file of the state directory
+    (SQLite's `-shm` left out: `snapshot`), and on PostgreSQL every row of every table of
+    the store and every sequence's position, read behind the library's back."""
+    found: dict[str, object] = dict(snapshot(mem.state_dir, shm=False))
+    if storage is None:
+        return found
+    import psycopg
+
+    with psycopg.connect(storage) as conn:
+        relations = conn.execute(
+            "SELECT c.relname, c.relkind FROM pg_class c JOIN pg_namespace n"
+            " ON n.oid = c.relnamespace WHERE n.nspname = 'activememory'"
+            " AND c.relkind IN ('r', 'S') ORDER BY c.relname"
+        ).fetchall()
+        for name, kind in relations:
+            if kind == "S":
+                sql = f"SELECT last_value, is_called FROM activememory.{name}"
+            else:
+                sql = "SELECT count(*), md5(string_agg(t::text, '|' ORDER BY t::text))"
+                sql += f" FROM activememory.{name} t"
+            found[f"pg:{name}"] = conn.execute(sql).fetchone()
+    return found
+
+
 @pytest.fixture
-async def writer(tmp_path: Path) -> AsyncIterator[am.Memory]:
-    """A bot holding the state directory: alice's chat indexed, a record, bob's chat dirty."""
-    async with am.open_memory(tmp_path / "state", config=TEXT_ONLY) as mem:
+async def writer(tmp_path: Path, storage: str | None) -> AsyncIterator[am.Memory]:
+    """A bot holding the state directory (or the PostgreSQL store): alice's chat indexed, a
+    record, bob's chat dirty."""
+    async with am.open_memory(tmp_path / "state", config=TEXT_ONLY, storage=storage) as mem:
         await mem.sessions.append(ALICE, am.Message(role="user", content="I keep bees on the roof"))
         await mem.records.add(content="alice keeps bees", user_id="alice")
         yield mem
 
 
-async def test_reads_beside_a_live_writer_and_sees_its_commits(writer: am.Memory) -> None:
-    async with am.open_memory(writer.state_dir, config=TEXT_ONLY, readonly=True) as ro:
+async def test_reads_beside_a_live_writer_and_sees_its_commits(
+    writer: am.Memory, storage: str | None
+) -> None:
+    async with am.open_memory(
+        writer.state_dir, config=TEXT_ONLY, readonly=True, storage=storage
+    ) as ro:
         assert ro.readonly
         found = await ro.sessions.search("bees", caller=ALICE)
         assert [h.snippet for h in found.results] == ["I keep bees on the roof"]
@@ -86,21 +120,23 @@ async def test_reads_beside_a_live_writer_and_sees_its_commits(writer: am.Memory
     await writer.sessions.append(ALICE, am.Message(role="user", content="and wasps"))
 
 
-async def test_writes_nothing_beside_a_live_writer(writer: am.Memory) -> None:
+async def test_writes_nothing_beside_a_live_writer(writer: am.Memory, storage: str | None) -> None:
     # The writer is in this process, so the reader shares its writable -shm mapping (SQLite
     # keeps one per process); tests/test_cli.py checks the -shm too with a writer process.
-    before = snapshot(writer.state_dir, shm=False)
-    async with am.open_memory(writer.state_dir, config=TEXT_ONLY, readonly=True) as ro:
+    before = store_snapshot(writer, storage)
+    async with am.open_memory(
+        writer.state_dir, config=TEXT_ONLY, readonly=True, storage=storage
+    ) as ro:
         await ro.sessions.search("bees", caller=ALICE)
         await ro.sessions.history(ALICE)
         await ro.sessions.stats()
         await ro.records.search("bees", user_id="alice")
         await ro.doctor()
-    # Not a byte, not an mtime, not a new file.
-    assert snapshot(writer.state_dir, shm=False) == before
+    # Not a byte, not an mtime, not a new file; not a row, not a sequence's value.
+    assert store_snapshot(writer, storage) == before
 
 
-async def test_says_when_a_session_is_mid_rebuild(writer: am.Memory) -> None:
+async def test_says_when_a_session_is_mid_rebuild(writer: am.Memory, storage: str | None) -> None:
     entries = [
         am.ImportEntry(
             id="1",
@@ -111,7 +147,9 @@ async def test_says_when_a_session_is_mid_rebuild(writer: am.Memory) -> None:
     ]
     await writer.sessions.import_transcript(BOB, entries)  # stored unindexed: dirty
     config = {**TEXT_ONLY, "tools": {"sessions": {"visibility": "agent"}}}
-    async with am.open_memory(writer.state_dir, config=config, readonly=True) as ro:
+    async with am.open_memory(
+        writer.state_dir, config=config, readonly=True, storage=storage
+    ) as ro:
         found = await ro.sessions.search("bees", caller=ALICE)
         assert found.indexing and found.warning is not None
         assert (await ro.sessions.info(BOB)).dirty
@@ -123,11 +161,13 @@ async def test_says_when_a_session_is_mid_rebuild(writer: am.Memory) -> None:
     assert (await writer.sessions.info(BOB)).dirty
 
 
-async def test_every_write_names_readonly(writer: am.Memory) -> None:
+async def test_every_write_names_readonly(writer: am.Memory, storage: str | None) -> None:
     async def respond(prefix: str | None, turn: am.Turn) -> str:
         raise AssertionError("a read-only reply must not reach the model")
 
-    async with am.open_memory(writer.state_dir, config=TEXT_ONLY, readonly=True) as ro:
+    async with am.open_memory(
+        writer.state_dir, config=TEXT_ONLY, readonly=True, storage=storage
+    ) as ro:
         message = am.Message(role="user", content="hi")
         turn = am.Turn(session_key=ALICE, messages=[message])
         writes = [
@@ -157,9 +197,11 @@ async def test_every_write_names_readonly(writer: am.Memory) -> None:
             await ro.import_export(export)
         planned = await ro.erase_identity("alice", dry_run=True)
         assert planned.agents[0].session_keys == (ALICE,)
+        assert (planned.records.records, len(export.records)) == (1, 1)
     assert len(await writer.sessions.history(ALICE)) == 1
 
 
+@pytest.mark.sqlite_only("a copy of the state directory's database files")
 async def test_works_on_a_read_only_copy_and_changes_no_file(
     writer: am.Memory, tmp_path: Path, read_only_tree: list[Path]
 ) -> None:
@@ -245,7 +287,9 @@ async def test_a_missing_or_empty_state_dir_is_an_error(tmp_path: Path) -> None:
     assert os.listdir(tmp_path) == []
 
 
-async def test_recall_keeps_no_transcript_in_the_store(writer: am.Memory) -> None:
+async def test_recall_keeps_no_transcript_in_the_store(
+    writer: am.Memory, storage: str | None
+) -> None:
     config = {
         **TEXT_ONLY,
         "plugins": {
@@ -254,15 +298,17 @@ async def test_recall_keeps_no_transcript_in_the_store(writer: am.Memory) -> Non
             }
         },
     }
-    before = snapshot(writer.state_dir, shm=False)
-    async with am.open_memory(writer.state_dir, config=config, readonly=True) as ro:
+    before = store_snapshot(writer, storage)
+    async with am.open_memory(
+        writer.state_dir, config=config, readonly=True, storage=storage
+    ) as ro:
         turn = am.Turn(
             session_key="agent:main:main",
             messages=[am.Message(role="user", content="what do I keep on the roof?")],
         )
         outcome = await ro.recall(turn)
     assert outcome.status == "ok", outcome
-    assert snapshot(writer.state_dir, shm=False) == before
+    assert store_snapshot(writer, storage) == before
     assert not (writer.state_dir / "agents/main/sessions").exists()
 
 
@@ -337,6 +383,7 @@ def chmod_public_read_only(root: Path) -> None:
 
 
 @pytest.mark.parametrize("anyio_backend", ["trio"])  # two processes each: once is enough
+@pytest.mark.sqlite_only("file permissions of a copy of the state directory")
 async def test_an_unprivileged_reader_opens_a_read_only_copy(
     writer: am.Memory, public_dir: Path
 ) -> None:
@@ -365,3 +412,81 @@ async def test_an_unprivileged_reader_opens_a_read_only_copy(
         )
         assert (done.returncode, done.stdout) == (0, b"1 1\n"), done.stderr.decode()
         assert snapshot(copy) == before
+
+
+# -- PostgreSQL: the server keeps the connections read-only ---------------------------------
+
+
+@pytest.mark.parametrize("anyio_backend", ["trio"])  # PostgreSQL runs once (pg_server.py)
+async def test_on_postgresql_no_writer_runs_and_the_server_refuses_a_write(
+    tmp_path: Path, pg_memory_dsn: str
+) -> None:
+    empty_store(pg_memory_dsn)
+    dsn = pg_memory_dsn
+    async with am.open_memory(tmp_path / "w", config=TEXT_ONLY, storage=dsn) as mem:
+        await mem.sessions.append(ALICE, am.Message(role="user", content="I keep bees"))
+    async with am.open_memory(tmp_path / "r", config=TEXT_ONLY, readonly=True, storage=dsn) as ro:
+        agent = await ro._supervisor.agent("main")
+        records = await ro._supervisor.records()
+        assert agent.actor is None and agent.reconciler is None and records.actor is None
+        # A write that got past `readonly_error` (a bug) still changes nothing: the server
+        # runs every transaction of these connections read-only.
+        sql = "UPDATE activememory.sessions SET archived = true"
+        with pytest.raises(am.StorageError, match="cannot execute UPDATE in a read-only"):
+            await agent.read(lambda reader: reader.conn.execute(sql))
+        with pytest.raises(am.StorageError, match="cannot execute UPDATE in a read-only"):
+            await records.read(lambda reader: reader.conn.execute(sql))
+        assert not (await ro.sessions.info(ALICE)).archived
+    assert not (tmp_path / "r").exists()  # the state directory is not needed
+
+
+@pytest.mark.parametrize("anyio_backend", ["trio"])
+async def test_on_postgresql_a_store_missing_or_not_this_codes_is_a_clear_error(
+    tmp_path: Path,
+) -> None:
+    import psycopg
+
+    from activememory.storage.pg.db import SCHEMA_VERSION as PG_VERSION
+
+    async def open_read_only(dsn: str) -> str:
+        with pytest.raises(am.StorageError) as caught:
+            async with am.open_memory(tmp_path / "r", config=TEXT_ONLY, readonly=True, storage=dsn):
+                pass
+        return str(caught.value)
+
+    version = "SELECT value FROM activememory.activememory_meta WHERE key = 'schema_version'"
+    with scratch_database() as dsn, psycopg.connect(dsn, autocommit=True) as admin:
+        database = admin.info.dbname
+        assert await open_read_only(dsn) == (
+            f"storage.dsn: database {database!r} holds no activememory store (no schema "
+            "activememory) and readonly=True never creates one; open it once without readonly"
+        )
+        exists = "SELECT to_regnamespace('activememory') IS NOT NULL"
+        assert admin.execute(exists).fetchone() == (False,)  # nothing created
+        async with am.open_memory(tmp_path / "w", config=TEXT_ONLY, storage=dsn):
+            pass  # a writer makes the store
+        for stored, message in [
+            (1, f"storage.dsn: schema version 1 of database {database!r} is older than this "
+             f"activememory's ({PG_VERSION}) and readonly=True never migrates; open it once "
+             "without readonly (or with the activememory that wrote it)"),
+            (99, "storage.dsn: schema version 99 is newer than this activememory understands "
+             f"({PG_VERSION}); upgrade activememory"),
+        ]:  # fmt: skip
+            admin.execute(
+                "UPDATE activememory.activememory_meta SET value = %s WHERE key = 'schema_version'",
+                (str(stored),),
+            )
+            assert await open_read_only(dsn) == message
+            assert admin.execute(version).fetchone() == (str(stored),)  # not migrated
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_read_only_dsn_keeps_its_own_options() -> None:
+    from activememory.storage.pg.db import PgSettings, connection_options
+
+    given = "postgresql://u@h/db?options=-c%20statement_timeout%3D5000"
+    assert connection_options(PgSettings(dsn=given, readonly=True)) == {
+        "connect_timeout": 5,
+        "options": "-c statement_timeout=5000 -c default_transaction_read_only=on",
+    }
+    assert connection_options(PgSettings(dsn=given)) == {"connect_timeout": 5}

@@ -22,7 +22,7 @@ from activememory.storage.transcripts import TranscriptWriter
 
 from index_probe import agent_db, indexed_tokens, tokenize
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.full_matrix]  # about executors and loops
 
 KEY = "agent:main:direct:alice"
 

@@ -141,3 +141,18 @@ def test_verifier_finds_an_index_row_that_differs(
     assert found.index and all(
         f"row {rowid} holds {{'words': ['plant']}}" in p for p in found.index
     )
+
+
+def test_rss_growth_is_judged_without_the_vector_index() -> None:
+    """RSS that grows exactly as the vector index does is data held, not a leak: (d) judges
+    the growth beyond it, and reports both."""
+    samples = [
+        soak.RssSample(1, age, age, 400_000 + 300 * int(age), 1_000, 300 * int(age))
+        for age in range(0, 200)
+    ]
+    rss = soak.rss_report(samples, warmup_s=20)
+    assert rss["growth"] > 0.10  # the raw figure, as before
+    assert rss["net_growth"] == 0.0
+    assert rss["vector_last_mib"] > rss["vector_first_mib"] > 0
+    leak = [soak.RssSample(1, a, a, 400_000 + 300 * int(a), 1_000, 0) for a in range(200)]
+    assert soak.rss_report(leak, warmup_s=20)["net_growth"] > 0.10

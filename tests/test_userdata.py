@@ -27,8 +27,7 @@ from activememory.storage.vectors import text_digest
 from fake_embedder import FakeEmbedder
 from pg_server import pg_memory_dsn, storage
 
-# The transcript half runs on both stores; records are SQLite's until they are wired to
-# PostgreSQL (docs/design.md §11), so on PostgreSQL these tests store none.
+# Sessions and records on both stores; vectors are SQLite's (docs/design.md §11).
 __all__ = ["pg_memory_dsn", "storage"]
 pytestmark = pytest.mark.anyio
 
@@ -96,7 +95,7 @@ async def test_sessions_list_filters_by_agent_chat_type_identity_peer_and_archiv
     tmp_path: Path, storage: str | None
 ) -> None:
     async with am.open_memory(tmp_path / "s", config=CONFIG, storage=storage) as mem:
-        await store_people(mem, records=storage is None)
+        await store_people(mem)
 
         async def keys(**filters: Any) -> list[str]:
             return [s.key for s in await mem.sessions.list(**filters)]
@@ -187,10 +186,9 @@ async def _snapshot(mem: am.Memory, ids: list[str]) -> dict[str, object]:
 async def test_export_then_import_into_an_empty_state_dir_is_lossless(
     tmp_path: Path, storage: str | None
 ) -> None:
-    records = storage is None
     async with am.open_memory(tmp_path / "a", config=CONFIG, storage=storage) as mem:
-        ids = await store_people(mem, records=records)
-        mine = [ids["dana"], ids["dana_tg"]] if records else []
+        ids = await store_people(mem)
+        mine = [ids["dana"], ids["dana_tg"]]
         export = await mem.export_identity("dana")
         before = await _snapshot(mem, mine)
         # Emptied of dana, so that the import below can restore her ids on either store.
@@ -202,15 +200,13 @@ async def test_export_then_import_into_an_empty_state_dir_is_lossless(
     assert sum(f"Noted: {TOKEN}." in line for line in lines) == 1
     assert not any(BOB_TOKEN in line or "club" in line for line in lines)
     assert [t.session_key for t in export.transcripts] == [DANA_TG, DANA_SL, SPAWNED, DANA_OTHER]
-    if records:  # not the link to bob's
-        assert len(export.records) == 2 and len(export.relations) == 1
+    assert len(export.records) == 2 and len(export.relations) == 1  # not the link to bob's
     assert "memory notes" in export.not_covered
 
     # SQLite: a new state directory; PostgreSQL: the same database, dana erased.
     async with am.open_memory(tmp_path / "b", config=CONFIG, storage=storage) as mem:
         done = await mem.import_export(am.IdentityExport.read(tmp_path / "dana.jsonl"))
-        n = 2 if records else 0
-        assert done == am.ImportSummary(sessions=4, events=7, records=n, relations=n // 2)
+        assert done == am.ImportSummary(sessions=4, events=7, records=2, relations=1)
         await mem.sessions.rebuild_index()
         again = await mem.export_identity("dana")
         after = await _snapshot(mem, mine)
@@ -355,6 +351,9 @@ def _rows_holding(storage: str, token: str) -> list[str]:
             ("events", "content"),
             ("message_index", "terms::text::bytea"),
             ("session_switches", "key::bytea"),
+            ("records", "content"),
+            ("records", "terms::text::bytea"),
+            ("records", "user_id::bytea"),
         ]:
             row = conn.execute(
                 f"SELECT count(*) FROM activememory.{table}"
@@ -366,18 +365,61 @@ def _rows_holding(storage: str, token: str) -> list[str]:
     return found
 
 
+def _stored_records(
+    state: Path, storage: str | None, user_ids: list[str], seqs: list[int]
+) -> tuple[list[int], int]:
+    """Read behind the library's back, on either store: the seqs of the records of
+    `user_ids`, and how many relations touch those or the records `seqs`."""
+    if storage is None:
+        conn = apsw.Connection(str(state / "records.db"), flags=apsw.SQLITE_OPEN_READONLY)
+        users = json.dumps(user_ids)
+        found = [
+            int(seq)
+            for (seq,) in conn.execute(
+                "SELECT seq FROM records WHERE user_id IN (SELECT value FROM json_each(?))"
+                " ORDER BY seq",
+                (users,),
+            )
+        ]
+        every = json.dumps(sorted({*found, *seqs}))
+        (relations,) = conn.execute(
+            "SELECT count(*) FROM relations WHERE source IN (SELECT value FROM json_each(?1))"
+            " OR target IN (SELECT value FROM json_each(?1))",
+            (every,),
+        ).fetchone() or (0,)
+        conn.close()
+        return found, int(relations)
+    import psycopg
+
+    with psycopg.connect(storage) as pg:
+        found = [
+            int(row[0])
+            for row in pg.execute(
+                "SELECT seq FROM activememory.records WHERE user_id = ANY(%s) ORDER BY seq",
+                (user_ids,),
+            )
+        ]
+        row = pg.execute(
+            "SELECT count(*) FROM activememory.record_relations"
+            " WHERE source = ANY(%(s)s) OR target = ANY(%(s)s)",
+            {"s": sorted({*found, *seqs})},
+        ).fetchone()
+        return found, int(row[0]) if row else 0
+
+
 async def test_an_erase_and_its_dry_run_on_either_store(
     tmp_path: Path, storage: str | None
 ) -> None:
-    # Transcripts only (no records, no vectors): the part of an erase on both stores.
+    # Sessions and records (no vectors): an erase as it runs on both stores.
     state = tmp_path / "s"
     cfg = {**CONFIG, "tools": {"sessions": {"visibility": "all"}}}
+    danas = ["dana", "dana-tg", "dana-sl"]
 
     def holding(token: str) -> list[str]:
         return _files_holding(state, token) if storage is None else _rows_holding(storage, token)
 
     async with am.open_memory(state, config=cfg, storage=storage) as mem:
-        await store_people(mem, records=False)
+        ids = await store_people(mem)
         first = (await mem.sessions.history(DANA_TG))[0]
         await mem.sessions.rebuild_index()  # the rewind left DANA_TG dirty: hidden till then
         caller = am.parse_session_key("agent:main:direct:dana")
@@ -404,13 +446,20 @@ async def test_an_erase_and_its_dry_run_on_either_store(
         assert main_db.session_keys == (DANA_TG, DANA_SL, SPAWNED)
         assert (main_db.events, main_db.switches, main_db.vectors) == (7, 2, 0)  # 7: a rewind
         assert main_db.index_rows > 0 and other_db.session_keys == (DANA_OTHER,)
+        assert dry.records.user_ids == tuple(danas)
+        assert (dry.records.records, dry.records.relations) == (2, 2)  # "knows" bob's too
+        seqs, relations = _stored_records(state, storage, danas, [])
+        assert (len(seqs), relations) == (2, 2)
 
         summary = await mem.erase_identity("dana")
         assert msgspec_counts(summary) == msgspec_counts(dry)
-        assert summary.purged and not summary.dry_run
+        assert summary.purged and summary.records.purged and not summary.dry_run
         assert not any((await surfaces()).values())
+        assert await mem.records.get(ids["dana"]) is None
+        assert _stored_records(state, storage, danas, seqs) == ([], 0)
         assert holding(TOKEN) == []
         assert holding("dana") == []  # the switch row of a key with no session went too
+        assert await mem.records.get(ids["bob"]) is not None
         assert (await mem.sessions.search(BOB_TOKEN, caller=BOB)).results
         assert [s.key for s in await mem.sessions.list(archived=None)] == [BOB, GROUP]
 

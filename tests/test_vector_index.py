@@ -295,6 +295,21 @@ def test_the_index_serves_the_search_and_follows_the_writer(store: Store) -> Non
     assert store.index.loads == 4  # a rollback may undo a published change: both reload
 
 
+def test_its_bytes_are_the_vectors_it_holds(store: Store) -> None:
+    """`nbytes` (what the soak takes out of RSS growth) counts each loaded matrix: at least
+    a float32 row per vector, growing as vectors are added, nothing before a load."""
+    assert store.index.nbytes() == 0
+    run(store, [("append", KEYS[0], f"{w} tea") for w in WORDS] + [("embed", "model-a", 50)])
+    run(store, [("query", "model-a", [KEYS[0]], "tea", 3)])
+    dim = len(vector_of("model-a", "tea"))
+    loaded = store.index.nbytes()
+    assert loaded >= len(WORDS) * dim * 4
+    more = [("append", KEYS[1], f"{w} cat {i}") for i in range(40) for w in WORDS[:2]]
+    run(store, [*more, ("embed", "model-a", 100), ("query", "model-a", [KEYS[1]], "cat", 3)])
+    grown = store.index.nbytes()
+    assert grown >= (len(WORDS) + 80) * dim * 4 and grown > loaded
+
+
 def test_a_change_published_before_its_commit_is_never_surfaced(store: Store) -> None:
     """The commit hook publishes before the commit is visible: a reader whose snapshot does
     not hold the row yet must not return it (the SQL verification drops it)."""

@@ -2,7 +2,7 @@
 tests/test_visibility.py again, in `mode="hybrid"`, where the question shares no word with
 the needles, so every hit comes from the vector side.
 
-The embedder puts every needle ("needle") and the question ("haystack") on one direction
+On both stores (the vector side's SQL is each store's own). The embedder puts every needle ("needle") and the question ("haystack") on one direction
 and every other text on an orthogonal one: each needle is a perfect match by meaning and
 invisible to the words. A vector side that reached past the caller's scope would show it.
 """
@@ -21,7 +21,9 @@ from test_visibility import CALLERS, KEYS, SESSIONS, SETTINGS, config, expected,
 import activememory as am
 
 from fake_embedder import DIM
+from pg_server import pg_memory_dsn, storage
 
+__all__ = ["pg_memory_dsn", "storage"]
 pytestmark = pytest.mark.anyio
 
 QUESTION = "haystack"
@@ -43,13 +45,14 @@ class NeedleEmbedder:
 
 @pytest.mark.parametrize(("visibility", "a2a", "sandbox"), SETTINGS)
 async def test_hybrid_visibility_matrix(
-    tmp_path: Path, executor: str, visibility: str, a2a: bool, sandbox: str
+    tmp_path: Path, executor: str, storage: str | None, visibility: str, a2a: bool, sandbox: str
 ) -> None:
     async with am.open_memory(
         tmp_path / "state",
         config=config(visibility, a2a, sandbox),
         executor=executor,  # type: ignore[arg-type]
         embedder=NeedleEmbedder(),
+        storage=storage,
     ) as mem:
         await populate(mem)
         assert await mem.sessions.vectors_ready()
@@ -83,13 +86,14 @@ async def test_hybrid_visibility_matrix(
     [("tree", False, "spawned"), ("agent", False, "spawned"), ("all", True, "all")],
 )
 async def test_hidden_vectors_never_change_the_visible_top_k(
-    tmp_path: Path, visibility: str, a2a: bool, sandbox: str
+    tmp_path: Path, storage: str | None, visibility: str, a2a: bool, sandbox: str
 ) -> None:
     async with am.open_memory(
         tmp_path / "state",
         config=config(visibility, a2a, sandbox),
-        executor="inline",
+        executor="thread" if storage else "inline",
         embedder=NeedleEmbedder(),
+        storage=storage,
     ) as mem:
         await populate(mem)
         assert await mem.sessions.vectors_ready()
@@ -112,10 +116,15 @@ async def test_hidden_vectors_never_change_the_visible_top_k(
             assert after.truncated == before.truncated
 
 
-async def test_a_rewound_needle_never_surfaces_by_meaning(tmp_path: Path) -> None:
+async def test_a_rewound_needle_never_surfaces_by_meaning(
+    tmp_path: Path, storage: str | None
+) -> None:
     """Rewound off the active branch: dirty (hidden) first, then re-indexed without it."""
     async with am.open_memory(
-        tmp_path / "state", executor="inline", embedder=NeedleEmbedder()
+        tmp_path / "state",
+        executor="thread" if storage else "inline",
+        embedder=NeedleEmbedder(),
+        storage=storage,
     ) as mem:
         await populate(mem)
         assert await mem.sessions.vectors_ready()

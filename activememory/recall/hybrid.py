@@ -14,28 +14,20 @@ for it.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Hashable, Mapping, Sequence
-from typing import Any, NamedTuple, cast
+from typing import Any, NamedTuple
 
 import anyio
-import apsw
 import numpy as np
 
 from ..protocol.config import HybridQuery, PrivateScope
 from ..protocol.embeddings import Embedder
 from ..protocol.errors import EmbeddingError
 from ..storage.hybrid import Candidate, Fused, HybridWeights, fuse
-from ..storage.search import _PRIVATE, private_params
-from ..storage.vectors import (
-    Near,
-    VectorParams,
-    message_vectors_of,
-    nearest_message_rows,
-    nearest_note_rows,
-    note_vectors_of,
-)
+from ..storage.reads import TranscriptReads
+from ..storage.search import DbScope
+from ..storage.vectors import MessageRow, Near, NoteRow
 
 QUERY_EMBED_S = 1.0
 """The most a query's embedding may take on the recall path; past it, text alone answers."""
@@ -72,21 +64,6 @@ async def embed_query(embedder: Embedder | None, query: str) -> QueryVector:
         return QueryVector(None, None, f"the embedder failed: {type(exc).__name__}")
 
 
-class NoteRow(NamedTuple):
-    path: str
-    start_line: int
-    end_line: int
-    text: str
-
-
-class MessageRow(NamedTuple):
-    session_key: str
-    timestamp: float
-    role: str
-    text: str
-    session_id: int = 0
-
-
 class MessageSide(NamedTuple):
     """The vector side over messages: the nearest visible ones (at least MIN_SIMILARITY),
     the stored vectors of every candidate, and the rows of those only it found."""
@@ -108,26 +85,27 @@ class VectorSide(NamedTuple):
 
 
 def message_side(
-    conn: apsw.Connection,
+    reader: TranscriptReads,
     query: QueryVector,
     *,
     pool: int,
     text_messages: Sequence[int],
-    visible_sql: str,
-    visible_params: VectorParams,
+    scope: DbScope,
+    caller: str,
+    session_key: str | None = None,
 ) -> MessageSide:
-    """The `pool` messages nearest `query` among the sessions `visible_sql` (a SELECT of
-    session ids, the caller's scope: `storage.search.scope_sql`) admits, in SQL before `k`;
-    plus the vectors of those and of `text_messages` (what the text side found). Shared by
-    memory_search and `sessions_search` in hybrid mode (docs/design.md §3, §4.7)."""
+    """The `pool` messages nearest `query` among the sessions `caller` may see under
+    `scope` (`storage.search.scope_sql`, in the store's SQL before `k`); plus the vectors
+    of those and of `text_messages` (what the text side found). Shared by memory_search and
+    `sessions_search` in hybrid mode (docs/design.md §3, §4.7); on either store."""
     assert query.vector is not None and query.name is not None
     near = _close(
-        nearest_message_rows(
-            conn,
+        reader.nearest_messages(
             query.vector,
             name=query.name,
-            visible_sql=visible_sql,
-            visible_params=visible_params,
+            scope=scope,
+            caller=caller,
+            session_key=session_key,
             k=pool,
         )
     )
@@ -135,58 +113,38 @@ def message_side(
     only = [row.id for row in near if row.id not in text]
     return MessageSide(
         [(row.id, row.similarity) for row in near],
-        _with_read(near, message_vectors_of, conn, text_messages, query.name),
-        {
-            int(r[0]): MessageRow(str(r[1]), float(r[2]), str(r[3]), str(r[4]), int(r[5]))
-            for r in _rows(
-                conn,
-                "SELECT e.id, s.key, e.ts, e.role, e.text, e.session_id FROM events e"
-                " JOIN sessions s ON s.id = e.session_id",
-                only,
-                column="e.id",
-            )
-        },
+        _with_read(near, reader.message_vectors, text_messages, query.name),
+        {row.id: row for row in reader.message_rows(only)},
     )
 
 
 def vector_side(
-    conn: apsw.Connection,
+    reader: TranscriptReads,
     query: QueryVector,
     *,
     pool: int,
     text_notes: Sequence[int],
     text_messages: Sequence[int],
-    agent: str,
     caller: str,
     scope: PrivateScope | None,
 ) -> VectorSide:
     """Runs on the agent's reader, after the text side: see the module docstring."""
     assert query.vector is not None and query.name is not None
     name = query.name
-    near_notes = _close(nearest_note_rows(conn, query.vector, name=name, k=pool))
+    near_notes = _close(reader.nearest_notes(query.vector, name=name, k=pool))
     messages = MessageSide([], {}, {})
     if scope is not None:
         messages = message_side(
-            conn,
-            query,
-            pool=pool,
-            text_messages=text_messages,
-            visible_sql=f"SELECT id FROM ({_PRIVATE})",
-            visible_params=private_params(agent, caller, scope),
+            reader, query, pool=pool, text_messages=text_messages, scope=scope, caller=caller
         )
     text = set(text_notes)
     only_notes = [row.id for row in near_notes if row.id not in text]
     return VectorSide(
         [(row.id, row.similarity) for row in near_notes],
         messages.near,
-        _with_read(near_notes, note_vectors_of, conn, text_notes, name),
+        _with_read(near_notes, reader.note_vectors, text_notes, name),
         messages.vectors,
-        {
-            int(r[0]): NoteRow(str(r[1]), int(r[2]), int(r[3]), str(r[4]))
-            for r in _rows(
-                conn, "SELECT id, path, start_line, end_line, text FROM note_chunks", only_notes
-            )
-        },
+        {row.id: row for row in reader.note_rows(only_notes)},
         messages.rows,
     )
 
@@ -197,8 +155,7 @@ def _close(near: list[Near]) -> list[Near]:
 
 def _with_read(
     near: Sequence[Near],
-    read: Callable[..., dict[int, np.ndarray]],
-    conn: apsw.Connection,
+    read: Callable[[Sequence[int], str], dict[int, np.ndarray]],
     text_ids: Sequence[int],
     name: str,
 ) -> dict[int, np.ndarray]:
@@ -206,16 +163,7 @@ def _with_read(
     others are read."""
     vectors = {row.id: row.vector for row in near}
     missing = [i for i in text_ids if i not in vectors]
-    return {**read(conn, missing, name=name), **vectors}
-
-
-def _rows(
-    conn: apsw.Connection, select: str, ids: Sequence[int], *, column: str = "id"
-) -> list[tuple[Any, ...]]:
-    if not ids:
-        return []
-    sql = f"{select} WHERE {column} IN (SELECT value FROM json_each(?))"
-    return cast(list[tuple[Any, ...]], conn.execute(sql, (json.dumps(list(ids)),)).fetchall())
+    return {**read(missing, name), **vectors}
 
 
 def weights_of(hybrid: HybridQuery) -> HybridWeights:

@@ -314,12 +314,11 @@ class MemoryCore:
 
             def vectors(reader: TranscriptReads) -> VectorSide:
                 return vector_side(
-                    reader.local("memory_search by meaning (vectors)"),
+                    reader,
                     vector_query,
                     pool=pool,
                     text_notes=[hit.chunk_id for hit in notes],
                     text_messages=[c.event_id for c in page.page.candidates] if page else [],
-                    agent=agent,
                     caller=caller.raw,
                     scope=transcripts if private is not None else None,
                 )
@@ -715,8 +714,8 @@ def _fused_results(
         kind, ident = cast(tuple[str, int], fused.key)
         if kind == "n":
             hit = by_note.get(ident)
-            row = (hit.path, hit.start_line, hit.end_line, hit.text) if hit else side.notes[ident]
-            path, start, end, text = row
+            row = side.notes[ident] if hit is None else hit
+            path, start, end, text = row.path, row.start_line, row.end_line, row.text
             snippet, _ = make_snippet(redactor.redact(text), terms, MAX_SNIPPET_CHARS)
             result = _result("memory", path, start, end, snippet)
         elif ident in by_message:

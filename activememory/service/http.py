@@ -28,7 +28,6 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import traceback
 import types
 import typing
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -617,8 +616,7 @@ def _route(memory: Memory, endpoint: Endpoint, redactor: Redactor) -> Route:
             known = _status_of(exc)
             if known is not None:
                 return _json(known[0], known[1])
-            trace = "".join(traceback.format_exception(exc))
-            log.error("%s %s failed:\n%s", request.method, endpoint.path, redactor.redact(trace))
+            log.error("%s %s failed:\n%s", request.method, endpoint.path, redactor.traceback(exc))
             return _json(500, Problem(error=INTERNAL_ERROR))
 
     return Route(endpoint.path, run, methods=[endpoint.method])

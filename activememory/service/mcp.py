@@ -32,6 +32,7 @@ import anyio.abc
 import msgspec
 
 from .._records import checked_relation
+from .._redaction import Redactor
 from ..protocol.config import Config
 from ..protocol.content import Message
 from ..protocol.errors import ActiveMemoryError, InvalidInputError
@@ -207,6 +208,10 @@ class MemoryTools:
     def _config(self) -> Config:
         return self._memory.config
 
+    def redactor(self) -> Redactor:
+        """The redactor of this memory's `redactPatterns`, for what the server logs."""
+        return Redactor(self._config().search.redact_patterns)
+
 
 def _written(name: str, data: dict[str, Any]) -> ToolResult:
     return ToolResult(name=name, content=_encode(data).decode(), data=data, evidence=True)
@@ -244,6 +249,7 @@ def make_server(tools: MemoryTools) -> Server[Any]:
     from .. import __version__
 
     listed = mcp_types.ListToolsResult(tools=tool_list(tools.names()))
+    redactor = tools.redactor()
 
     async def list_tools(ctx: Any, params: Any) -> mcp_types.ListToolsResult:
         return listed
@@ -257,8 +263,8 @@ def make_server(tools: MemoryTools) -> Server[Any]:
             return _error(str(exc))
         except anyio.get_cancelled_exc_class():
             raise
-        except Exception:  # never a stack trace to the client; the log has it
-            log.exception("tool %s failed", params.name)
+        except Exception as exc:  # never a stack trace to the client; the log has it
+            log.error("tool %s failed:\n%s", params.name, redactor.traceback(exc))
             return _error(f"{params.name} failed inside the server (see its log)")
         if result.error is not None:  # a tool's own failure (`recall.tools.tool_failure`)
             return _error(result.error)
@@ -331,9 +337,11 @@ def serve(
     config: Path | None = None,
     token: str | None = None,
     readonly: bool = False,
+    storage: str | None = None,
 ) -> int:
     """Run the MCP server for the conversation `session_key` until stdin closes (stdio)
-    or the process is interrupted (http). Returns the exit status.
+    or the process is interrupted (http). Returns the exit status. `storage`: the
+    PostgreSQL store (`open_memory(storage=...)`); None: the config's, else `state_dir`.
 
     Raises `InvalidInputError` before anything starts for a bad session key, transport,
     port or token, and for a non-loopback `host` without a token.
@@ -358,7 +366,9 @@ def serve(
     async def run() -> None:
         from .._memory import open_memory
 
-        async with open_memory(state_dir, config=config, readonly=readonly) as memory:
+        async with open_memory(
+            state_dir, config=config, readonly=readonly, storage=storage
+        ) as memory:
             server = make_server(MemoryTools(memory, key))
             async with anyio.create_task_group() as tasks:
                 # SIGTERM or Ctrl-C stop the transport, then the memory closes cleanly

@@ -122,7 +122,7 @@ from ...storage.executor import ExecutorKind
 from ...storage.fts_query import plan_match
 from ...storage.notes import search_notes
 from ...storage.search import TermStats, indexed_rows, search_scope
-from ...storage.transcripts import agent_db_path
+from ...storage.transcripts import TranscriptReader, agent_db_path
 from ...storage.vector_index import VectorFeed, VectorIndexes, attach
 from ..adversaries import HangForever, IgnoresCancellation
 from . import runner
@@ -756,12 +756,11 @@ async def run_meaning(
                         query = await embed_query(embedder, probe.query)
                         begin = time.perf_counter()  # the reads alone
                         vector_side(
-                            conn if side == "vector_reads" else scan,
+                            TranscriptReader(conn if side == "vector_reads" else scan, AGENT),
                             query,
                             pool=LIMIT * 4,
                             text_notes=[],
                             text_messages=[],
-                            agent=AGENT,
                             caller=caller,
                             scope=scope,
                         )

@@ -29,6 +29,9 @@ SCHEMA = "activememory"
 # agent first (docs/design.md §11). A module constant so a test can ask for a missing one.
 EXTENSIONS: tuple[str, ...] = ("btree_gin",)
 CONNECT_TIMEOUT_S = 5
+# A read-only store's connections: the server refuses every write in them, whatever the
+# code asks (docs/design.md §11 "Read-only").
+READ_ONLY_OPTION = "-c default_transaction_read_only=on"
 # Any two processes creating the schema at once: the second waits, then finds it made.
 _SCHEMA_LOCK = 0x616D_7367  # "amsg"
 
@@ -286,12 +289,15 @@ class PgSettings(msgspec.Struct, frozen=True, kw_only=True):
     `dsn`: a libpq connection string (`postgresql://user@host/db` or `host=... dbname=...`);
     `pool_min`/`pool_max`: the connection pool's bounds. Bad values raise
     `InvalidInputError` naming the config key (`storage.dsn`, `storage.poolMin`,
-    `storage.poolMax`); the password is never shown.
+    `storage.poolMax`); the password is never shown. `readonly` (`open_memory(readonly=
+    True)`, docs/design.md §11 "Read-only"): every connection's transactions are read-only
+    (`READ_ONLY_OPTION`), and the schema is checked, never created or migrated.
     """
 
     dsn: str
     pool_min: int = 1
     pool_max: int = 4
+    readonly: bool = False
 
     def __post_init__(self) -> None:
         check_dsn(self.dsn)
@@ -344,19 +350,36 @@ def describe(exc: BaseException) -> str:
     return _first_line(exc)
 
 
+def connection_options(settings: PgSettings) -> dict[str, Any]:
+    """The libpq parameters every connection of the store gets besides its DSN (a direct
+    one and the pool's): the timeout and, read-only, `READ_ONLY_OPTION` added to the DSN's
+    own `options`."""
+    import psycopg.conninfo
+
+    options: dict[str, Any] = {"connect_timeout": CONNECT_TIMEOUT_S}
+    if settings.readonly:
+        given = psycopg.conninfo.conninfo_to_dict(settings.dsn).get("options")
+        options["options"] = f"{given} {READ_ONLY_OPTION}" if given else READ_ONLY_OPTION
+    return options
+
+
 def connect(settings: PgSettings) -> psycopg.Connection[tuple[object, ...]]:
-    """One connection to the server, with the schema made or checked; `StorageError`
-    quoting the server's answer when it cannot be reached or used."""
+    """One connection to the server, with the schema made or checked (read-only: checked
+    alone, `check_schema`); `StorageError` quoting the server's answer when it cannot be
+    reached or used."""
     import psycopg
 
     try:
-        conn = psycopg.connect(settings.dsn, connect_timeout=CONNECT_TIMEOUT_S)
+        conn = psycopg.connect(settings.dsn, **connection_options(settings))
     except psycopg.Error as exc:
         raise StorageError(
             f"storage.dsn: cannot connect to {masked(settings.dsn)!r}: {describe(exc)}"
         ) from None
     try:
-        ensure_schema(conn)
+        if settings.readonly:
+            check_schema(conn)
+        else:
+            ensure_schema(conn)
     except BaseException:
         conn.close()
         raise
@@ -376,7 +399,7 @@ def open_pool(
             settings.dsn,
             min_size=settings.pool_min,
             max_size=settings.pool_max,
-            kwargs={"connect_timeout": CONNECT_TIMEOUT_S},
+            kwargs=connection_options(settings),
             open=False,
         )
     )
@@ -484,12 +507,45 @@ def ensure_schema(conn: psycopg.Connection[tuple[object, ...]]) -> int:
         raise StorageError(
             f"storage.dsn: cannot create the activememory schema: {describe(exc)}"
         ) from None
+    _refuse_newer(version)
+    return version
+
+
+def check_schema(conn: psycopg.Connection[tuple[object, ...]]) -> int:
+    """A read-only open's stand-in for `ensure_schema` (storage/db.py `check_schema`):
+    the schema must exist and be this code's, since a reader may not make or migrate it.
+    Returns the version."""
+    import psycopg
+
+    try:
+        with conn.transaction():
+            version = schema_version(conn)
+    except psycopg.Error as exc:
+        raise StorageError(
+            f"storage.dsn: cannot read the activememory schema: {describe(exc)}"
+        ) from None
+    database = conn.info.dbname
+    if version is None:
+        raise StorageError(
+            f"storage.dsn: database {database!r} holds no activememory store (no schema "
+            f"{SCHEMA}) and readonly=True never creates one; open it once without readonly"
+        )
+    if version < SCHEMA_VERSION:
+        raise StorageError(
+            f"storage.dsn: schema version {version} of database {database!r} is older than "
+            f"this activememory's ({SCHEMA_VERSION}) and readonly=True never migrates; open it "
+            "once without readonly (or with the activememory that wrote it)"
+        )
+    _refuse_newer(version)
+    return version
+
+
+def _refuse_newer(version: int) -> None:
     if version > SCHEMA_VERSION:
         raise StorageError(
             f"storage.dsn: schema version {version} is newer than this activememory "
             f"understands ({SCHEMA_VERSION}); upgrade activememory"
         )
-    return version
 
 
 @contextmanager

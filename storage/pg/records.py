@@ -49,7 +49,6 @@ from ...protocol.records import (
     RecordDeleted,
     RecordInvalidated,
     RecordRejected,
-    RecordRelation,
     RecordsErased,
     RecordsLinked,
     RecordStatus,
@@ -79,7 +78,7 @@ from ..records import (
     search_steps,
 )
 from ..search import RANK_BUDGET
-from ..userdata import RecordRow, RelationRow
+from ..userdata import UserRecords
 from .db import SCHEMA, Reopen, describe, lost
 from .search import _bm25_params
 from .terms import PgQuery, index_terms, pg_query
@@ -360,15 +359,9 @@ class PgRecordWriter:
         return RecordDeleted(id=cmd.id, relations=int(relations))
 
     def _erase(self, cmd: EraseUserRecords) -> RecordAck:
-        rows = self.conn.execute(
-            f"WITH gone AS (SELECT seq FROM {_S}.records WHERE agent = %(agent)s"
-            "  AND user_id = ANY(%(users)s))"
-            " SELECT (SELECT count(*) FROM gone),"
-            f" (SELECT count(*) FROM {_S}.record_relations WHERE agent = %(agent)s"
-            "  AND (source IN (SELECT seq FROM gone) OR target IN (SELECT seq FROM gone)))",
-            {"agent": self.agent, "users": list(cmd.user_ids)},
-        ).fetchone()
-        records, relations = (int(rows[0]), int(rows[1])) if rows else (0, 0)
+        from .userdata import plan_record_erasure  # here: it imports this module
+
+        erasure = plan_record_erasure(self.conn, self.agent, cmd.user_ids)
         found = self.conn.execute(
             f"DELETE FROM {_S}.records WHERE agent = %s AND user_id = ANY(%s)"
             " RETURNING tokens",  # relations cascade
@@ -377,7 +370,6 @@ class PgRecordWriter:
         self._records -= len(found)
         self._tokens -= sum(int(row[0]) for row in found)
         self._erased = True
-        erasure = RecordErasure(user_ids=cmd.user_ids, records=records, relations=relations)
         return RecordsErased(erasure=erasure)
 
     def _purged(self, acks: list[RecordAck]) -> list[RecordAck]:
@@ -432,39 +424,20 @@ class PgRecordReader:
             records = self._records(linked_seqs(trees))
         return hits_of([(seq, rec, 0.0)], trees, records)[0]
 
-    def any_of_users(self, user_ids: Sequence[str]) -> bool:
-        """Whether any record (expired ones included) belongs to one of `user_ids`."""
-        row = self.conn.execute(
-            f"SELECT EXISTS (SELECT 1 FROM {_S}.records WHERE agent = %s AND user_id = ANY(%s))",
-            (self.agent, list(user_ids)),
-        ).fetchone()
-        return bool(row and row[0])
+    def records_of(self, user_ids: tuple[str, ...] | None, agent: str | None) -> UserRecords:
+        """`RecordReader.records_of`: these users' records and their relations, as an
+        export writes them; one snapshot."""
+        from .userdata import records_of  # here: it imports this module
 
-    def every_record(self) -> tuple[list[RecordRow], list[RelationRow]]:
-        """`RecordReader.every_record`: the tenant's records (expired ones included) with
-        their stored times in seq order, and its relations in id order; one snapshot."""
         with self.conn.transaction():
-            rows = self.conn.execute(
-                f"SELECT {_COLUMNS.format(a='r')}, r.created_at, r.invalidated_at"
-                f" FROM {_S}.records r WHERE r.agent = %s ORDER BY r.seq",
-                (self.agent,),
-            ).fetchall()
-            edges = self.conn.execute(
-                f"SELECT source, target, relation, created_at FROM {_S}.record_relations"
-                " WHERE agent = %s ORDER BY id",
-                (self.agent,),
-            ).fetchall()
-        records: list[RecordRow] = []
-        ids: dict[int, str] = {}
-        for row in rows:
-            seq, record = _record(row[:-2])
-            ids[seq] = record.id
-            records.append(RecordRow(record, float(row[-2]), row[-1]))
-        relations = [
-            RelationRow(RecordRelation(relation=name, source_id=ids[s], target_id=ids[t]), at)
-            for s, t, name, at in edges
-        ]
-        return records, relations
+            return records_of(self.conn, self.agent, user_ids, agent)
+
+    def plan_record_erasure(self, user_ids: tuple[str, ...]) -> RecordErasure:
+        """`RecordReader.plan_record_erasure`: what erasing these users' records would
+        remove, as the erase counts it; one snapshot."""
+        from .userdata import plan_record_erasure  # here: it imports this module
+
+        return plan_record_erasure(self.conn, self.agent, user_ids)
 
     def count(self) -> int:
         """How many records are stored (expired ones included)."""

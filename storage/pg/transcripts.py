@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeAlias, TypeVar, cast
 
 import msgspec
+import numpy
 import psycopg
 import psycopg.errors
 
@@ -57,9 +58,9 @@ from ...protocol.userdata import AgentErasure
 from ..footprint import DiskUsage
 from ..fts_query import MatchPlan
 from ..notes import NoteHit, NoteStat
-from ..reads import not_yet
 from ..search import DbScope, ScopePage, TermStats
 from ..transcripts import import_prefix_differs, import_tree
+from ..vectors import MessageRow, Near, NoteRow, PendingBatch
 from .db import SCHEMA, Reopen, describe, lost, translate_errors
 from .terms import index_terms
 
@@ -995,7 +996,8 @@ class PgTranscriptReader:
         vector_epoch: int | None = None,
     ) -> IndexStats:
         """The agent's counts. `db_bytes` is the whole store's size (every agent's rows
-        share its tables); vectors are not on PostgreSQL yet, so none is pending."""
+        share its tables); with `vector_name`, the rows waiting for its vectors above the
+        embedder actor's watermark (storage/pg/vectors.py `pending_count`)."""
         a = self.agent
 
         def one(sql: str) -> int:
@@ -1018,6 +1020,13 @@ class PgTranscriptReader:
                 " AND c.relkind = 'r' AND %(agent)s::text IS NOT NULL"
             )
             ok = not check_integrity or index_integrity_ok(self.conn, a)
+            pending = 0
+            if vector_name is not None:
+                from .vectors import pending_count
+
+                pending = pending_count(
+                    self.conn, a, vector_name, after=vector_after, epoch=vector_epoch
+                )
         return IndexStats(
             agent=a,
             sessions=sessions,
@@ -1027,7 +1036,7 @@ class PgTranscriptReader:
             dirty_sessions=dirty,
             db_bytes=size,
             fts_integrity_ok=ok,
-            vectors_pending=0,
+            vectors_pending=pending,
             embedder=vector_name,
         )
 
@@ -1156,9 +1165,87 @@ class PgTranscriptReader:
         """None: the server's files are shared by every agent (see `stats().db_bytes`)."""
         return None
 
-    def local(self, feature: str) -> Any:
-        """`StorageError` naming `feature`: it is not on PostgreSQL yet (storage/reads.py)."""
-        raise not_yet(feature)
+    # -- vectors (storage/reads.py "Vectors"; storage/pg/vectors.py) -----------------------
+
+    @_read
+    def pending_vectors(
+        self, name: str, *, after: int, epoch: int | None, limit: int
+    ) -> PendingBatch:
+        from .vectors import pending_batch
+
+        return pending_batch(self.conn, self.agent, name, after=after, epoch=epoch, limit=limit)
+
+    @_read
+    def cached_vectors(self, name: str, digests: list[bytes]) -> dict[bytes, bytes]:
+        from .vectors import cached_vectors
+
+        return cached_vectors(self.conn, self.agent, name, digests)
+
+    @_read
+    def nearest_messages(
+        self,
+        query: numpy.ndarray,
+        *,
+        name: str,
+        scope: DbScope,
+        caller: str,
+        session_key: str | None,
+        k: int,
+    ) -> list[Near]:
+        from .search import scope_sql
+        from .vectors import nearest_message_rows
+
+        sql, params = scope_sql(self.agent, scope, caller, session_key)
+        return nearest_message_rows(
+            self.conn, self.agent, query, name=name, visible_sql=sql, visible_params=params, k=k
+        )
+
+    @_read
+    def message_vectors(self, event_ids: Sequence[int], name: str) -> dict[int, numpy.ndarray]:
+        from .vectors import message_vectors_of
+
+        return message_vectors_of(self.conn, self.agent, event_ids, name=name)
+
+    @_read
+    def message_rows(self, event_ids: Sequence[int]) -> list[MessageRow]:
+        if not event_ids:
+            return []
+        rows = self.conn.execute(
+            f"SELECT e.id, s.key, e.ts, e.role, e.text, e.session_id FROM {_S}.events e"
+            f" JOIN {_S}.sessions s ON s.agent = e.agent AND s.id = e.session_id"
+            " WHERE e.agent = %s AND e.id = ANY(%s)",
+            (self.agent, [int(i) for i in event_ids]),
+        ).fetchall()
+        return [
+            MessageRow(int(i), str(key), float(ts), str(role), _text(text), int(sid))
+            for i, key, ts, role, text, sid in rows
+        ]
+
+    @_read
+    def nearest_notes(self, query: numpy.ndarray, *, name: str, k: int) -> list[Near]:
+        from .vectors import nearest_note_rows
+
+        return nearest_note_rows(self.conn, self.agent, query, name=name, k=k)
+
+    @_read
+    def note_vectors(self, chunk_ids: Sequence[int], name: str) -> dict[int, numpy.ndarray]:
+        from .vectors import note_vectors_of
+
+        return note_vectors_of(self.conn, self.agent, chunk_ids, name=name)
+
+    @_read
+    def note_rows(self, chunk_ids: Sequence[int]) -> list[NoteRow]:
+        if not chunk_ids:
+            return []
+        rows = self.conn.execute(
+            f"SELECT id, path, start_line, end_line, text FROM {_S}.note_chunks"
+            " WHERE agent = %s AND id = ANY(%s)",
+            (self.agent, [int(i) for i in chunk_ids]),
+        ).fetchall()
+        return [
+            NoteRow(int(i), str(path), int(start), int(end), _text(text))
+            for i, path, start, end, text in rows
+        ]
 
 
 def _owned_root(info: SessionInfo, owner: PrivateScope) -> bool:

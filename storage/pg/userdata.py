@@ -1,7 +1,7 @@
 """A user's data on PostgreSQL (docs/design.md §2.6, §11): what an erase removes, the erase
-in the writer's transaction, and the purge after its commit. The twin of the agent half of
-storage/userdata.py, with the same selection (`_OWNED`: a `PrivateScope`'s sessions and
-every session they spawned) and the same `AgentErasure` counts.
+in the writer's transaction, and the purge after its commit. The twin of storage/userdata.py,
+with the same selection (`_OWNED`: a `PrivateScope`'s sessions and every session they
+spawned), the same `AgentErasure` and `RecordErasure` counts and the same export rows.
 
 The erase locks the selected session rows first (key order, `FOR UPDATE`), then counts
 and deletes, so an append another process is making to one of them lands before (and is
@@ -28,10 +28,17 @@ from ...protocol.indexer import Erased, EraseIdentity, IndexerAck
 from ...protocol.recall import SessionSwitches
 from ...protocol.session_key import parse_session_key
 from ...protocol.transcript import Event
-from ...protocol.userdata import AgentErasure
-from ..userdata import ErasurePlan, SessionTree
+from ...protocol.userdata import AgentErasure, RecordErasure
+from ..userdata import (
+    ErasurePlan,
+    RecordRow,
+    SessionTree,
+    UserRecords,
+    user_relations,
+)
 from ..vectors import text_digest
 from .db import SCHEMA, describe
+from .records import _COLUMNS, _record
 from .transcripts import (
     _SESSION_COLUMNS,
     Connection,
@@ -265,3 +272,56 @@ def purged(conn: Connection, acks: list[IndexerAck]) -> list[IndexerAck]:
         else a
         for a in acks
     ]
+
+
+# -- records (the records tenant, storage/pg/records.py) ----------------------------------
+
+
+def plan_record_erasure(conn: Connection, tenant: str, user_ids: tuple[str, ...]) -> RecordErasure:
+    """Count `tenant`'s records of these users and the relations touching them; reads only.
+    The same function plans a dry run (on a reader) and the erase (in the writer's
+    transaction), so the two always agree."""
+    row = conn.execute(
+        f"WITH gone AS (SELECT seq FROM {_S}.records WHERE agent = %(agent)s"
+        "  AND user_id = ANY(%(users)s))"
+        " SELECT (SELECT count(*) FROM gone),"
+        f" (SELECT count(*) FROM {_S}.record_relations WHERE agent = %(agent)s"
+        "  AND (source IN (SELECT seq FROM gone) OR target IN (SELECT seq FROM gone)))",
+        {"agent": tenant, "users": list(user_ids)},
+    ).fetchone()
+    records, relations = (int(row[0]), int(row[1])) if row else (0, 0)
+    return RecordErasure(user_ids=user_ids, records=records, relations=relations)
+
+
+def records_of(
+    conn: Connection, tenant: str, user_ids: tuple[str, ...] | None, agent: str | None
+) -> UserRecords:
+    """`tenant`'s records of these users (None: every record; with `agent`: those scoped
+    to it or to no agent) and their relations (storage/userdata.py `records_of`); the
+    caller's one snapshot."""
+    where = "r.agent = %(tenant)s AND (%(users)s::text[] IS NULL OR r.user_id = ANY(%(users)s))"
+    if agent is not None:
+        where += " AND (r.agent_id IS NULL OR r.agent_id = %(agent)s)"
+    users = None if user_ids is None else list(user_ids)
+    params = {"tenant": tenant, "users": users, "agent": agent}
+    rows = conn.execute(
+        f"SELECT {_COLUMNS.format(a='r')}, r.created_at, r.invalidated_at FROM {_S}.records r"
+        f" WHERE {where} ORDER BY r.seq",
+        params,
+    ).fetchall()
+    records: list[RecordRow] = []
+    seqs: dict[int, str] = {}
+    for row in rows:
+        seq, record = _record(row[:-2])
+        seqs[seq] = record.id
+        records.append(RecordRow(record, float(row[-2]), row[-1]))
+    edges = conn.execute(
+        f"SELECT source, target, relation, created_at FROM {_S}.record_relations"
+        " WHERE agent = %(tenant)s AND (source = ANY(%(seqs)s) OR target = ANY(%(seqs)s))"
+        " ORDER BY id",
+        {"tenant": tenant, "seqs": sorted(seqs)},
+    ).fetchall()
+    relations, outside = user_relations(
+        seqs, [(int(s), int(t), str(name), float(at)) for s, t, name, at in edges]
+    )
+    return UserRecords(records, relations, outside)
