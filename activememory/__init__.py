@@ -74,6 +74,8 @@ _LAZY: dict[str, str] = {
     "DoctorCheck": "_doctor",
     "DoctorReport": "_doctor",
     "IdentityExport": "_importers",
+    "MigrationReport": "_migrate",
+    "migrate": "_migrate",
     "Memory": "_memory",
     "Sessions": "_memory",
     "open_memory": "_memory",
@@ -97,6 +99,8 @@ if TYPE_CHECKING:
     from ._memory import Memory as Memory
     from ._memory import Sessions as Sessions
     from ._memory import open_memory as open_memory
+    from ._migrate import MigrationReport as MigrationReport
+    from ._migrate import migrate as migrate
     from ._record_search import LocalJudge as LocalJudge
     from ._record_search import OpenAIJudge as OpenAIJudge
     from ._records import Records as Records
@@ -149,6 +153,7 @@ __all__ = [
     "MemoryClosedError",
     "MemorySearchConfig",
     "Message",
+    "MigrationReport",
     "OpenAIJudge",
     "OutputTextBlock",
     "PruningEvaluationMode",
@@ -189,6 +194,7 @@ __all__ = [
     "TopKMemorySearchConfig",
     "Turn",
     "load_config",
+    "migrate",
     "open_memory",
     "parse_session_key",
     "sync",

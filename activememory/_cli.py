@@ -203,6 +203,7 @@ def _parser() -> argparse.ArgumentParser:
     bench.set_defaults(run=_bench)
 
     _add_serve_parser(commands)
+    _add_migrate_parser(commands)
 
     # Every argument goes to simulations/soak.py (`activememory soak --help` shows them):
     # `prefix_chars="+"` keeps argparse from reading `--sessions` etc. as options here.
@@ -1082,3 +1083,45 @@ def _serve(args: argparse.Namespace) -> int:
     with sock:
         anyio.run(run, backend=args.backend)
     return 0
+
+
+# --- `activememory migrate` (docs/design.md §11 "Migrate"): a thin call of `am.migrate` ----
+
+
+def _add_migrate_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    migrate = commands.add_parser(
+        "migrate",
+        help="copy a store into an empty one, SQLite <-> PostgreSQL, and verify the copy",
+        description="Copy every agent's sessions and every record from SRC into the empty DEST,"
+        " then verify: per-session message counts and search answers on a sample of the"
+        " source's words. SRC and DEST: a state directory or a postgresql://... DSN. A failed"
+        " or mismatching migrate leaves DEST as it was; exit status 1 on a mismatch.",
+    )
+    migrate.add_argument("src", help="state directory or PostgreSQL DSN to copy from")
+    migrate.add_argument("dest", help="empty (or missing) state directory, or an empty DSN")
+    migrate.add_argument(
+        "--verify-sample",
+        type=int,
+        default=50,
+        help="words of the source searched on both stores (default 50; 0: counts only)",
+    )
+    migrate.add_argument("--json", action="store_true")
+    migrate.set_defaults(run=_migrate)
+
+
+def _migrate(args: argparse.Namespace) -> int:
+    import trio
+
+    from ._migrate import migrate
+
+    def say(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    report = trio.run(
+        lambda: migrate(args.src, args.dest, verify_sample=args.verify_sample, progress=say)
+    )
+    if args.json:
+        print(json.dumps({"ok": report.ok, **msgspec.to_builtins(report)}))
+    else:
+        print(report.text())
+    return 0 if report.ok else 1

@@ -50,6 +50,7 @@ from .protocol.records import (
 from .protocol.session_key import CHAT_TYPES, ChatType, parse_session_key
 from .protocol.transcript import ImportEntry, SessionInfo
 from .protocol.userdata import AgentErasure, ErasureSummary, RecordErasure
+from .storage.userdata import SessionTree
 
 MAX_IDENTITY_CHARS = 256
 A = TypeVar("A", bound=IndexerAck)
@@ -130,35 +131,7 @@ async def export_identity(
     for name in await _agents(supervisor, agent):
         store = await supervisor.agent(name)
         trees = await store.read(lambda reader: reader.session_trees(scope))
-        for tree in trees:
-            info = tree.info
-            entries = tuple(
-                ImportEntry(
-                    id=str(e.id),
-                    parent_id=None if e.parent_id is None else str(e.parent_id),
-                    timestamp=e.timestamp,
-                    message=e.message,
-                )
-                for e in tree.events
-                if e.message is not None
-            )
-            leaf = info.leaf_event_id
-            transcripts.append(
-                Transcript(
-                    session_key=info.key,
-                    entries=entries,
-                    leaf_id=None if leaf is None else str(leaf),
-                    persistent=info.persistent,
-                    interactive=info.interactive,
-                    archived=info.archived,
-                    sandboxed=info.sandboxed,
-                    spawned_by=info.spawned_by,
-                    created_at=info.created_at,
-                    updated_at=info.updated_at,
-                    keep_ids=True,
-                    switches=tree.switches,
-                )
-            )
+        transcripts += [transcript_of(tree) for tree in trees]
     records: tuple[RecordEntry, ...] = ()
     relations: tuple[RelationEntry, ...] = ()
     user_ids = _user_ids(config, identity)
@@ -172,6 +145,37 @@ async def export_identity(
         transcripts=tuple(transcripts),
         records=records,
         relations=relations,
+    )
+
+
+def transcript_of(tree: SessionTree) -> Transcript:
+    """A session as the import format holds it: its metadata, switches and whole tree,
+    with its event ids to keep (`keep_ids`)."""
+    info = tree.info
+    entries = tuple(
+        ImportEntry(
+            id=str(e.id),
+            parent_id=None if e.parent_id is None else str(e.parent_id),
+            timestamp=e.timestamp,
+            message=e.message,
+        )
+        for e in tree.events
+        if e.message is not None
+    )
+    leaf = info.leaf_event_id
+    return Transcript(
+        session_key=info.key,
+        entries=entries,
+        leaf_id=None if leaf is None else str(leaf),
+        persistent=info.persistent,
+        interactive=info.interactive,
+        archived=info.archived,
+        sandboxed=info.sandboxed,
+        spawned_by=info.spawned_by,
+        created_at=info.created_at,
+        updated_at=info.updated_at,
+        keep_ids=True,
+        switches=tree.switches,
     )
 
 

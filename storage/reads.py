@@ -108,9 +108,9 @@ class TranscriptReads(Protocol):
         counts it (`mem.erase_identity(dry_run=True)`); one snapshot."""
         ...
 
-    def session_trees(self, scope: PrivateScope) -> list[SessionTree]:
-        """The sessions the identity `scope` selects (and those they spawned), oldest
-        first, each with every message of its tree in write order and its switches
+    def session_trees(self, scope: PrivateScope | None) -> list[SessionTree]:
+        """The sessions the identity `scope` selects (and those they spawned), or with None
+        every session of the agent (`migrate`), oldest first, each with every message of its tree in write order and its switches
         (`mem.export_identity`); one snapshot."""
         ...
 

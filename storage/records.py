@@ -504,8 +504,9 @@ class RecordReader:
             records = self._records(linked_seqs(trees))
         return hits_of([(seq, rec, 0.0)], trees, records)[0]
 
-    def records_of(self, user_ids: tuple[str, ...], agent: str | None) -> UserRecords:
-        """The records of these users (with `agent`: those scoped to it or to no agent) and
+    def records_of(self, user_ids: tuple[str, ...] | None, agent: str | None) -> UserRecords:
+        """The records of these users (None: every record, as `migrate` copies them; with
+        `agent`: those scoped to it or to no agent) and
         the relations among them, as `mem.export_identity` writes them (storage/userdata.py
         `records_of`); one snapshot."""
         return records_of(self.conn, user_ids, agent)

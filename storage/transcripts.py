@@ -926,8 +926,9 @@ class TranscriptReader:
             plan = plan_erasure(self.conn, self.agent, scope)
         return plan.erasure
 
-    def session_trees(self, scope: PrivateScope) -> list[SessionTree]:
-        """The identity's sessions with their whole trees (storage/userdata.py)."""
+    def session_trees(self, scope: PrivateScope | None) -> list[SessionTree]:
+        """The identity's sessions (None: every session) with their whole trees
+        (storage/userdata.py)."""
         return session_trees(self.conn, scope)
 
     def disk_usage(self) -> DiskUsage | None:

@@ -264,9 +264,9 @@ class SessionTree(NamedTuple):
     switches: SessionSwitches | None
 
 
-def session_trees(conn: apsw.Connection, scope: PrivateScope) -> list[SessionTree]:
-    """The sessions of the identity `scope` selects (and those they spawned), with their
-    whole trees; one read transaction."""
+def session_trees(conn: apsw.Connection, scope: PrivateScope | None) -> list[SessionTree]:
+    """The sessions of the identity `scope` selects (and those they spawned), or with None
+    every session of the database (`migrate`), with their whole trees; one read transaction."""
     # Here, not at the top: storage/transcripts.py (the writer) imports this module.
     from .transcripts import _decode_content
 
@@ -344,15 +344,18 @@ def user_relations(
     return relations, len(edges) - len(relations)
 
 
-def records_of(conn: apsw.Connection, user_ids: tuple[str, ...], agent: str | None) -> UserRecords:
-    """The records of these users (with `agent`: those scoped to it or to no agent) and
+def records_of(
+    conn: apsw.Connection, user_ids: tuple[str, ...] | None, agent: str | None
+) -> UserRecords:
+    """The records of these users (None: of every user and none, as `migrate` copies them;
+    with `agent`: those scoped to it or to no agent) and
     their relations (`UserRecords`); one read transaction. Expired records are included:
     they are still stored."""
     # Here, not at the top: storage/records.py (the writer) imports this module.
     from .records import _COLUMNS, _record
 
-    users = json.dumps(list(user_ids))
-    where = "r.user_id IN (SELECT value FROM json_each(:users))"
+    users = None if user_ids is None else json.dumps(list(user_ids))
+    where = "(:users IS NULL OR r.user_id IN (SELECT value FROM json_each(:users)))"
     if agent is not None:
         where += " AND (r.agent_id IS NULL OR r.agent_id = :agent)"
     params = {"users": users, "agent": agent}

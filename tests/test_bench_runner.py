@@ -30,7 +30,7 @@ def test_the_command_offers_the_registry(capsys: pytest.CaptureFixture[str]) -> 
     err = capsys.readouterr().err
     assert (
         "(choose from 'indexing', 'locomo', 'search', 'cjk', 'recall', 'records', 'paraphrase',"
-        " 'vectors', 'startup', 'http')" in err
+        " 'vectors', 'startup', 'http', 'pgingest')" in err
     )
     with pytest.raises(SystemExit):
         cli(["bench", "--help"])

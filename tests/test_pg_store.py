@@ -360,6 +360,31 @@ def run_both(
             stores.close()
 
 
+def test_appends_to_several_sessions_in_one_batch_index_each_ones_previous_text(
+    pair: Any,
+) -> None:
+    # The writer reads the sessions' last texts (the context column, §2.3) for a whole
+    # append run in one query: each reply must still be found by its own question's words.
+    alice, bob = KEYS[0], KEYS[1]
+    first = [("append", alice, "user", "apple orchard"), ("append", bob, "user", "banana boat")]
+    replies = [("append", alice, "assistant", "yes"), ("append", bob, "assistant", "no")]
+    searches = [(word, "phrase", "all", alice, None) for word in ("apple", "banana", "boat")]
+    run_both(pair, [first, replies, [*replies, *replies]], searches)
+    with tempfile.TemporaryDirectory() as directory:
+        stores: Pair = pair(directory)
+        try:
+            for batch in (first, replies):
+                stores.apply([stores.command(op) for op in batch])
+            found = stores.pg_reader.conn.execute(
+                f"SELECT m.session_id, m.depth FROM {pg_db.SCHEMA}.message_index m"
+                " WHERE m.agent = %s AND m.terms @@ 'banana'::tsquery ORDER BY 1, 2",
+                (stores.agent,),
+            ).fetchall()
+            assert [depth for _session, depth in found] == [1, 2]  # the question and "no"
+        finally:
+            stores.close()
+
+
 # -- connecting: clear errors, nothing half-created ------------------------------------------
 
 

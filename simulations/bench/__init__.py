@@ -17,6 +17,7 @@ BENCHMARKS = {
     "vectors": "nearest-neighbour latency: numpy over the vector table against sqlite-vec",
     "startup": "import, --help and simulate times against the interpreter and msgspec",
     "http": "recall over HTTP (activememory serve) against in process, at c=1 and c=64",
+    "pgingest": "PostgreSQL ingest by 1, 2 and 4 worker processes against raw psycopg",
 }
 
 

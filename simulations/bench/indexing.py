@@ -270,8 +270,11 @@ _RAW_LEAF = (
 Appenders = Callable[[Memory, Corpus], Awaitable[None]]
 
 
-async def closed_loop(mem: Memory, corpus: Corpus) -> None:
-    """One appender task per conversation, each awaiting its own ack before its next."""
+async def closed_loop(
+    mem: Memory, corpus: Corpus, key_of: Callable[[int], str] = session_key
+) -> None:
+    """One appender task per conversation, each awaiting its own ack before its next;
+    conversation `n` goes to session `key_of(n)`."""
 
     async def appender(key: str, messages: list[am.Message]) -> None:
         for message in messages:
@@ -279,7 +282,7 @@ async def closed_loop(mem: Memory, corpus: Corpus) -> None:
 
     async with trio.open_nursery() as nursery:
         for n, conversation in enumerate(corpus.conversations):
-            nursery.start_soon(appender, session_key(n), conversation)
+            nursery.start_soon(appender, key_of(n), conversation)
 
 
 async def open_loop(mem: Memory, corpus: Corpus) -> None:

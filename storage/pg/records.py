@@ -424,7 +424,7 @@ class PgRecordReader:
             records = self._records(linked_seqs(trees))
         return hits_of([(seq, rec, 0.0)], trees, records)[0]
 
-    def records_of(self, user_ids: tuple[str, ...], agent: str | None) -> UserRecords:
+    def records_of(self, user_ids: tuple[str, ...] | None, agent: str | None) -> UserRecords:
         """`RecordReader.records_of`: these users' records and their relations, as an
         export writes them; one snapshot."""
         from .userdata import records_of  # here: it imports this module

@@ -176,19 +176,21 @@ def _unshared_digests(conn: Connection, tenant: str, ids: Sequence[int]) -> list
     return sorted(text_digest(t) for t in texts - shared)
 
 
-def session_trees(conn: Connection, tenant: str, scope: PrivateScope) -> list[SessionTree]:
+def session_trees(conn: Connection, tenant: str, scope: PrivateScope | None) -> list[SessionTree]:
     """The sessions of `tenant` that the identity `scope` selects (and those they spawned),
-    oldest first, with their whole trees (storage/userdata.py `session_trees`: every
+    or with None every session of `tenant` (`migrate`), oldest first, with their whole trees (storage/userdata.py `session_trees`: every
     message in write order, the switches); the caller's one snapshot."""
     columns = ", ".join(f"s.{c.strip()}" for c in _SESSION_COLUMNS.split(","))
-    infos = [
-        _session_info(row)
-        for row in conn.execute(
+    if scope is None:
+        sql = f"SELECT {columns} FROM {_S}.sessions s WHERE s.agent = %(agent)s ORDER BY s.id"
+        params: dict[str, Any] = {"agent": tenant}
+    else:
+        sql = (
             f"{_OWNED} SELECT {columns} FROM {_S}.sessions s JOIN owned USING (id)"
-            " WHERE s.agent = %(agent)s ORDER BY s.id",
-            _scope_params(tenant, scope),
-        ).fetchall()
-    ]
+            " WHERE s.agent = %(agent)s ORDER BY s.id"
+        )
+        params = _scope_params(tenant, scope)
+    infos = [_session_info(row) for row in conn.execute(sql, params).fetchall()]
     trees = []
     for info in infos:
         rows = conn.execute(
@@ -292,14 +294,16 @@ def plan_record_erasure(conn: Connection, tenant: str, user_ids: tuple[str, ...]
 
 
 def records_of(
-    conn: Connection, tenant: str, user_ids: tuple[str, ...], agent: str | None
+    conn: Connection, tenant: str, user_ids: tuple[str, ...] | None, agent: str | None
 ) -> UserRecords:
-    """`tenant`'s records of these users (with `agent`: those scoped to it or to no agent)
-    and their relations (storage/userdata.py `records_of`); the caller's one snapshot."""
-    where = "r.agent = %(tenant)s AND r.user_id = ANY(%(users)s)"
+    """`tenant`'s records of these users (None: every record; with `agent`: those scoped
+    to it or to no agent) and their relations (storage/userdata.py `records_of`); the
+    caller's one snapshot."""
+    where = "r.agent = %(tenant)s AND (%(users)s::text[] IS NULL OR r.user_id = ANY(%(users)s))"
     if agent is not None:
         where += " AND (r.agent_id IS NULL OR r.agent_id = %(agent)s)"
-    params = {"tenant": tenant, "users": list(user_ids), "agent": agent}
+    users = None if user_ids is None else list(user_ids)
+    params = {"tenant": tenant, "users": users, "agent": agent}
     rows = conn.execute(
         f"SELECT {_COLUMNS.format(a='r')}, r.created_at, r.invalidated_at FROM {_S}.records r"
         f" WHERE {where} ORDER BY r.seq",
