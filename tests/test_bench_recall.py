@@ -19,9 +19,9 @@ from activememory._cli import main
 from activememory.simulations.bench import recall as bench_recall
 
 TINY = [
-    "--messages", "600",
-    "--sessions", "12",
-    "--notes", "8",
+    "--messages", "300",
+    "--sessions", "8",
+    "--notes", "4",
     "--recalls", "6",
     "--concurrency", "1,4",
     "--scaling-rounds", "2",
@@ -60,9 +60,9 @@ def test_both_benchmarks_report_their_structure_through_the_cli(
     assert result["benchmark"] == "recall"
     overhead = result["overhead"]
     assert overhead["corpus"] == {
-        "messages": 600,
-        "sessions": 12,
-        "notes": 8,
+        "messages": 300,
+        "sessions": 8,
+        "notes": 4,
         "vocabulary": 20_000,
         "seed": 1,
     }
@@ -94,7 +94,7 @@ def test_both_benchmarks_report_their_structure_through_the_cli(
     meaning = overhead["meaning"]
     assert meaning["recalls"] == 4 and meaning["statuses"] == {"ok": 8}
     assert meaning["embedder"] == "local/all-MiniLM-L6-v2"
-    assert meaning["vectors"] >= 600  # every message and note chunk has its vector
+    assert meaning["vectors"] >= 300  # every message and note chunk has its vector
     for key in (
         "recall_text_ms",
         "recall_meaning_ms",
