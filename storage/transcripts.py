@@ -67,6 +67,7 @@ from .userdata import (
     plan_erasure,
     purge,
     session_trees,
+    unshared_digests,
 )
 from .vectors import (
     MessageRow,
@@ -433,7 +434,11 @@ class TranscriptWriter:
         state = self._session(key)
         if state is None:
             return Rejected(reason="not_found", message=f"session_key: no session {key!r}")
+        # Its texts' cached vectors go with it, unless another message or chunk holds the
+        # same text (docs/design.md §2.3): a deleted chat leaves no vector of its words.
+        digests = unshared_digests(self.conn, json.dumps([state.id]))
         events, index_rows = self._delete_session(key, state)
+        self.conn.executemany("DELETE FROM vector_cache WHERE digest = ?", [(d,) for d in digests])
         bump_vector_epoch(self.conn)  # its event and session ids may be used again
         return Deleted(events=events, index_rows=index_rows)
 

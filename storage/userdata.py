@@ -124,7 +124,7 @@ def plan_erasure(conn: apsw.Connection, agent: str, scope: PrivateScope) -> Eras
     )
     vectors = count(f"SELECT count(*) FROM message_vectors WHERE session_id {in_ids}")
     switch_keys = _switch_keys(conn, set(keys), scope)
-    digests = _unshared_digests(conn, ids)
+    digests = unshared_digests(conn, ids)
     cached = sum(
         _count(conn, "SELECT count(*) FROM vector_cache WHERE digest = ?", d) for d in digests
     )
@@ -165,8 +165,9 @@ def _switch_keys(conn: apsw.Connection, keys: set[str], scope: PrivateScope) -> 
     return found
 
 
-def _unshared_digests(conn: apsw.Connection, ids: str) -> list[bytes]:
-    """Content-hash keys of the erased texts that no remaining message or note chunk has.
+def unshared_digests(conn: apsw.Connection, ids: str) -> list[bytes]:
+    """Content-hash keys of the texts of sessions `ids` (erased or deleted) that no remaining
+    message or note chunk has.
 
     Only remaining texts of a length some erased text has are hashed (SQL filters by
     length first), so this is one scan in C and little hashing.

@@ -605,6 +605,10 @@ class PgTranscriptWriter:
         state = self._session(key)
         if state is None:
             return Rejected(reason="not_found", message=f"session_key: no session {key!r}")
+        from .userdata import unshared_digests  # here: it imports this module
+
+        # As on SQLite: the session's texts' cached vectors go with it, unless shared.
+        digests = unshared_digests(self.conn, self.agent, [state.id])
         index_rows = self._drop_index_rows(state)
         params = (self.agent, state.id)
         self.conn.execute(
@@ -617,6 +621,11 @@ class PgTranscriptWriter:
         self.conn.execute(
             f"DELETE FROM {_S}.session_switches WHERE agent = %s AND key = %s", (self.agent, key)
         )
+        if digests:
+            self.conn.execute(
+                f"DELETE FROM {_S}.vector_cache WHERE agent = %s AND digest = ANY(%s)",
+                (self.agent, digests),
+            )
         del self._sessions[key]
         self._touched.pop(key, None)
         return Deleted(events=events, index_rows=index_rows)

@@ -113,7 +113,7 @@ def plan_erasure(
     ).fetchone()
     events, index_rows, vectors = (int(n) for n in count) if count else (0, 0, 0)
     switch_keys = _switch_keys(conn, tenant, set(keys), scope)
-    digests = _unshared_digests(conn, tenant, ids)
+    digests = unshared_digests(conn, tenant, ids)
     row = conn.execute(
         f"SELECT count(*) FROM {_S}.vector_cache WHERE agent = %s AND digest = ANY(%s)",
         (tenant, digests),
@@ -151,7 +151,7 @@ def _switch_keys(conn: Connection, tenant: str, keys: set[str], scope: PrivateSc
     return found
 
 
-def _unshared_digests(conn: Connection, tenant: str, ids: Sequence[int]) -> list[bytes]:
+def unshared_digests(conn: Connection, tenant: str, ids: Sequence[int]) -> list[bytes]:
     """Content-hash keys of the erased texts that no remaining message or note chunk of the
     agent has (only remaining texts of a byte length some erased text has are read)."""
     if not ids:
