@@ -137,8 +137,14 @@ async def diagnose(memory: Memory) -> DoctorReport:
             f" 'hello' --state-dir {state_dir}{_config_option(config)}"
         )
         add(f"breaker:{info.agent}/{info.model}", level, detail, fix)
-    agents = len(memory._supervisor.open_agents())
-    add("memory", "ok", f"process resident {_mb(resident_bytes())}, {agents} agent databases open")
+    stores = memory._supervisor.open_agents()
+    vectors = sum(s.vector_index.nbytes() for s in stores if s.vector_index is not None)
+    add(
+        "memory",
+        "ok",
+        f"process resident {_mb(resident_bytes())}, {len(stores)} agent databases open,"
+        f" of it the in-memory vector index {_mb(vectors)}",
+    )
     abandoned = memory._supervisor.recall_pool.abandoned
     detail = f"runs that ignored cancellation and outlived their budget: {abandoned}"
     fix = "fix the recall model or tool that ignores cancellation; restart to free its tasks"

@@ -86,4 +86,6 @@ async def test_doctor_states_the_disk_and_memory_cost(tmp_path: Path) -> None:
     assert " MB for 4 messages: index " in disk and " B/message; content " in disk
     assert "; vectors 0.0 MB; other " in disk
     assert checks["memory"].detail.startswith("process resident ")
-    assert checks["memory"].detail.endswith(" MB, 1 agent databases open")
+    assert checks["memory"].detail.endswith(
+        " MB, 1 agent databases open, of it the in-memory vector index 0.0 MB"
+    )
