@@ -728,8 +728,8 @@ async def open_memory(
     then keeps the config's workspaces and the control spool. The server is reached, and
     the schema made or checked, before `open_memory` returns: a bad DSN, an unreachable
     server or a schema newer than this code is a `StorageError` naming `storage.dsn`.
-    Everything below works there too, but record vectors (records are searched by text)
-    and the in-memory vector index (vectors are scored exactly; docs/design.md §11).
+    Everything below works there too, but the in-memory vector index (vectors are scored
+    exactly; docs/design.md §11).
 
     `executor="thread"` runs SQLite on worker threads (production); `"inline"` runs it on the
     event-loop thread, for deterministic virtual-time simulations. `durability="crash"`

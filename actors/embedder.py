@@ -52,9 +52,6 @@ from ..protocol.records import (
 from ..storage.reads import TranscriptReads
 from ..storage.record_vectors import (
     RecordMark,
-    cached_record_vectors,
-    pending_record_count,
-    pending_records,
 )
 from ..storage.records import RecordReader
 from ..storage.vectors import (
@@ -82,7 +79,8 @@ class Read(Protocol):
 
 
 class ReadRecords(Protocol):
-    """Runs a function on `records.db`'s embedder reader."""
+    """Runs a function on a records reader of the embedder's own (`records.db`'s, or the
+    PostgreSQL store's: both have the feed's three reads)."""
 
     def __call__(self, fn: Callable[[RecordReader], T], /) -> Awaitable[T]: ...
 
@@ -200,17 +198,17 @@ class RecordFeed:
     async def pending_count(self, name: str) -> int:
         """How many records wait for a vector of `name` (exact once the actor is idle)."""
         mark = self._mark
-        return await self._read(lambda r: pending_record_count(r.conn, name, mark=mark))
+        return await self._read(lambda r: r.pending_record_count(name, mark=mark))
 
     async def pending(self, name: str, limit: int) -> FeedBatch:
         mark = self._mark
-        found = await self._read(lambda r: pending_records(r.conn, name, mark=mark, limit=limit))
+        found = await self._read(lambda r: r.pending_records(name, mark=mark, limit=limit))
         if not found.rows:
             self._mark = found.mark
         return FeedBatch(found.rows, found.mark)
 
     async def cached(self, name: str, digests: list[bytes]) -> dict[bytes, bytes]:
-        return await self._read(lambda r: cached_record_vectors(r.conn, name, digests))
+        return await self._read(lambda r: r.cached_record_vectors(name, digests))
 
     async def store(self, name: str, batch: FeedBatch, rows: list[VectorRow]) -> tuple[int, int]:
         assert isinstance(batch.state, RecordMark)

@@ -64,7 +64,7 @@ from ..storage.records import (
 from ..storage.transcripts import TranscriptReader, TranscriptWriter, agent_db_path
 from ..storage.vector_index import VectorFeed, VectorIndexes, attach, detach
 from .control import ControlActor, Handle
-from .embedder import AgentFeed, EmbedderActor, Read, RecordFeed
+from .embedder import AgentFeed, EmbedderActor, Read, ReadRecords, RecordFeed
 from .embedder import open_inbox as embedder_inbox
 from .group_commit import MAX_BATCH, A, C, GroupCommit, StorageWriter
 from .indexer import Indexer
@@ -386,9 +386,10 @@ class RecordsDatabase(VectorDatabase[RecordReader, RecordCommand, RecordAck]):
 class PgRecordsDatabase(RecordsDatabase):
     """The records of the PostgreSQL store (docs/design.md §11 "Wiring"): the same records
     keeper over a `PgRecordWriter` on a connection of its own, no writer lock (several
-    processes may write the records: the server orders them), no embedder actor (record
-    vectors are SQLite's alone: searches are by text), and reads on connections of the
-    store's pool, each read one snapshot on a connection taken for its length."""
+    processes may write the records: the server orders them), with an embedder the records
+    embedder actor (record vectors on the server, storage/pg/record_vectors.py), and reads
+    on connections of the store's pool, each read one snapshot on a connection taken for
+    its length."""
 
     pg: PgStore
     slots: tuple[ReadSlot, ...]
@@ -568,24 +569,30 @@ class Supervisor:
         )
         if actor is not None:
             self._tg.start_soon(records.run_writer, name="records-keeper")
-        if actor is not None and self.embedder is not None:
-            embed_send, embed_receive = embedder_inbox()
-            records.embed_pokes = embed_send
-            records.embedder = EmbedderActor(
-                embed_receive,
-                embedder=self.embedder,
-                feed=RecordFeed(submit=records.submit, read=records.read_for_embedder),
-            )
-            self._tg.start_soon(self._run_embedder, records, name="embedder:records")
-            records.poke_embedder("start")
-        else:
-            records.embedder_stopped.set()
+        self._start_records_embedder(records, records.read_for_embedder)
         return records
+
+    def _start_records_embedder(self, records: RecordsDatabase, read: ReadRecords) -> None:
+        """With an embedder and a writer, the records embedder actor (docs/design.md §5.7),
+        reading its feed through `read` and storing through the records keeper."""
+        if records.actor is None or self.embedder is None:
+            records.embedder_stopped.set()
+            return
+        embed_send, embed_receive = embedder_inbox()
+        records.embed_pokes = embed_send
+        records.embedder = EmbedderActor(
+            embed_receive,
+            embedder=self.embedder,
+            feed=RecordFeed(submit=records.submit, read=read),
+        )
+        self._tg.start_soon(self._run_embedder, records, name="embedder:records")
+        records.poke_embedder("start")
 
     async def _open_pg_records(self, pg: PgStore) -> RecordsDatabase:
         """The records of the PostgreSQL store: the records keeper over a `PgRecordWriter`
-        (no lock: docs/design.md §11 "Several processes"); no embedder actor. Read-only:
-        the reads alone (docs/design.md §11 "Read-only")."""
+        (no lock: docs/design.md §11 "Several processes") and, with an embedder, the
+        records embedder actor reading on an executor of its own. Read-only: the reads
+        alone (docs/design.md §11 "Read-only")."""
         actor = None
         if not self.readonly:
             write_executor = make_executor(self.executor_kind)
@@ -608,9 +615,12 @@ class Supervisor:
                 ReadSlot(executor=make_executor(self.executor_kind)) for _ in range(READERS)
             ),
         )
-        records.embedder_stopped.set()
         if actor is not None:
             self._tg.start_soon(records.run_writer, name="records-keeper")
+        own = (ReadSlot(executor=make_executor(self.executor_kind)),)
+        self._start_records_embedder(
+            records, lambda fn: _on_least_busy(own, partial(pg.read_records, cast(Any, fn)))
+        )
         return records
 
     async def _open(

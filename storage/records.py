@@ -112,14 +112,20 @@ from .db import Migration, describe, open_connection
 from .fts_query import RANK, TOKENIZE, MatchPlan, index_columns
 from .hybrid import Candidate, HybridWeights, fuse
 from .record_vectors import (
+    PendingRecords,
+    RecordMark,
     apply_store_record_vectors,
+    cached_record_vectors,
     nearest_records,
+    pending_record_count,
+    pending_records,
     record_vectors_of,
     v2_record_vectors,
 )
 from .search import TermStats, indexed_rows, newest_match, rankable
 from .transcripts import write_transaction
 from .userdata import UserRecords, erase_records, plan_record_erasure, purge, records_of
+from .vectors import Near
 
 RECORDS_DB = "records.db"
 BOOST = 0.5
@@ -516,6 +522,17 @@ class RecordReader:
         (`mem.erase_identity(dry_run=True)`); one snapshot."""
         return plan_record_erasure(self.conn, user_ids)
 
+    # -- the records embedder actor's reads (actors/embedder.py `RecordFeed`) ---------------
+
+    def pending_records(self, name: str, *, mark: RecordMark, limit: int) -> PendingRecords:
+        return pending_records(self.conn, name, mark=mark, limit=limit)
+
+    def pending_record_count(self, name: str, *, mark: RecordMark) -> int:
+        return pending_record_count(self.conn, name, mark=mark)
+
+    def cached_record_vectors(self, name: str, digests: list[bytes]) -> dict[bytes, bytes]:
+        return cached_record_vectors(self.conn, name, digests)
+
     def count(self) -> int:
         """How many records are stored (expired ones included)."""
         row = self.conn.execute("SELECT count(*) FROM records").fetchone()
@@ -563,43 +580,14 @@ class RecordReader:
             )
             if row.similarity >= meaning.min_similarity
         ]
-        vectors = {row.id: row.vector for row in near}
-        missing = [seq for _, seq, _ in text if seq not in vectors]
-        vectors |= record_vectors_of(self.conn, missing, name=meaning.name)
-        found = {seq: (score, rec) for score, seq, rec in text}
-        only = self._records({row.id for row in near if row.id not in found})
-        records = {seq: rec for seq, (_, rec) in found.items()} | only
-        boosted = [
-            (dim, value)
-            for dim, value, exact in _dimensions(query.scope)
-            if not exact and dim in query.boosts
-        ]
-
-        def boost(rec: Record) -> float:  # as the text side's SQL (`_matches`)
-            return 1.0 + BOOST * sum(bool(getattr(rec, dim) == value) for dim, value in boosted)
-
-        candidates = [
-            Candidate(seq, max(0.0, -score), vectors.get(seq), rec.timestamp, boost=boost(rec))
-            for seq, (score, rec) in found.items()
-        ] + [
-            Candidate(
-                row.id, None, row.vector, records[row.id].timestamp, boost=boost(only[row.id])
-            )
-            for row in near
-            if row.id not in found
-        ]
-        fused = fuse(candidates, meaning.vector, meaning.weights, limit=query.limit, now=query.now)
-        query_vec = numpy.asarray(meaning.vector, dtype=numpy.float32)
-        out = []
-        for hit in fused:
-            seq = cast(int, hit.key)
-            vector = vectors.get(seq)
-            if vector is not None:
-                distance = min(2.0, max(0.0, 1.0 - float(vector @ query_vec)))
-            else:
-                distance = distance_of(found[seq][0])
-            out.append((seq, records[seq], distance))
-        return out
+        return fused_hits(
+            query,
+            meaning,
+            text,
+            near,
+            lambda seqs: record_vectors_of(self.conn, seqs, name=meaning.name),
+            self._records,
+        )
 
     def _matches(self, plan: MatchPlan, query: RecordQuery) -> list[tuple[float, int, Record]]:
         """The direct matches, best first: ranked, then (when pruned) by recency."""
@@ -848,6 +836,57 @@ def _dimensions(scope: SearchScope) -> list[tuple[str, str | None, bool]]:
         ("agent_id", scope.agent_id, scope.exact_agent_match),
         ("thread_id", scope.thread_id, scope.exact_thread_match),
     ]
+
+
+def fused_hits(
+    query: RecordQuery,
+    meaning: RecordMeaning,
+    text: list[tuple[float, int, Record]],
+    near: list[Near],
+    read_vectors: Callable[[list[int]], dict[int, numpy.ndarray]],
+    read_records: Callable[[set[int]], dict[int, Record]],
+) -> list[tuple[int, Record, float]]:
+    """The hybrid half of a records search both stores share (`RecordReader._fused`):
+    the text side's matches (score, seq, record) and the vector side's `near` records as
+    `fuse` candidates, every candidate with a stored vector scored by meaning; (seq,
+    record, distance) of the best `query.limit`, distance 1 - cosine for a record with a
+    vector, else the text side's `distance_of`. `read_vectors` and `read_records` read
+    the store inside the search's snapshot."""
+    vectors = {row.id: row.vector for row in near}
+    missing = [seq for _, seq, _ in text if seq not in vectors]
+    vectors |= read_vectors(missing)
+    found = {seq: (score, rec) for score, seq, rec in text}
+    only = read_records({row.id for row in near if row.id not in found})
+    records = {seq: rec for seq, (_, rec) in found.items()} | only
+    boosted = [
+        (dim, value)
+        for dim, value, exact in _dimensions(query.scope)
+        if not exact and dim in query.boosts
+    ]
+
+    def boost(rec: Record) -> float:  # as the text side's SQL (`_matches`)
+        return 1.0 + BOOST * sum(bool(getattr(rec, dim) == value) for dim, value in boosted)
+
+    candidates = [
+        Candidate(seq, max(0.0, -score), vectors.get(seq), rec.timestamp, boost=boost(rec))
+        for seq, (score, rec) in found.items()
+    ] + [
+        Candidate(row.id, None, row.vector, records[row.id].timestamp, boost=boost(only[row.id]))
+        for row in near
+        if row.id not in found
+    ]
+    fused = fuse(candidates, meaning.vector, meaning.weights, limit=query.limit, now=query.now)
+    query_vec = numpy.asarray(meaning.vector, dtype=numpy.float32)
+    out = []
+    for hit in fused:
+        seq = cast(int, hit.key)
+        vector = vectors.get(seq)
+        if vector is not None:
+            distance = min(2.0, max(0.0, 1.0 - float(vector @ query_vec)))
+        else:
+            distance = distance_of(found[seq][0])
+        out.append((seq, records[seq], distance))
+    return out
 
 
 def _filters(alias: str, query: RecordQuery, params: dict[str, object]) -> list[str]:

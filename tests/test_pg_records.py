@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -29,6 +30,7 @@ from test_records_graph import (
 
 from activememory._records import resolve_scope
 from activememory.protocol.errors import InvalidInputError
+from activememory.protocol.indexer import VectorRow
 from activememory.protocol.records import (
     NOT_SET,
     AddRecord,
@@ -59,6 +61,7 @@ from activememory.storage.records import (
     RecordWriter,
     open_records_connection,
 )
+from activememory.storage.vectors import text_digest
 
 from pg_server import fresh_agent, pg_dsn, scratch_database
 
@@ -389,15 +392,66 @@ def test_tenants_never_see_each_others_records(pg_dsn: str) -> None:
     reader.conn.close()
 
 
-def test_commands_not_on_postgresql_yet_are_rejected_saying_so(pg_dsn: str) -> None:
-    writer = PgRecordWriter(pg_db.connect(pg_db.PgSettings(dsn=pg_dsn)), fresh_agent())
-    (ack,) = writer.apply([StoreRecordVectors(name="m", rows=())])
-    assert ack == RecordRejected(
-        reason="invalid",
-        message="StoreRecordVectors is not available on the PostgreSQL store yet"
-        " (docs/design.md §11)",
-    )
-    writer.conn.close()
+def test_record_vectors_are_stored_as_on_sqlite(pg_dsn: str, tmp_path: Path) -> None:
+    """`StoreRecordVectors`: a vector of the record's content is stored, one of other
+    content or of no record skipped, and another name's vector replaced — the same acks
+    and the same table on both stores (storage/pg/record_vectors.py)."""
+    sqlite_conn = open_records_connection(tmp_path / "records.db", writer=True)
+    writers = [
+        RecordWriter(sqlite_conn),
+        PgRecordWriter(pg_db.connect(pg_db.PgSettings(dsn=pg_dsn)), fresh_agent()),
+    ]
+    blob = numpy.ones(4, dtype="<f4").tobytes()
+    other = (numpy.ones(4, dtype="<f4") / 2).tobytes()
+    results = []
+    for writer in writers:
+        writer.apply(
+            [AddRecord(record=Record(id=i, content=i, timestamp=NOW), at=NOW) for i in "ab"]
+        )
+        seqs = _seqs(writer)
+        rows = (
+            VectorRow(id=seqs["a"], digest=text_digest("a"), vector=blob),
+            VectorRow(id=seqs["b"], digest=text_digest("not b"), vector=blob),
+            VectorRow(id=max(seqs.values()) + 100, digest=text_digest("a"), vector=blob),
+        )
+        first = writer.apply([StoreRecordVectors(name="m1", rows=rows)])
+        again = writer.apply(
+            [
+                StoreRecordVectors(
+                    name="m2",
+                    rows=(VectorRow(id=seqs["a"], digest=text_digest("a"), vector=other),),
+                )
+            ]
+        )
+        results.append((first, again, _vectors(writer)))
+    assert results[0] == results[1]
+    assert results[0][2] == {"a": ("m2", other)}
+    sqlite_conn.close()
+    writers[1].conn.close()
+
+
+def _seqs(writer: RecordWriter | PgRecordWriter) -> dict[str, int]:
+    if isinstance(writer, RecordWriter):
+        rows = writer.conn.execute("SELECT id, seq FROM records").fetchall()
+    else:
+        rows = writer.conn.execute(
+            "SELECT id, seq FROM activememory.records WHERE agent = %s", (writer.agent,)
+        ).fetchall()
+    return {str(i): int(s) for i, s in rows}
+
+
+def _vectors(writer: RecordWriter | PgRecordWriter) -> dict[str, tuple[str, bytes]]:
+    if isinstance(writer, RecordWriter):
+        rows = writer.conn.execute(
+            "SELECT r.id, v.name, v.vector FROM record_vectors v JOIN records r USING (seq)"
+        ).fetchall()
+    else:
+        rows = writer.conn.execute(
+            "SELECT r.id, v.name, v.vector FROM activememory.record_vectors v"
+            " JOIN activememory.records r USING (agent, seq) WHERE v.agent = %s",
+            (writer.agent,),
+        ).fetchall()
+    return {str(i): (str(n), bytes(v)) for i, n, v in rows}
 
 
 def test_rejections_name_the_field_as_on_sqlite(pg_dsn: str) -> None:

@@ -29,7 +29,9 @@ from activememory._records import NOT_SET, recall_tool
 from activememory.storage.records import records_db_path
 
 from fake_embedder import FakeEmbedder, embed_text
+from pg_server import pg_memory_dsn, storage
 
+__all__ = ["pg_memory_dsn", "storage"]
 pytestmark = pytest.mark.anyio
 
 U1 = "u1"
@@ -54,8 +56,18 @@ class MeaningEmbedder(FakeEmbedder):
         return out
 
 
-def stored_vectors(state: Path) -> dict[str, str]:
-    """record id -> the name of its stored vector, read straight from records.db."""
+def stored_vectors(state: Path, storage: str | None = None) -> dict[str, str]:
+    """record id -> the name of its stored vector, read straight from records.db (or the
+    PostgreSQL store's `record_vectors`)."""
+    if storage is not None:
+        import psycopg
+
+        with psycopg.connect(storage) as conn:
+            found = conn.execute(
+                "SELECT r.id, v.name FROM activememory.record_vectors v"
+                " JOIN activememory.records r ON r.agent = v.agent AND r.seq = v.seq"
+            ).fetchall()
+        return {str(i): str(n) for i, n in found}
     if not records_db_path(state).exists():
         return {}
     conn = apsw.Connection(str(records_db_path(state)), flags=apsw.SQLITE_OPEN_READONLY)
@@ -72,15 +84,23 @@ def stored_vectors(state: Path) -> dict[str, str]:
     return {str(i): str(n) for i, n in rows}
 
 
-async def test_a_paraphrase_is_found_by_meaning(tmp_path: Path, executor: str) -> None:
+async def test_a_paraphrase_is_found_by_meaning(
+    tmp_path: Path, executor: str, storage: str | None
+) -> None:
     embedder = MeaningEmbedder()
     state = tmp_path / "s"
-    async with am.open_memory(state, executor=executor, embedder=embedder) as mem:  # type: ignore[arg-type]
+    async with am.open_memory(
+        state,
+        executor=executor,  # type: ignore[arg-type]
+        embedder=embedder,
+        storage=storage,
+    ) as mem:
         fact = await mem.records.add(PEANUTS, user_id=U1)
         for text in OTHERS:
             await mem.records.add(text, user_id=U1)
         assert await mem.sessions.vectors_ready()
-        assert set(stored_vectors(state).values()) == {embedder.name}
+        assert set(stored_vectors(state, storage).values()) == {embedder.name}
+        assert len(stored_vectors(state, storage)) == 3
         [hit] = await mem.records.search(QUESTION, user_id=U1)
         assert hit.id == fact
         assert hit.distance == pytest.approx(0.0, abs=1e-6)  # 1 - cosine, the same direction
@@ -94,11 +114,16 @@ async def test_a_paraphrase_is_found_by_meaning(tmp_path: Path, executor: str) -
 
 
 async def test_distance_is_cosine_distance_with_a_vector_and_bm25_without(
-    tmp_path: Path, executor: str
+    tmp_path: Path, executor: str, storage: str | None
 ) -> None:
     embedder = FakeEmbedder()
     state = tmp_path / "s"
-    async with am.open_memory(state, executor=executor, embedder=embedder) as mem:  # type: ignore[arg-type]
+    async with am.open_memory(
+        state,
+        executor=executor,  # type: ignore[arg-type]
+        embedder=embedder,
+        storage=storage,
+    ) as mem:
         text = "aisle seat on long flights"
         rid = await mem.records.add(text, user_id=U1)
         assert await mem.sessions.vectors_ready()
@@ -122,7 +147,7 @@ async def test_distance_is_cosine_distance_with_a_vector_and_bm25_without(
         late = await mem.records.add("aisle seat wanted", user_id=U1)
         embedder.fail = False
         hits = {h.id: h for h in await mem.records.search("aisle seat", user_id=U1)}
-        if late not in stored_vectors(state):  # the actor may have caught up already
+        if late not in stored_vectors(state, storage):  # the actor may have caught up
             assert hits[late].distance is not None and 0.0 < hits[late].distance <= 1.0
 
 
@@ -246,7 +271,9 @@ def _arguments(choice: tuple[tuple[object, object], ...]) -> dict[str, Any]:
     return args
 
 
-async def test_the_vector_side_keeps_to_the_search_scope(tmp_path: Path, executor: str) -> None:
+async def test_the_vector_side_keeps_to_the_search_scope(
+    tmp_path: Path, executor: str, storage: str | None
+) -> None:
     """For every layer and every way of naming each scope dimension, the records found by
     meaning alone ("haystack" shares no word with them) are exactly those the text side
     finds by the word ("needle") under the same arguments: a vector never surfaces a
@@ -255,6 +282,7 @@ async def test_the_vector_side_keeps_to_the_search_scope(tmp_path: Path, executo
         tmp_path / "s",
         executor=executor,  # type: ignore[arg-type]
         embedder=NeedleEmbedder(),
+        storage=storage,
     ) as mem:
         for user, agent, thread in itertools.product(*SCOPE_VALUES.values()):
             await mem.records.add(

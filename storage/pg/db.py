@@ -271,6 +271,13 @@ def _notes_vectors_ddl() -> str:
     return notes_ddl() + vectors_ddl() + f"SELECT {SCHEMA}.secure_agent_tables();\n"
 
 
+def _record_vectors_ddl() -> str:
+    # Vectors of scoped records (storage/pg/record_vectors.py), then row security again.
+    from .record_vectors import record_vectors_ddl
+
+    return record_vectors_ddl() + f"SELECT {SCHEMA}.secure_agent_tables();\n"
+
+
 # The schema's steps (SQL text, each run once, in order, in one transaction): a store at
 # version v lacks STEPS[v:]. A new table or index is a new step at the end.
 # Row security comes after the tables it covers.
@@ -279,6 +286,7 @@ STEPS: tuple[Callable[[], str], ...] = (
     _records_ddl,
     _row_security_ddl,
     _notes_vectors_ddl,
+    _record_vectors_ddl,
 )
 SCHEMA_VERSION = len(STEPS)
 

@@ -19,12 +19,13 @@ id)` the typed edges; `record_stats(agent, slot)` BM25's N and total length, sum
 few slots so concurrent writers do not queue on one row. Seqs and relation ids come from
 sequences: they grow with insertion as SQLite's do, which is all the tie-breaks use.
 
-Not on PostgreSQL yet: vectors (`StoreRecordVectors` is rejected saying so, and a search
-given a `RecordMeaning` is text only).
+Vectors: `record_vectors(agent, seq)` (storage/pg/record_vectors.py); a search given a
+`RecordMeaning` fuses both sides as on SQLite (storage/records.py `fused_hits`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 from collections.abc import Sequence
@@ -58,6 +59,7 @@ from ...protocol.records import (
 )
 from ...protocol.userdata import RecordErasure
 from ..fts_query import MatchPlan
+from ..record_vectors import PendingRecords, RecordMark
 from ..records import (
     BOOST,
     COMMON_DOCS,
@@ -71,6 +73,7 @@ from ..records import (
     _dimensions,
     _encode_metadata,
     distance_of,
+    fused_hits,
     grow_trees,
     hits_of,
     link_ends,
@@ -80,6 +83,14 @@ from ..records import (
 from ..search import RANK_BUDGET
 from ..userdata import UserRecords
 from .db import SCHEMA, Reopen, describe, lost
+from .record_vectors import (
+    apply_store_record_vectors,
+    cached_record_vectors,
+    nearest_records,
+    pending_record_count,
+    pending_records,
+    record_vectors_of,
+)
 from .search import _bm25_params
 from .terms import PgQuery, index_terms, pg_query
 from .transcripts import Connection, _text, _text_bytes, configure_reader, configure_writer
@@ -94,7 +105,6 @@ _RACES = (
     psycopg.errors.SerializationFailure,
     psycopg.errors.UniqueViolation,
 )
-_NOT_YET = "is not available on the PostgreSQL store yet (docs/design.md §11)"
 
 
 def records_ddl() -> str:
@@ -268,7 +278,7 @@ class PgRecordWriter:
             case EraseUserRecords():
                 return self._erase(cmd)
             case StoreRecordVectors():
-                return RecordRejected(reason="invalid", message=f"StoreRecordVectors {_NOT_YET}")
+                return apply_store_record_vectors(self.conn, self.agent, cmd.name, cmd.rows)
 
     def _flush_stats(self) -> None:
         if self._records or self._tokens:
@@ -377,7 +387,7 @@ class PgRecordWriter:
         erased rows' space is reclaimed; the server's WAL and backups are its own."""
         problem = None
         try:
-            for table in ("records", "record_relations"):
+            for table in ("records", "record_relations", "record_vectors"):
                 self.conn.execute(f"VACUUM {_S}.{table}")
         except psycopg.Error as exc:
             problem = f"the purge failed: {describe(exc)}"
@@ -446,20 +456,67 @@ class PgRecordReader:
         ).fetchone()
         return int(row[0]) if row else 0
 
+    # -- the records embedder actor's reads (actors/embedder.py `RecordFeed`) ---------------
+
+    def pending_records(self, name: str, *, mark: RecordMark, limit: int) -> PendingRecords:
+        return pending_records(self.conn, self.agent, name, mark=mark, limit=limit)
+
+    def pending_record_count(self, name: str, *, mark: RecordMark) -> int:
+        return pending_record_count(self.conn, self.agent, name, mark=mark)
+
+    def cached_record_vectors(self, name: str, digests: list[bytes]) -> dict[bytes, bytes]:
+        return cached_record_vectors(self.conn, self.agent, name, digests)
+
     def search(
         self, plan: MatchPlan, query: RecordQuery, meaning: RecordMeaning | None = None
     ) -> list[RecordHit]:
         """The best `query.limit` records in scope matching `plan`, each with its linked
-        tree (`query.num_hops`), best first; one snapshot. Text only: `meaning` is not
-        used on PostgreSQL yet (module docstring)."""
+        tree (`query.num_hops`), best first; one snapshot. With `meaning`, the text and
+        vector sides fused as on SQLite (storage/records.py `fused_hits`)."""
         with self.conn.transaction():
-            ranked = [
-                (seq, rec, distance_of(score)) for score, seq, rec in self._matches(plan, query)
-            ]
+            if meaning is None:
+                ranked = [
+                    (seq, rec, distance_of(score)) for score, seq, rec in self._matches(plan, query)
+                ]
+            else:
+                ranked = self._fused(plan, query, meaning)
             roots = [seq for seq, rec, _ in ranked if rec.record_type == RecordType.MEMORY]
             trees = grow_trees(roots, query, self._edges(query))
             records = self._records(linked_seqs(trees))
         return hits_of(ranked, trees, records)
+
+    def _fused(
+        self, plan: MatchPlan, query: RecordQuery, meaning: RecordMeaning
+    ) -> list[tuple[int, Record, float]]:
+        """Hybrid (storage/records.py `RecordReader._fused`): each side's `limit x
+        multiplier` candidates, the vector side under the text side's very filters."""
+        pool = query.limit * meaning.multiplier
+        text = self._matches(plan, dataclasses.replace(query, limit=pool))
+        params: dict[str, Any] = {}
+        where = _filters("r", query, params)
+        if not query.include_invalid:
+            where.append("r.status = 'valid'")
+        near = [
+            row
+            for row in nearest_records(
+                self.conn,
+                self.agent,
+                meaning.vector,
+                name=meaning.name,
+                where=where,
+                params=params,
+                k=pool,
+            )
+            if row.similarity >= meaning.min_similarity
+        ]
+        return fused_hits(
+            query,
+            meaning,
+            text,
+            near,
+            lambda seqs: record_vectors_of(self.conn, self.agent, seqs, name=meaning.name),
+            self._records,
+        )
 
     # -- statistics ---------------------------------------------------------------------
 
