@@ -100,14 +100,23 @@ _DETAILS = (
 )
 
 
-def _statistics(conn: Connection, agent: str, query: PgQuery) -> tuple[int, float, list[int]]:
-    """(N, average tokens per row, each part's document frequency) of the agent's index."""
+def _statistics(
+    conn: Connection, agent: str, plan: MatchPlan, query: PgQuery
+) -> tuple[int, float, list[int]]:
+    """(N, average tokens per row, each part's document frequency) of the agent's index.
+
+    Where the common-term rules apply (`prunes`), a frequency is counted only up to the
+    common threshold plus one (`capped_frequencies`): over it the exact figure is never used,
+    and counting a common term's rows was the search's tail (docs/design.md §11 "Latency")."""
     row = conn.execute(
         f"SELECT coalesce(sum(index_rows), 0), coalesce(sum(index_tokens), 0)"
         f" FROM {_S}.sessions WHERE agent = %s",
         (agent,),
     ).fetchone()
     total, tokens = (int(row[0]), int(row[1])) if row else (0, 0)
+    avgdl = tokens / total if total else 1.0
+    if prunes(plan, query, total):
+        return total, avgdl, capped_frequencies(conn, agent, query, common_threshold(total) + 1)
     counts = ", ".join(
         f"count(*) FILTER (WHERE terms @@ %(p{i})s::tsquery)" for i in range(len(query.parts))
     )
@@ -118,7 +127,33 @@ def _statistics(conn: Connection, agent: str, query: PgQuery) -> tuple[int, floa
         params | {"agent": agent, "query": query.match},
     ).fetchone()
     frequencies = [int(n) for n in found] if found else [0] * len(query.parts)
-    return total, (tokens / total if total else 1.0), frequencies
+    return total, avgdl, frequencies
+
+
+def common_threshold(total: int) -> int:
+    """The most rows a term may match in an index of `total` and not be common."""
+    return int(total * COMMON_FRACTION)
+
+
+def prunes(plan: MatchPlan, query: PgQuery, total: int) -> bool:
+    """Whether `_ranking` decides by the common-term rules (not one BM25 query over every
+    part), so that it reads no frequency over `common_threshold(total)` and no phrase's."""
+    terms = len(query.parts) - query.has_phrase
+    return total >= MIN_ROWS_TO_PRUNE and terms == len(plan.terms)
+
+
+def capped_frequencies(conn: Connection, agent: str, query: PgQuery, cap: int) -> list[int]:
+    """Each term part's document frequency counted up to `cap` (min(exact, cap)); the
+    whole-query phrase's, which pruning never reads, as 0."""
+    counts = ", ".join(
+        f"(SELECT count(*) FROM (SELECT 1 FROM {_S}.message_index WHERE agent = %(agent)s"
+        f" AND terms @@ %(p{i})s::tsquery LIMIT %(cap)s) c{i})"
+        for i in range(query.has_phrase, len(query.parts))
+    )
+    params: dict[str, Any] = {f"p{i}": part.tsquery for i, part in enumerate(query.parts)}
+    found = conn.execute(f"SELECT {counts}", params | {"agent": agent, "cap": cap}).fetchone()
+    assert found is not None
+    return [0] * query.has_phrase + [int(n) for n in found]
 
 
 def _idf(total: int, frequency: int) -> float:
@@ -140,13 +175,13 @@ def _ranking(
     plan: MatchPlan, query: PgQuery, total: int, avgdl: float, df: list[int]
 ) -> list[tuple[str, dict[str, str], dict[str, Any]]]:
     """The (tsquery, ordering, bindings) queries to run, in order, to fill the pool: the
-    common-term rules of storage/search.py `_ranking`, with exact document frequencies."""
-    everything = (query.match, _BY_RANK, _bm25_params(query, total, avgdl, df))
+    common-term rules of storage/search.py `_ranking`. `df` as `_statistics` counts it:
+    exact, or (`prunes`) capped over the common threshold, which decides the same."""
+    if not prunes(plan, query, total):
+        return [(query.match, _BY_RANK, _bm25_params(query, total, avgdl, df))]
     terms = query.parts[1:] if query.has_phrase else query.parts
     term_df = df[1:] if query.has_phrase else df
-    if total < MIN_ROWS_TO_PRUNE or len(terms) != len(plan.terms):
-        return [everything]
-    common = [n > int(total * COMMON_FRACTION) for n in term_df]
+    common = [n > common_threshold(total) for n in term_df]
     # Only common terms: newest messages holding all of them, then any of them.
     by_recency: list[tuple[str, dict[str, str], dict[str, Any]]] = [(query.match, _BY_RECENCY, {})]
     if len(terms) > 1:
@@ -199,7 +234,7 @@ def search_scope(
             params["clean"] = clean
         if query is None:
             return ScopePage([], visible_dirty, bool(any_dirty))
-        total, avgdl, df = _statistics(conn, agent, query)
+        total, avgdl, df = _statistics(conn, agent, plan, query)
         pool_size = max(POOL, keep)
         pooled: list[tuple[int, float, int, int]] = []
         seen: set[int] = set()

@@ -1,0 +1,119 @@
+"""PostgreSQL search counts document frequencies only as far as they decide something
+(docs/design.md §11 "Latency"): where the common-term rules apply, each term's count stops
+one past the common threshold, and the queries run are those of exact counts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from activememory.protocol.content import Message
+from activememory.protocol.indexer import AppendMessage
+from activememory.protocol.session_key import parse_session_key
+from activememory.storage.fts_query import plan_match
+from activememory.storage.pg import db as pg_db
+from activememory.storage.pg import search as pg_search
+from activememory.storage.pg.terms import pg_query
+from activememory.storage.pg.transcripts import PgTranscriptWriter
+from activememory.storage.search import MIN_ROWS_TO_PRUNE
+
+from pg_server import fresh_agent, pg_dsn
+
+__all__ = ["pg_dsn"]  # the fixture, imported for pytest
+
+WORDS = ["aisle", "seats", "running", "東京", "x1", "zeta", "cafe", "naïve", "the", "it's"]
+queries = st.lists(st.sampled_from(WORDS), min_size=1, max_size=4, unique=True).map(" ".join)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    query=queries,
+    match=st.sampled_from(["phrase", "prefix"]),
+    total=st.integers(MIN_ROWS_TO_PRUNE, 10 * MIN_ROWS_TO_PRUNE),
+    data=st.data(),
+)
+def test_capped_frequencies_run_the_queries_exact_ones_run(
+    query: str, match: Any, total: int, data: st.DataObject
+) -> None:
+    plan = plan_match(query, match)
+    assume_plan = plan is not None and pg_query(plan) is not None
+    if not assume_plan:
+        return
+    assert plan is not None
+    found = pg_query(plan)
+    assert found is not None
+    if not pg_search.prunes(plan, found, total):
+        return
+    threshold = pg_search.common_threshold(total)
+    # Around the threshold, where the decision is made, and anywhere up to every row.
+    near = st.integers(max(0, threshold - 3), threshold + 3)
+    frequency = st.one_of(near, st.integers(0, total))
+    exact = data.draw(st.lists(frequency, min_size=len(found.parts), max_size=len(found.parts)))
+    capped = [min(n, threshold + 1) for n in exact]
+    if found.has_phrase:
+        capped[0] = 0  # never counted: pruning never ranks the phrase
+    avgdl = 12.5
+    assert pg_search._ranking(plan, found, total, avgdl, capped) == pg_search._ranking(
+        plan, found, total, avgdl, exact
+    )
+
+
+@pytest.fixture(scope="module")
+def indexed(pg_dsn: str) -> Iterator[tuple[psycopg.Connection[Any], str, list[str]]]:
+    """An agent whose index holds a few dozen messages of `WORDS`, and its texts."""
+    agent = fresh_agent("cap")
+    conn = pg_db.connect(pg_db.PgSettings(dsn=pg_dsn))
+    writer = PgTranscriptWriter(pg_db.connect(pg_db.PgSettings(dsn=pg_dsn)), agent)
+    texts = [
+        " ".join(WORDS[j] for j in range(len(WORDS)) if (i * 7 + j * 3) % (j + 2) == 0) or "zeta"
+        for i in range(40)
+    ]
+    key = parse_session_key(f"agent:{agent}:direct:alice")
+    writer.apply(
+        [
+            AppendMessage(key=key, message=Message(role="user", content=text), at=float(i))
+            for i, text in enumerate(texts)
+        ]
+    )
+    try:
+        yield conn, agent, texts
+    finally:
+        writer.conn.close()
+        conn.close()
+
+
+@settings(
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(query=queries, match=st.sampled_from(["phrase", "prefix"]), cap=st.integers(1, 45))
+def test_a_capped_count_is_the_exact_count_up_to_the_cap(
+    indexed: tuple[psycopg.Connection[Any], str, list[str]], query: str, match: Any, cap: int
+) -> None:
+    conn, agent, _ = indexed
+    plan = plan_match(query, match)
+    found = None if plan is None else pg_query(plan)
+    if found is None:
+        return
+    exact = [
+        int(conn.execute(
+            f"SELECT count(*) FROM {pg_db.SCHEMA}.message_index WHERE agent = %s"
+            " AND terms @@ %s::tsquery",
+            (agent, part.tsquery),
+        ).fetchone()[0])  # type: ignore[index]
+        for part in found.parts
+    ]  # fmt: skip
+    with conn.transaction():
+        capped = pg_search.capped_frequencies(conn, agent, found, cap)
+    expected = [min(n, cap) for n in exact]
+    if found.has_phrase:
+        expected[0] = 0
+    assert capped == expected
+    assert any(exact)  # the fixture's texts hold every word
