@@ -15,12 +15,15 @@ from hypothesis import strategies as st
 
 from activememory.protocol.content import Message
 from activememory.protocol.indexer import AppendMessage
+from activememory.protocol.records import AddRecord, Record, SearchScope
 from activememory.protocol.session_key import parse_session_key
 from activememory.storage.fts_query import plan_match
 from activememory.storage.pg import db as pg_db
 from activememory.storage.pg import search as pg_search
+from activememory.storage.pg.records import PgRecordReader, PgRecordWriter
 from activememory.storage.pg.terms import pg_query
 from activememory.storage.pg.transcripts import PgTranscriptWriter
+from activememory.storage.records import RecordQuery
 from activememory.storage.search import MIN_ROWS_TO_PRUNE
 
 from pg_server import fresh_agent, pg_dsn
@@ -106,7 +109,7 @@ def test_a_capped_count_is_the_exact_count_up_to_the_cap(
         int(conn.execute(
             f"SELECT count(*) FROM {pg_db.SCHEMA}.message_index WHERE agent = %s"
             " AND terms @@ %s::tsquery",
-            (agent, part.tsquery),
+            (agent, part.tsquery), prepare=False,
         ).fetchone()[0])  # type: ignore[index]
         for part in found.parts
     ]  # fmt: skip
@@ -117,3 +120,58 @@ def test_a_capped_count_is_the_exact_count_up_to_the_cap(
         expected[0] = 0
     assert capped == expected
     assert any(exact)  # the fixture's texts hold every word
+
+
+def _prepared(conn: psycopg.Connection[Any]) -> list[str]:
+    rows = conn.execute("SELECT statement FROM pg_prepared_statements", prepare=False)
+    return [str(row[0]) for row in rows]
+
+
+def test_search_statements_are_planned_for_their_terms_each_time(
+    indexed: tuple[psycopg.Connection[Any], str, list[str]],
+) -> None:
+    # psycopg prepares a statement run five times; PostgreSQL may then keep a generic plan,
+    # blind to how many rows a term matches. The searches' statements are never prepared.
+    conn, agent, _ = indexed
+    for query in ["aisle", "zeta", "aisle seats", "running x1", "cafe"] * 3:
+        plan = plan_match(query)
+        assert plan is not None
+        pg_search.search_scope(
+            conn, agent, plan, scope="all", caller=f"agent:{agent}:direct:alice",
+            session_key=None, keep=11,
+        )  # fmt: skip
+        pg_search.search_scope(
+            conn, agent, plan, scope="tree", caller=f"agent:{agent}:direct:alice",
+            session_key=None, keep=11,
+        )  # fmt: skip
+    assert _prepared(conn) == []
+
+
+def test_records_search_statements_are_never_prepared(pg_dsn: str) -> None:
+    conn = pg_db.connect(pg_db.PgSettings(dsn=pg_dsn))
+    tenant = fresh_agent("rec")
+    writer = PgRecordWriter(pg_db.connect(pg_db.PgSettings(dsn=pg_dsn)), tenant)
+    writer.apply(
+        [
+            AddRecord(
+                record=Record(id=f"r{i}", content=f"aisle seat {i}", user_id="u", timestamp=1.0),
+                at=1.0,
+            )
+            for i in range(8)
+        ]
+    )
+    reader = PgRecordReader(conn, tenant)
+    scope = SearchScope(
+        user_id="u", agent_id=None, thread_id=None, exact_user_match=True,
+        exact_agent_match=False, exact_thread_match=False,
+    )  # fmt: skip
+    try:
+        for query in ["aisle", "seat", "aisle seat"] * 4:
+            plan = plan_match(query)
+            assert plan is not None
+            hits = reader.search(plan, RecordQuery(scope=scope, now=2.0, limit=5, num_hops=2))
+            assert hits
+        assert _prepared(conn) == []
+    finally:
+        writer.conn.close()
+        conn.close()

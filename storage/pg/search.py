@@ -100,6 +100,14 @@ _DETAILS = (
 )
 
 
+def execute_custom(conn: Connection, sql: str, params: Any = None) -> Any:
+    """`conn.execute(sql, params)` planned for these parameters every time: never a
+    server-side prepared statement, whose generic plan (chosen after five runs by
+    PostgreSQL's `plan_cache_mode = auto`) cannot see how many rows a term matches, and
+    walked a whole index for a rare one: the searches' tail (docs/design.md §11 "Latency")."""
+    return conn.execute(sql, params, prepare=False)
+
+
 def _statistics(
     conn: Connection, agent: str, plan: MatchPlan, query: PgQuery
 ) -> tuple[int, float, list[int]]:
@@ -108,7 +116,8 @@ def _statistics(
     Where the common-term rules apply (`prunes`), a frequency is counted only up to the
     common threshold plus one (`capped_frequencies`): over it the exact figure is never used,
     and counting a common term's rows was the search's tail (docs/design.md §11 "Latency")."""
-    row = conn.execute(
+    row = execute_custom(
+        conn,
         f"SELECT coalesce(sum(index_rows), 0), coalesce(sum(index_tokens), 0)"
         f" FROM {_S}.sessions WHERE agent = %s",
         (agent,),
@@ -121,7 +130,8 @@ def _statistics(
         f"count(*) FILTER (WHERE terms @@ %(p{i})s::tsquery)" for i in range(len(query.parts))
     )
     params: dict[str, Any] = {f"p{i}": part.tsquery for i, part in enumerate(query.parts)}
-    found = conn.execute(
+    found = execute_custom(
+        conn,
         f"SELECT {counts} FROM {_S}.message_index WHERE agent = %(agent)s"
         " AND terms @@ %(query)s::tsquery",
         params | {"agent": agent, "query": query.match},
@@ -151,7 +161,9 @@ def capped_frequencies(conn: Connection, agent: str, query: PgQuery, cap: int) -
         for i in range(query.has_phrase, len(query.parts))
     )
     params: dict[str, Any] = {f"p{i}": part.tsquery for i, part in enumerate(query.parts)}
-    found = conn.execute(f"SELECT {counts}", params | {"agent": agent, "cap": cap}).fetchone()
+    found = execute_custom(
+        conn, f"SELECT {counts}", params | {"agent": agent, "cap": cap}
+    ).fetchone()
     assert found is not None
     return [0] * query.has_phrase + [int(n) for n in found]
 
@@ -208,16 +220,16 @@ def search_scope(
     `search_scope` on PostgreSQL), read in one snapshot (`configure_reader`)."""
     query = pg_query(plan)
     with conn.transaction():
-        any_dirty = conn.execute(
-            f"SELECT 1 FROM {_S}.sessions WHERE agent = %s AND dirty LIMIT 1", (agent,)
+        any_dirty = execute_custom(
+            conn, f"SELECT 1 FROM {_S}.sessions WHERE agent = %s AND dirty LIMIT 1", (agent,)
         ).fetchone()
         params: dict[str, Any] = {"agent": agent}
         if scope == "all" and session_key is None:
             visible_dirty = 0
             where = "true"
             if any_dirty:
-                (visible_dirty,) = conn.execute(
-                    f"SELECT count(*) FROM {_S}.sessions WHERE agent = %s AND dirty", (agent,)
+                (visible_dirty,) = execute_custom(
+                    conn, f"SELECT count(*) FROM {_S}.sessions WHERE agent = %s AND dirty", (agent,)
                 ).fetchone() or (0,)
                 where = (
                     f"i.session_id NOT IN (SELECT id FROM {_S}.sessions"
@@ -225,7 +237,7 @@ def search_scope(
                 )
         else:
             sql, scope_params = scope_sql(agent, scope, caller, session_key)
-            visible = conn.execute(sql, scope_params).fetchall()
+            visible = execute_custom(conn, sql, scope_params).fetchall()
             clean = [int(sid) for sid, dirty in visible if not dirty]
             visible_dirty = len(visible) - len(clean)
             if not clean:
@@ -241,7 +253,7 @@ def search_scope(
         for match, ordering, extra in _ranking(plan, query, total, avgdl, df):
             sql = _MATCH.format(where=where, **ordering)
             bindings = params | extra | {"query": match, "limit": pool_size - len(pooled)}
-            for rowid, rank, sid, depth in conn.execute(sql, bindings).fetchall():
+            for rowid, rank, sid, depth in execute_custom(conn, sql, bindings).fetchall():
                 if rowid not in seen:
                     seen.add(rowid)
                     pooled.append((int(rowid), float(rank), int(sid), int(depth)))
@@ -252,7 +264,9 @@ def search_scope(
         ranked = rerank(pooled)[:keep]
         details = {
             int(row[0]): row
-            for row in conn.execute(_DETAILS, (agent, [rowid for rowid, _ in ranked])).fetchall()
+            for row in execute_custom(
+                conn, _DETAILS, (agent, [rowid for rowid, _ in ranked])
+            ).fetchall()
         }
     candidates = []
     for rowid, score in ranked:
