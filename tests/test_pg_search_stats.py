@@ -21,7 +21,7 @@ from activememory.storage.fts_query import plan_match
 from activememory.storage.pg import db as pg_db
 from activememory.storage.pg import search as pg_search
 from activememory.storage.pg.records import PgRecordReader, PgRecordWriter
-from activememory.storage.pg.terms import pg_query
+from activememory.storage.pg.terms import index_terms, pg_query
 from activememory.storage.pg.transcripts import PgTranscriptWriter
 from activememory.storage.records import RecordQuery
 from activememory.storage.search import MIN_ROWS_TO_PRUNE
@@ -175,3 +175,48 @@ def test_records_search_statements_are_never_prepared(pg_dsn: str) -> None:
     finally:
         writer.conn.close()
         conn.close()
+
+
+TEXT_WORDS = ["aisle", "seats", "seat", "running", "東京", "x1", "zeta", "café", "naïve"]
+
+
+@settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(
+    text=st.lists(st.sampled_from(TEXT_WORDS), min_size=0, max_size=12).map(" ".join),
+    previous=st.one_of(st.none(), st.lists(st.sampled_from(TEXT_WORDS), max_size=6).map(" ".join)),
+    query=queries,
+    match=st.sampled_from(["phrase", "prefix"]),
+    idf=st.floats(1e-6, 12.0),
+    avgdl=st.floats(0.5, 60.0),
+)
+def test_the_inlined_bm25_is_the_stored_function(
+    indexed: tuple[psycopg.Connection[Any], str, list[str]],
+    text: str,
+    previous: str | None,
+    query: str,
+    match: Any,
+    idf: float,
+    avgdl: float,
+) -> None:
+    conn, _, _ = indexed
+    plan = plan_match(query, match)
+    found = None if plan is None else pg_query(plan)
+    if found is None:
+        return
+    terms = index_terms(text, previous)
+    params = pg_search._bm25_params(found, 100, avgdl, [0] * len(found.parts))
+    params["idf"] = [idf / (i + 1) for i in range(len(found.parts))]
+    params |= {"terms": terms.terms, "tokens": terms.tokens}
+    stored, inlined = conn.execute(
+        f"SELECT {pg_db.SCHEMA}.bm25(i.terms, i.tokens, %(lexemes)s::text[],"
+        " %(prefixes)s::boolean[], %(phrases)s::text[]::tsquery[], %(idf)s::float8[],"
+        f" %(avgdl)s), {pg_search.bm25_sql('i')}"
+        " FROM (SELECT %(terms)s::tsvector AS terms, %(tokens)s::integer AS tokens) i",
+        params,
+        prepare=False,
+    ).fetchone() or (None, None)
+    assert inlined == stored

@@ -292,7 +292,7 @@ class RawRecords:
     def __init__(self, conn: psycopg.Connection[Any], query: str) -> None:
         from ...storage.pg import db as pg_db
         from ...storage.pg.records import PgRecordReader, _tsquery
-        from ...storage.pg.search import _bm25_params, execute_custom
+        from ...storage.pg.search import _bm25_params, bm25_sql, execute_custom
         from ...storage.pg.store import RECORDS_TENANT
         from ...storage.pg.terms import pg_query
 
@@ -317,9 +317,8 @@ class RawRecords:
         if ranked is not None:
             s = pg_db.SCHEMA
             self.sql = (
-                f"SELECT r.seq, -{s}.bm25(r.terms, r.tokens, %(lexemes)s::text[],"
-                " %(prefixes)s::boolean[], %(phrases)s::text[]::tsquery[], %(idf)s::float8[],"
-                f" %(avgdl)s) AS score FROM {s}.records r WHERE r.agent = %(agent)s"
+                f"SELECT r.seq, -{bm25_sql('r')} AS score FROM {s}.records r"
+                " WHERE r.agent = %(agent)s"
                 " AND r.terms @@ %(match)s::tsquery AND r.seq >= %(since)s"
                 " ORDER BY score, r.seq DESC LIMIT %(limit)s"
             )

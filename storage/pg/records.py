@@ -80,7 +80,7 @@ from ..records import (
 from ..search import RANK_BUDGET
 from ..userdata import UserRecords
 from .db import SCHEMA, Reopen, describe, lost
-from .search import _bm25_params, execute_custom
+from .search import _bm25_params, bm25_sql, execute_custom
 from .terms import PgQuery, index_terms, pg_query
 from .transcripts import Connection, _text, _text_bytes, configure_reader, configure_writer
 
@@ -544,9 +544,8 @@ class PgRecordReader:
         if ranked is not None:
             bm25 = _bm25_params(ranked, total, avgdl, self._frequencies(ranked))
             sql = (
-                f"SELECT -{_S}.bm25(r.terms, r.tokens, %(lexemes)s::text[],"
-                " %(prefixes)s::boolean[], %(phrases)s::text[]::tsquery[], %(idf)s::float8[],"
-                f" %(avgdl)s){boost} AS score, {_COLUMNS.format(a='r')} FROM {_S}.records r"
+                f"SELECT -{bm25_sql('r')}{boost} AS score, {_COLUMNS.format(a='r')}"
+                f" FROM {_S}.records r"
                 " WHERE r.terms @@ %(match)s::tsquery AND r.seq >= %(since)s"
                 f" AND {' AND '.join(where)} ORDER BY score, r.seq DESC LIMIT %(limit)s"
             )

@@ -86,10 +86,30 @@ _MATCH = (
     + " WHERE i.agent = %(agent)s AND i.terms @@ %(query)s::tsquery AND {where}"
     " ORDER BY {order} LIMIT %(limit)s"
 )
-_BM25 = (
-    f"-{_S}.bm25(i.terms, i.tokens, %(lexemes)s::text[], %(prefixes)s::boolean[],"
-    " %(phrases)s::text[]::tsquery[], %(idf)s::float8[], %(avgdl)s)"
-)
+
+
+def bm25_sql(row: str) -> str:
+    """BM25 of the index row aliased `row` (its `terms` and `tokens`) for the bound query
+    parts (`_bm25_params`): the body of `activememory.bm25` (storage/pg/db.py) written into
+    the query itself, where PostgreSQL plans it once as a subquery instead of calling an
+    SQL function that cannot be inlined once per row: the same value, ~3 x cheaper a row
+    (docs/design.md §11 "Latency")."""
+    return (
+        "(SELECT coalesce(sum(q.idf * f.f * 2.2 / (f.f + 1.2 * (0.25 + 0.75 *"
+        f" {row}.tokens / %(avgdl)s::float8))), 0)"
+        " FROM unnest(%(lexemes)s::text[], %(prefixes)s::boolean[],"
+        " %(phrases)s::text[]::tsquery[], %(idf)s::float8[]) AS q(lexeme, prefix, phrase, idf)"
+        " CROSS JOIN LATERAL (SELECT CASE WHEN q.phrase IS NOT NULL THEN"
+        f" CASE WHEN ts_filter({row}.terms, '{{a}}') @@ q.phrase THEN 1.0"
+        f" WHEN {row}.terms @@ q.phrase THEN 0.4 ELSE 0.0 END"
+        " ELSE coalesce((SELECT sum(cardinality(array_positions(u.weights, 'A'))"
+        " + 0.4 * cardinality(array_positions(u.weights, 'B')))"
+        f" FROM unnest({row}.terms) u WHERE u.lexeme = q.lexeme"
+        " OR (q.prefix AND starts_with(u.lexeme, q.lexeme))), 0.0) END AS f) f)"
+    )
+
+
+_BM25 = "-" + bm25_sql("i")
 _BY_RANK = {"rank": _BM25, "order": "r, i.event_id DESC"}
 _BY_RECENCY = {"rank": "0.0", "order": "i.event_id DESC"}
 _BY_RECENCY_ALL_TERMS = {"rank": "-1.0", "order": "i.event_id DESC"}
