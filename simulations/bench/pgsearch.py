@@ -286,15 +286,16 @@ class RawSearch:
 
 
 class RawRecords:
-    """The records store's ranked query for `query` (storage/pg/records.py `_matches`'s
-    first step), its steps and statistics decided untimed; no scope filters, no hops."""
+    """The records store's queries for `query` (storage/pg/records.py `_matches`: the ranked
+    step, then the recency step while fewer than `LIMIT` were found), its steps and
+    statistics decided untimed; no scope filters, no hops, no reordering."""
 
     def __init__(self, conn: psycopg.Connection[Any], query: str) -> None:
         from ...storage.pg import db as pg_db
         from ...storage.pg.records import PgRecordReader, _tsquery
         from ...storage.pg.search import _bm25_params, bm25_sql, execute_custom
         from ...storage.pg.store import RECORDS_TENANT
-        from ...storage.pg.terms import pg_query
+        from ...storage.pg.terms import PgQuery, pg_query
 
         plan = plan_match(query)
         if plan is None:
@@ -312,28 +313,36 @@ class RawRecords:
         ranked = None if steps.ranked is None else pg_query(plan, steps.ranked)
         self.conn = conn
         self.execute = execute_custom  # as the store runs it: planned each time
-        self.sql: str | None = None
-        self.bindings: dict[str, Any] = {}
+        self.tenant = RECORDS_TENANT
+        self.steps: list[tuple[str, dict[str, Any]]] = []
+        s = pg_db.SCHEMA
         if ranked is not None:
-            s = pg_db.SCHEMA
-            self.sql = (
+            sql = (
                 f"SELECT r.seq, -{bm25_sql('r')} AS score FROM {s}.records r"
                 " WHERE r.agent = %(agent)s"
                 " AND r.terms @@ %(match)s::tsquery AND r.seq >= %(since)s"
                 " ORDER BY score, r.seq DESC LIMIT %(limit)s"
             )
-            self.bindings = _bm25_params(ranked, total, avgdl, reader._frequencies(ranked)) | {
-                "agent": RECORDS_TENANT,
-                "match": ranked.match,
-                "since": steps.since,
-                "limit": LIMIT,
-            }
+            bm25 = _bm25_params(ranked, total, avgdl, reader._frequencies(ranked))
+            self.steps.append((sql, bm25 | {"match": ranked.match, "since": steps.since}))
+        recent = None if steps.recent is None else pg_query(plan, steps.recent)
+        if recent is not None:  # the recency step: newest records holding a term
+            parts = recent.parts[1:] if recent.has_phrase else recent.parts
+            sql = (
+                f"SELECT r.seq FROM {s}.records r WHERE r.agent = %(agent)s"
+                " AND r.terms @@ %(match)s::tsquery ORDER BY r.seq DESC LIMIT %(limit)s"
+            )
+            self.steps.append((sql, {"match": PgQuery(parts, False).match}))
         self.seconds = 0.0
 
     async def run(self) -> None:
         start = time.perf_counter()
-        if self.sql is not None:
-            self.execute(self.conn, self.sql, self.bindings).fetchall()
+        found = 0
+        for sql, bindings in self.steps:
+            limit = {"agent": self.tenant, "limit": LIMIT - found}
+            found += len(self.execute(self.conn, sql, bindings | limit).fetchall())
+            if found >= LIMIT:
+                break
         self.seconds = time.perf_counter() - start
 
 
