@@ -13,6 +13,7 @@ BENCHMARKS = {
     "cjk": "index size and write time of CJK bigrams and the context column",
     "recall": "recall overhead and real-clock budget overshoot",
     "records": "records search with graph expansion against a raw FTS5 query",
+    "pgsearch": "search, recall and records latency on PostgreSQL against SQLite and raw SQL",
     "paraphrase": "recall by meaning: facts asked later in other words",
     "vectors": "nearest-neighbour latency: numpy over the vector table against sqlite-vec",
     "startup": "import, --help and simulate times against the interpreter and msgspec",

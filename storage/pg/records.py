@@ -91,7 +91,7 @@ from .record_vectors import (
     pending_records,
     record_vectors_of,
 )
-from .search import _bm25_params
+from .search import _bm25_params, bm25_sql, execute_custom
 from .terms import PgQuery, index_terms, pg_query
 from .transcripts import Connection, _text, _text_bytes, configure_reader, configure_writer
 
@@ -522,7 +522,8 @@ class PgRecordReader:
 
     def _totals(self) -> tuple[int, float]:
         """(N, average tokens per record): BM25's statistics, from the tenant's slots."""
-        row = self.conn.execute(
+        row = execute_custom(
+            self.conn,
             f"SELECT coalesce(sum(records), 0), coalesce(sum(tokens), 0) FROM {_S}.record_stats"
             " WHERE agent = %s",
             (self.agent,),
@@ -534,7 +535,8 @@ class PgRecordReader:
         """How many records hold `tsquery`, counted up to `cap`."""
         if tsquery is None:
             return 0
-        row = self.conn.execute(
+        row = execute_custom(
+            self.conn,
             f"SELECT count(*) FROM (SELECT 1 FROM {_S}.records WHERE agent = %s"
             " AND terms @@ %s::tsquery LIMIT %s) t",
             (self.agent, tsquery, cap),
@@ -545,7 +547,8 @@ class PgRecordReader:
         """The seq of the `RANK_BUDGET`-th newest record holding `tsquery` (0: fewer)."""
         if tsquery is None:
             return 0
-        row = self.conn.execute(
+        row = execute_custom(
+            self.conn,
             f"SELECT seq FROM {_S}.records WHERE agent = %s AND terms @@ %s::tsquery"
             " ORDER BY seq DESC OFFSET %s LIMIT 1",
             (self.agent, tsquery, RANK_BUDGET - 1),
@@ -558,7 +561,8 @@ class PgRecordReader:
             f"count(*) FILTER (WHERE terms @@ %(p{i})s::tsquery)" for i in range(len(query.parts))
         )
         params: dict[str, Any] = {f"p{i}": part.tsquery for i, part in enumerate(query.parts)}
-        row = self.conn.execute(
+        row = execute_custom(
+            self.conn,
             f"SELECT {counts} FROM {_S}.records WHERE agent = %(agent)s"
             " AND terms @@ %(query)s::tsquery",
             params | {"agent": self.agent, "query": query.match},
@@ -597,14 +601,13 @@ class PgRecordReader:
         if ranked is not None:
             bm25 = _bm25_params(ranked, total, avgdl, self._frequencies(ranked))
             sql = (
-                f"SELECT -{_S}.bm25(r.terms, r.tokens, %(lexemes)s::text[],"
-                " %(prefixes)s::boolean[], %(phrases)s::text[]::tsquery[], %(idf)s::float8[],"
-                f" %(avgdl)s){boost} AS score, {_COLUMNS.format(a='r')} FROM {_S}.records r"
+                f"SELECT -{bm25_sql('r')}{boost} AS score, {_COLUMNS.format(a='r')}"
+                f" FROM {_S}.records r"
                 " WHERE r.terms @@ %(match)s::tsquery AND r.seq >= %(since)s"
                 f" AND {' AND '.join(where)} ORDER BY score, r.seq DESC LIMIT %(limit)s"
             )
-            rows = self.conn.execute(
-                sql, params | bm25 | {"match": ranked.match, "since": steps.since}
+            rows = execute_custom(
+                self.conn, sql, params | bm25 | {"match": ranked.match, "since": steps.since}
             ).fetchall()
             hits = [(float(row[0]), *_record(row[1:])) for row in rows]
         recent = None if steps.recent is None else pg_query(plan, steps.recent)
@@ -625,7 +628,7 @@ class PgRecordReader:
                 "found": [seq for _, seq, _ in hits],
                 "pool": max(query.limit, RECENCY_POOL),
             }
-            found = self.conn.execute(sql, bindings).fetchall()
+            found = execute_custom(self.conn, sql, bindings).fetchall()
             found.sort(key=lambda row: -cast(float, row[0]))  # stable: newest first on ties
             hits += [(0.0, *_record(row[1:])) for row in found[: query.limit - len(hits)]]
         return hits
@@ -638,7 +641,8 @@ class PgRecordReader:
         if not exact:
             return False
         small = int(SMALL_SCOPE_FACTOR * math.sqrt(total))
-        row = self.conn.execute(
+        row = execute_custom(
+            self.conn,
             f"SELECT count(*) FROM (SELECT 1 FROM {_S}.records WHERE agent = %(agent)s"
             f" AND {' AND '.join(exact)} LIMIT %(small)s) t",
             params | {"small": small + 1},
@@ -662,7 +666,7 @@ class PgRecordReader:
         )
 
         def edges_of(frontier: list[int]) -> list[Edge]:
-            rows = self.conn.execute(sql, params | {"frontier": frontier}).fetchall()
+            rows = execute_custom(self.conn, sql, params | {"frontier": frontier}).fetchall()
             return [(int(i), str(name), int(s), int(t), int(v)) for i, name, s, t, v in rows]
 
         return edges_of
@@ -670,7 +674,8 @@ class PgRecordReader:
     def _records(self, seqs: set[int]) -> dict[int, Record]:
         if not seqs:
             return {}
-        rows = self.conn.execute(
+        rows = execute_custom(
+            self.conn,
             f"SELECT {_COLUMNS.format(a='r')} FROM {_S}.records r WHERE r.agent = %s"
             " AND r.seq = ANY(%s)",
             (self.agent, sorted(seqs)),

@@ -86,10 +86,30 @@ _MATCH = (
     + " WHERE i.agent = %(agent)s AND i.terms @@ %(query)s::tsquery AND {where}"
     " ORDER BY {order} LIMIT %(limit)s"
 )
-_BM25 = (
-    f"-{_S}.bm25(i.terms, i.tokens, %(lexemes)s::text[], %(prefixes)s::boolean[],"
-    " %(phrases)s::text[]::tsquery[], %(idf)s::float8[], %(avgdl)s)"
-)
+
+
+def bm25_sql(row: str) -> str:
+    """BM25 of the index row aliased `row` (its `terms` and `tokens`) for the bound query
+    parts (`_bm25_params`): the body of `activememory.bm25` (storage/pg/db.py) written into
+    the query itself, where PostgreSQL plans it once as a subquery instead of calling an
+    SQL function that cannot be inlined once per row: the same value, ~3 x cheaper a row
+    (docs/design.md §11 "Latency")."""
+    return (
+        "(SELECT coalesce(sum(q.idf * f.f * 2.2 / (f.f + 1.2 * (0.25 + 0.75 *"
+        f" {row}.tokens / %(avgdl)s::float8))), 0)"
+        " FROM unnest(%(lexemes)s::text[], %(prefixes)s::boolean[],"
+        " %(phrases)s::text[]::tsquery[], %(idf)s::float8[]) AS q(lexeme, prefix, phrase, idf)"
+        " CROSS JOIN LATERAL (SELECT CASE WHEN q.phrase IS NOT NULL THEN"
+        f" CASE WHEN ts_filter({row}.terms, '{{a}}') @@ q.phrase THEN 1.0"
+        f" WHEN {row}.terms @@ q.phrase THEN 0.4 ELSE 0.0 END"
+        " ELSE coalesce((SELECT sum(cardinality(array_positions(u.weights, 'A'))"
+        " + 0.4 * cardinality(array_positions(u.weights, 'B')))"
+        f" FROM unnest({row}.terms) u WHERE u.lexeme = q.lexeme"
+        " OR (q.prefix AND starts_with(u.lexeme, q.lexeme))), 0.0) END AS f) f)"
+    )
+
+
+_BM25 = "-" + bm25_sql("i")
 _BY_RANK = {"rank": _BM25, "order": "r, i.event_id DESC"}
 _BY_RECENCY = {"rank": "0.0", "order": "i.event_id DESC"}
 _BY_RECENCY_ALL_TERMS = {"rank": "-1.0", "order": "i.event_id DESC"}
@@ -100,25 +120,72 @@ _DETAILS = (
 )
 
 
-def _statistics(conn: Connection, agent: str, query: PgQuery) -> tuple[int, float, list[int]]:
-    """(N, average tokens per row, each part's document frequency) of the agent's index."""
-    row = conn.execute(
+def execute_custom(conn: Connection, sql: str, params: Any = None) -> Any:
+    """`conn.execute(sql, params)` planned for these parameters every time: never a
+    server-side prepared statement, whose generic plan (chosen after five runs by
+    PostgreSQL's `plan_cache_mode = auto`) cannot see how many rows a term matches, and
+    walked a whole index for a rare one: the searches' tail (docs/design.md §11 "Latency")."""
+    return conn.execute(sql, params, prepare=False)
+
+
+def _statistics(
+    conn: Connection, agent: str, plan: MatchPlan, query: PgQuery
+) -> tuple[int, float, list[int]]:
+    """(N, average tokens per row, each part's document frequency) of the agent's index.
+
+    Where the common-term rules apply (`prunes`), a frequency is counted only up to the
+    common threshold plus one (`capped_frequencies`): over it the exact figure is never used,
+    and counting a common term's rows was the search's tail (docs/design.md §11 "Latency")."""
+    row = execute_custom(
+        conn,
         f"SELECT coalesce(sum(index_rows), 0), coalesce(sum(index_tokens), 0)"
         f" FROM {_S}.sessions WHERE agent = %s",
         (agent,),
     ).fetchone()
     total, tokens = (int(row[0]), int(row[1])) if row else (0, 0)
+    avgdl = tokens / total if total else 1.0
+    if prunes(plan, query, total):
+        return total, avgdl, capped_frequencies(conn, agent, query, common_threshold(total) + 1)
     counts = ", ".join(
         f"count(*) FILTER (WHERE terms @@ %(p{i})s::tsquery)" for i in range(len(query.parts))
     )
     params: dict[str, Any] = {f"p{i}": part.tsquery for i, part in enumerate(query.parts)}
-    found = conn.execute(
+    found = execute_custom(
+        conn,
         f"SELECT {counts} FROM {_S}.message_index WHERE agent = %(agent)s"
         " AND terms @@ %(query)s::tsquery",
         params | {"agent": agent, "query": query.match},
     ).fetchone()
     frequencies = [int(n) for n in found] if found else [0] * len(query.parts)
-    return total, (tokens / total if total else 1.0), frequencies
+    return total, avgdl, frequencies
+
+
+def common_threshold(total: int) -> int:
+    """The most rows a term may match in an index of `total` and not be common."""
+    return int(total * COMMON_FRACTION)
+
+
+def prunes(plan: MatchPlan, query: PgQuery, total: int) -> bool:
+    """Whether `_ranking` decides by the common-term rules (not one BM25 query over every
+    part), so that it reads no frequency over `common_threshold(total)` and no phrase's."""
+    terms = len(query.parts) - query.has_phrase
+    return total >= MIN_ROWS_TO_PRUNE and terms == len(plan.terms)
+
+
+def capped_frequencies(conn: Connection, agent: str, query: PgQuery, cap: int) -> list[int]:
+    """Each term part's document frequency counted up to `cap` (min(exact, cap)); the
+    whole-query phrase's, which pruning never reads, as 0."""
+    counts = ", ".join(
+        f"(SELECT count(*) FROM (SELECT 1 FROM {_S}.message_index WHERE agent = %(agent)s"
+        f" AND terms @@ %(p{i})s::tsquery LIMIT %(cap)s) c{i})"
+        for i in range(query.has_phrase, len(query.parts))
+    )
+    params: dict[str, Any] = {f"p{i}": part.tsquery for i, part in enumerate(query.parts)}
+    found = execute_custom(
+        conn, f"SELECT {counts}", params | {"agent": agent, "cap": cap}
+    ).fetchone()
+    assert found is not None
+    return [0] * query.has_phrase + [int(n) for n in found]
 
 
 def _idf(total: int, frequency: int) -> float:
@@ -140,13 +207,13 @@ def _ranking(
     plan: MatchPlan, query: PgQuery, total: int, avgdl: float, df: list[int]
 ) -> list[tuple[str, dict[str, str], dict[str, Any]]]:
     """The (tsquery, ordering, bindings) queries to run, in order, to fill the pool: the
-    common-term rules of storage/search.py `_ranking`, with exact document frequencies."""
-    everything = (query.match, _BY_RANK, _bm25_params(query, total, avgdl, df))
+    common-term rules of storage/search.py `_ranking`. `df` as `_statistics` counts it:
+    exact, or (`prunes`) capped over the common threshold, which decides the same."""
+    if not prunes(plan, query, total):
+        return [(query.match, _BY_RANK, _bm25_params(query, total, avgdl, df))]
     terms = query.parts[1:] if query.has_phrase else query.parts
     term_df = df[1:] if query.has_phrase else df
-    if total < MIN_ROWS_TO_PRUNE or len(terms) != len(plan.terms):
-        return [everything]
-    common = [n > int(total * COMMON_FRACTION) for n in term_df]
+    common = [n > common_threshold(total) for n in term_df]
     # Only common terms: newest messages holding all of them, then any of them.
     by_recency: list[tuple[str, dict[str, str], dict[str, Any]]] = [(query.match, _BY_RECENCY, {})]
     if len(terms) > 1:
@@ -173,16 +240,16 @@ def search_scope(
     `search_scope` on PostgreSQL), read in one snapshot (`configure_reader`)."""
     query = pg_query(plan)
     with conn.transaction():
-        any_dirty = conn.execute(
-            f"SELECT 1 FROM {_S}.sessions WHERE agent = %s AND dirty LIMIT 1", (agent,)
+        any_dirty = execute_custom(
+            conn, f"SELECT 1 FROM {_S}.sessions WHERE agent = %s AND dirty LIMIT 1", (agent,)
         ).fetchone()
         params: dict[str, Any] = {"agent": agent}
         if scope == "all" and session_key is None:
             visible_dirty = 0
             where = "true"
             if any_dirty:
-                (visible_dirty,) = conn.execute(
-                    f"SELECT count(*) FROM {_S}.sessions WHERE agent = %s AND dirty", (agent,)
+                (visible_dirty,) = execute_custom(
+                    conn, f"SELECT count(*) FROM {_S}.sessions WHERE agent = %s AND dirty", (agent,)
                 ).fetchone() or (0,)
                 where = (
                     f"i.session_id NOT IN (SELECT id FROM {_S}.sessions"
@@ -190,7 +257,7 @@ def search_scope(
                 )
         else:
             sql, scope_params = scope_sql(agent, scope, caller, session_key)
-            visible = conn.execute(sql, scope_params).fetchall()
+            visible = execute_custom(conn, sql, scope_params).fetchall()
             clean = [int(sid) for sid, dirty in visible if not dirty]
             visible_dirty = len(visible) - len(clean)
             if not clean:
@@ -199,14 +266,14 @@ def search_scope(
             params["clean"] = clean
         if query is None:
             return ScopePage([], visible_dirty, bool(any_dirty))
-        total, avgdl, df = _statistics(conn, agent, query)
+        total, avgdl, df = _statistics(conn, agent, plan, query)
         pool_size = max(POOL, keep)
         pooled: list[tuple[int, float, int, int]] = []
         seen: set[int] = set()
         for match, ordering, extra in _ranking(plan, query, total, avgdl, df):
             sql = _MATCH.format(where=where, **ordering)
             bindings = params | extra | {"query": match, "limit": pool_size - len(pooled)}
-            for rowid, rank, sid, depth in conn.execute(sql, bindings).fetchall():
+            for rowid, rank, sid, depth in execute_custom(conn, sql, bindings).fetchall():
                 if rowid not in seen:
                     seen.add(rowid)
                     pooled.append((int(rowid), float(rank), int(sid), int(depth)))
@@ -217,7 +284,9 @@ def search_scope(
         ranked = rerank(pooled)[:keep]
         details = {
             int(row[0]): row
-            for row in conn.execute(_DETAILS, (agent, [rowid for rowid, _ in ranked])).fetchall()
+            for row in execute_custom(
+                conn, _DETAILS, (agent, [rowid for rowid, _ in ranked])
+            ).fetchall()
         }
     candidates = []
     for rowid, score in ranked:

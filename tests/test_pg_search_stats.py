@@ -1,0 +1,222 @@
+"""PostgreSQL search counts document frequencies only as far as they decide something
+(docs/design.md §11 "Latency"): where the common-term rules apply, each term's count stops
+one past the common threshold, and the queries run are those of exact counts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from activememory.protocol.content import Message
+from activememory.protocol.indexer import AppendMessage
+from activememory.protocol.records import AddRecord, Record, SearchScope
+from activememory.protocol.session_key import parse_session_key
+from activememory.storage.fts_query import plan_match
+from activememory.storage.pg import db as pg_db
+from activememory.storage.pg import search as pg_search
+from activememory.storage.pg.records import PgRecordReader, PgRecordWriter
+from activememory.storage.pg.terms import index_terms, pg_query
+from activememory.storage.pg.transcripts import PgTranscriptWriter
+from activememory.storage.records import RecordQuery
+from activememory.storage.search import MIN_ROWS_TO_PRUNE
+
+from pg_server import fresh_agent, pg_dsn
+
+__all__ = ["pg_dsn"]  # the fixture, imported for pytest
+
+WORDS = ["aisle", "seats", "running", "東京", "x1", "zeta", "cafe", "naïve", "the", "it's"]
+queries = st.lists(st.sampled_from(WORDS), min_size=1, max_size=4, unique=True).map(" ".join)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    query=queries,
+    match=st.sampled_from(["phrase", "prefix"]),
+    total=st.integers(MIN_ROWS_TO_PRUNE, 10 * MIN_ROWS_TO_PRUNE),
+    data=st.data(),
+)
+def test_capped_frequencies_run_the_queries_exact_ones_run(
+    query: str, match: Any, total: int, data: st.DataObject
+) -> None:
+    plan = plan_match(query, match)
+    assume_plan = plan is not None and pg_query(plan) is not None
+    if not assume_plan:
+        return
+    assert plan is not None
+    found = pg_query(plan)
+    assert found is not None
+    if not pg_search.prunes(plan, found, total):
+        return
+    threshold = pg_search.common_threshold(total)
+    # Around the threshold, where the decision is made, and anywhere up to every row.
+    near = st.integers(max(0, threshold - 3), threshold + 3)
+    frequency = st.one_of(near, st.integers(0, total))
+    exact = data.draw(st.lists(frequency, min_size=len(found.parts), max_size=len(found.parts)))
+    capped = [min(n, threshold + 1) for n in exact]
+    if found.has_phrase:
+        capped[0] = 0  # never counted: pruning never ranks the phrase
+    avgdl = 12.5
+    assert pg_search._ranking(plan, found, total, avgdl, capped) == pg_search._ranking(
+        plan, found, total, avgdl, exact
+    )
+
+
+@pytest.fixture(scope="module")
+def indexed(pg_dsn: str) -> Iterator[tuple[psycopg.Connection[Any], str, list[str]]]:
+    """An agent whose index holds a few dozen messages of `WORDS`, and its texts."""
+    agent = fresh_agent("cap")
+    conn = pg_db.connect(pg_db.PgSettings(dsn=pg_dsn))
+    writer = PgTranscriptWriter(pg_db.connect(pg_db.PgSettings(dsn=pg_dsn)), agent)
+    texts = [
+        " ".join(WORDS[j] for j in range(len(WORDS)) if (i * 7 + j * 3) % (j + 2) == 0) or "zeta"
+        for i in range(40)
+    ]
+    key = parse_session_key(f"agent:{agent}:direct:alice")
+    writer.apply(
+        [
+            AppendMessage(key=key, message=Message(role="user", content=text), at=float(i))
+            for i, text in enumerate(texts)
+        ]
+    )
+    try:
+        yield conn, agent, texts
+    finally:
+        writer.conn.close()
+        conn.close()
+
+
+@settings(
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(query=queries, match=st.sampled_from(["phrase", "prefix"]), cap=st.integers(1, 45))
+def test_a_capped_count_is_the_exact_count_up_to_the_cap(
+    indexed: tuple[psycopg.Connection[Any], str, list[str]], query: str, match: Any, cap: int
+) -> None:
+    conn, agent, _ = indexed
+    plan = plan_match(query, match)
+    found = None if plan is None else pg_query(plan)
+    if found is None:
+        return
+    exact = [
+        int(conn.execute(
+            f"SELECT count(*) FROM {pg_db.SCHEMA}.message_index WHERE agent = %s"
+            " AND terms @@ %s::tsquery",
+            (agent, part.tsquery), prepare=False,
+        ).fetchone()[0])  # type: ignore[index]
+        for part in found.parts
+    ]  # fmt: skip
+    with conn.transaction():
+        capped = pg_search.capped_frequencies(conn, agent, found, cap)
+    expected = [min(n, cap) for n in exact]
+    if found.has_phrase:
+        expected[0] = 0
+    assert capped == expected
+    assert any(exact)  # the fixture's texts hold every word
+
+
+def _prepared(conn: psycopg.Connection[Any]) -> list[str]:
+    rows = conn.execute("SELECT statement FROM pg_prepared_statements", prepare=False)
+    return [str(row[0]) for row in rows]
+
+
+def test_search_statements_are_planned_for_their_terms_each_time(
+    indexed: tuple[psycopg.Connection[Any], str, list[str]],
+) -> None:
+    # psycopg prepares a statement run five times; PostgreSQL may then keep a generic plan,
+    # blind to how many rows a term matches. The searches' statements are never prepared.
+    conn, agent, _ = indexed
+    for query in ["aisle", "zeta", "aisle seats", "running x1", "cafe"] * 3:
+        plan = plan_match(query)
+        assert plan is not None
+        pg_search.search_scope(
+            conn, agent, plan, scope="all", caller=f"agent:{agent}:direct:alice",
+            session_key=None, keep=11,
+        )  # fmt: skip
+        pg_search.search_scope(
+            conn, agent, plan, scope="tree", caller=f"agent:{agent}:direct:alice",
+            session_key=None, keep=11,
+        )  # fmt: skip
+    assert _prepared(conn) == []
+
+
+def test_records_search_statements_are_never_prepared(pg_dsn: str) -> None:
+    conn = pg_db.connect(pg_db.PgSettings(dsn=pg_dsn))
+    tenant = fresh_agent("rec")
+    writer = PgRecordWriter(pg_db.connect(pg_db.PgSettings(dsn=pg_dsn)), tenant)
+    writer.apply(
+        [
+            AddRecord(
+                record=Record(id=f"r{i}", content=f"aisle seat {i}", user_id="u", timestamp=1.0),
+                at=1.0,
+            )
+            for i in range(8)
+        ]
+    )
+    reader = PgRecordReader(conn, tenant)
+    scope = SearchScope(
+        user_id="u", agent_id=None, thread_id=None, exact_user_match=True,
+        exact_agent_match=False, exact_thread_match=False,
+    )  # fmt: skip
+    try:
+        for query in ["aisle", "seat", "aisle seat"] * 4:
+            plan = plan_match(query)
+            assert plan is not None
+            hits = reader.search(plan, RecordQuery(scope=scope, now=2.0, limit=5, num_hops=2))
+            assert hits
+        assert _prepared(conn) == []
+    finally:
+        writer.conn.close()
+        conn.close()
+
+
+TEXT_WORDS = ["aisle", "seats", "seat", "running", "東京", "x1", "zeta", "café", "naïve"]
+
+
+@settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(
+    text=st.lists(st.sampled_from(TEXT_WORDS), min_size=0, max_size=12).map(" ".join),
+    previous=st.one_of(st.none(), st.lists(st.sampled_from(TEXT_WORDS), max_size=6).map(" ".join)),
+    query=queries,
+    match=st.sampled_from(["phrase", "prefix"]),
+    idf=st.floats(1e-6, 12.0),
+    avgdl=st.floats(0.5, 60.0),
+)
+def test_the_inlined_bm25_is_the_stored_function(
+    indexed: tuple[psycopg.Connection[Any], str, list[str]],
+    text: str,
+    previous: str | None,
+    query: str,
+    match: Any,
+    idf: float,
+    avgdl: float,
+) -> None:
+    conn, _, _ = indexed
+    plan = plan_match(query, match)
+    found = None if plan is None else pg_query(plan)
+    if found is None:
+        return
+    terms = index_terms(text, previous)
+    params = pg_search._bm25_params(found, 100, avgdl, [0] * len(found.parts))
+    params["idf"] = [idf / (i + 1) for i in range(len(found.parts))]
+    params |= {"terms": terms.terms, "tokens": terms.tokens}
+    stored, inlined = conn.execute(
+        f"SELECT {pg_db.SCHEMA}.bm25(i.terms, i.tokens, %(lexemes)s::text[],"
+        " %(prefixes)s::boolean[], %(phrases)s::text[]::tsquery[], %(idf)s::float8[],"
+        f" %(avgdl)s), {pg_search.bm25_sql('i')}"
+        " FROM (SELECT %(terms)s::tsvector AS terms, %(tokens)s::integer AS tokens) i",
+        params,
+        prepare=False,
+    ).fetchone() or (None, None)
+    assert inlined == stored
