@@ -26,6 +26,8 @@ import pytest
 
 import activememory as am
 from activememory.storage.pg import lease
+from activememory.storage.pg.db import PgSettings
+from activememory.storage.pg.lease import Leases
 from activememory.storage.pg.store import RECORDS_TENANT
 
 from pg_server import empty_store, pg_memory_dsn
@@ -134,6 +136,22 @@ def wait_for(what: str, check: Any) -> None:
 
 def messages(name: str, start: int, stop: int) -> set[str]:
     return {f"{name} message {i}" for i in range(start, stop)}
+
+
+def test_a_lease_has_one_holder_until_its_connection_closes(dsn: str) -> None:
+    settings = PgSettings(dsn=dsn)
+    first, second = Leases(settings), Leases(settings)
+    agent, records = lease.lease_key("embedder", "main"), lease.lease_key("embedder", ":records")
+    try:
+        assert first.claim(agent) and first.claim(agent)  # taken, then checked
+        assert not second.claim(agent)
+        assert second.claim(records)  # another tenant's lease: its own key
+        first.close()
+        assert not first.claim(agent)  # closed: nothing reconnects
+        assert second.claim(agent)
+    finally:
+        first.close()
+        second.close()
 
 
 def test_one_process_embeds_each_row_once_and_another_takes_over_when_it_dies(

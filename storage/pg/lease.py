@@ -39,22 +39,27 @@ def lease_key(job: str, tenant: str) -> int:
 
 class Leases:
     """The leases one process holds on a store, on one connection (opened at the first
-    claim; autocommit, so it never sits in a transaction). Thread-safe: every claim and
-    release takes the connection for its one statement."""
+    claim; autocommit, so it never sits in a transaction). Thread-safe: a claim takes the
+    connection for its statement. Nothing gives one lease back: they all go with the
+    connection, at `close` (the store's close, after every embedder actor stopped)."""
 
     def __init__(self, settings: PgSettings) -> None:
         self._settings = settings
         self._conn: psycopg.Connection[Any] | None = None
         self._held: set[int] = set()
         self._mutex = threading.Lock()
+        self._closed = False
 
     def claim(self, key: int) -> bool:
         """Whether this process holds lease `key` now: taken if free, checked (one round
         trip) if already held. False when another session holds it, or when the server
-        cannot be reached (the lease is then lost; a later claim reconnects)."""
+        cannot be reached (the lease is then lost; a later claim reconnects). Always False
+        once closed: nothing reconnects then."""
         import psycopg
 
         with self._mutex:
+            if self._closed:
+                return False
             # A connection that died while idle (backend terminated, server restarted) is
             # found by the statement failing: its leases are gone; try once on a new one.
             for attempt in range(2):
@@ -78,25 +83,10 @@ class Leases:
             return True
         return False
 
-    def release(self, key: int) -> None:
-        """Give lease `key` up (nothing if not held); a connection lost meanwhile has
-        released it already."""
-        import psycopg
-
-        with self._mutex:
-            if key not in self._held:
-                return
-            self._held.discard(key)
-            if self._conn is None:
-                return
-            try:
-                self._conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
-            except psycopg.Error:
-                self._drop()
-
     def close(self) -> None:
         """Close the connection: the server releases every lease held on it."""
         with self._mutex:
+            self._closed = True
             self._drop()
 
     def _connection(self) -> psycopg.Connection[Any]:
