@@ -571,6 +571,7 @@ class Workload:
                 "name": embedder.name,
                 "stored": embedder.stored,
                 "computed": embedder.texts_embedded,
+                "skipped": embedder.skipped,
                 "pending": stats.vectors_pending,
                 "waits": [round(w, 4) for w in self.waits],
                 "waiting": len(self.awaiting),
@@ -1995,6 +1996,7 @@ def embedder_report(live: Live, work_s: float) -> dict[str, Any]:
         return {"on": False}
     stored = sum(int(r["stored"]) for r in on)
     computed = sum(int(r.get("computed", 0)) for r in on)
+    skipped = sum(int(r.get("skipped", 0)) for r in on)
     ordered = sorted(pending)
     last = on[-1]
     return {
@@ -2002,6 +2004,7 @@ def embedder_report(live: Live, work_s: float) -> dict[str, Any]:
         "name": last["name"],
         "vectors_stored": stored,
         "texts_embedded": computed,
+        "vectors_skipped": skipped,
         "vectors_per_s": round(stored / work_s, 1),
         "wait_ms": latency(waits),
         "pending_rows": {
@@ -2099,6 +2102,7 @@ def _embedder_lines(e: dict[str, Any]) -> list[str]:
     w, p = e["wait_ms"], e["pending_rows"]
     return [
         f"  embedder {e['name']}: {e['vectors_stored']} vectors stored, "
+        f"{e['vectors_skipped']} skipped (there already, or changed), "
         f"{e['texts_embedded']} texts embedded "
         f"({e['vectors_per_s']:.1f}/s); rows waiting for a vector (each second) p50 {p['p50']}, "
         f"max {p['max']}, last {p['last']}; "
