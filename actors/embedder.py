@@ -353,6 +353,8 @@ class EmbedderActor(PokedActor, Generic[F]):
         backoff = FIRST_BACKOFF
         fruitless = 0  # batches in a row whose rows all changed before they were stored
         while True:
+            if not await self._holds_lease():
+                return  # lost mid-backlog: the new holder goes on from what is stored
             try:
                 read, stored = await self._one_batch()
             except (EmbedderFailed, StorageError) as exc:  # a read can fail too (disk, lock)

@@ -642,6 +642,8 @@ class Supervisor:
         (no lock: docs/design.md §11 "Several processes") and, with an embedder, the
         records embedder actor reading on an executor of its own. Read-only: the reads
         alone (docs/design.md §11 "Read-only")."""
+        from ..storage.pg.store import RECORDS_TENANT
+
         actor = None
         if not self.readonly:
             write_executor = make_executor(self.executor_kind)
@@ -666,8 +668,6 @@ class Supervisor:
         )
         if actor is not None:
             self._tg.start_soon(records.run_writer, name="records-keeper")
-        from ..storage.pg.store import RECORDS_TENANT
-
         own = (ReadSlot(executor=make_executor(self.executor_kind)),)
         feed = RecordFeed(
             submit=records.submit,
