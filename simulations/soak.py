@@ -2102,7 +2102,7 @@ def _embedder_lines(e: dict[str, Any]) -> list[str]:
     w, p = e["wait_ms"], e["pending_rows"]
     return [
         f"  embedder {e['name']}: {e['vectors_stored']} vectors stored, "
-        f"{e['vectors_skipped']} skipped (there already, or changed), "
+        f"{e['vectors_skipped']} skipped (changed before stored), "
         f"{e['texts_embedded']} texts embedded "
         f"({e['vectors_per_s']:.1f}/s); rows waiting for a vector (each second) p50 {p['p50']}, "
         f"max {p['max']}, last {p['last']}; "
