@@ -110,6 +110,7 @@ async def diagnose(memory: Memory) -> DoctorReport:
             level = "warn"
         if stats.embedder is not None:  # vectors (docs/design.md §2.3): lag and failures
             detail += f", {stats.vectors_pending} waiting for a vector of {stats.embedder}"
+            detail += _lease_detail(stats.embedder_lease)
             if stats.embedder_error is not None:
                 detail += f" (embedder failing: {stats.embedder_error})"
                 if level == "ok":
@@ -122,6 +123,7 @@ async def diagnose(memory: Memory) -> DoctorReport:
     if records is not None and records.embedder is not None:  # docs/design.md §5.7
         pending, error = await records.vector_lag()
         detail = f"{pending} waiting for a vector of {records.embedder.name}"
+        detail += _lease_detail(records.embedder.holds_lease())
         if error is None:
             add("records:vectors", "ok", detail)
         else:
@@ -235,3 +237,13 @@ def _config_checks(config: Config) -> list[DoctorCheck]:
 
 def _check(name: str, level: Level, detail: str, fix: str | None = None) -> DoctorCheck:
     return DoctorCheck(name=name, level=level, detail=detail, fix=fix)
+
+
+def _lease_detail(held: bool | None) -> str:
+    """Which process makes the vectors, on PostgreSQL (docs/design.md §11 "One embedder
+    per agent"); nothing on SQLite, where it is always this one."""
+    if held is None:
+        return ""
+    if held:
+        return ", embedded by this process (it holds the lease)"
+    return ", embedded by another process (the lease's holder)"

@@ -20,10 +20,18 @@ A failing embedder (error or past its deadline) is retried after a pause that do
 to `MAX_BACKOFF` seconds, on the event loop's clock; the last error is kept for stats and
 doctor. It never takes the memory down: embedding is an optimisation, text search works
 without it.
+
+The lease (`Lease`, docs/design.md §11 "One embedder per agent"): where several processes
+write one database (PostgreSQL), one process at a time embeds it, the holder of its lease.
+The actor claims the lease once a `period` at most: holding it, it works on every poke and
+at each claim, so rows other processes wrote get their vectors within a period; not
+holding it, a poke does nothing and each claim tries to take it over. SQLite's lease is
+`ALWAYS_HELD` (one writer process per state directory): no period, pokes alone.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Generic, NamedTuple, Protocol, TypeVar
 
@@ -83,6 +91,31 @@ class ReadRecords(Protocol):
     PostgreSQL store's: both have the feed's three reads)."""
 
     def __call__(self, fn: Callable[[RecordReader], T], /) -> Awaitable[T]: ...
+
+
+class Lease(Protocol):
+    """Whether this process is the one that embeds a database (module docstring)."""
+
+    @property
+    def period(self) -> float | None:
+        """Seconds between two claims; None: held for good, never claimed (SQLite)."""
+        ...
+
+    async def claim(self) -> bool:
+        """Take the lease if it is free, or check it is still held; whether it is held."""
+        ...
+
+
+class AlwaysHeld:
+    """The lease of a database only this process writes (SQLite's writer lock sees to it)."""
+
+    period: float | None = None
+
+    async def claim(self) -> bool:
+        return True
+
+
+ALWAYS_HELD = AlwaysHeld()
 
 
 def open_inbox() -> tuple[MemoryObjectSendStream[EmbedPoke], MemoryObjectReceiveStream[EmbedPoke]]:
@@ -228,7 +261,9 @@ class EmbedderActor(PokedActor, Generic[F]):
 
     Cancellation of `run`: stops at once (the supervisor cancels it at shutdown, so a
     hanging embedder cannot hold the memory open); a store command already queued may still
-    commit, and anything not stored is simply missing until the next start.
+    commit, and anything not stored is simply missing until the next start. The lease is
+    not given back here: it goes with its connection when the store closes (on PostgreSQL
+    `PgStore.close`), and a process that dies gives it up with its connection.
     """
 
     def __init__(
@@ -237,11 +272,16 @@ class EmbedderActor(PokedActor, Generic[F]):
         *,
         embedder: Embedder,
         feed: F,
+        lease: Lease = ALWAYS_HELD,
         batch: int = BATCH,
         timeout: float = EMBED_TIMEOUT,
     ) -> None:
         self.inbox = inbox
         self.feed = feed
+        self.lease = lease
+        self.lease_held = lease.period is None  # as of the last claim
+        # When to claim next, on the event loop's clock: at once, or never (held for good).
+        self._next_claim = math.inf if lease.period is None else -math.inf
         self.embedder = embedder
         self.name = embedder.name
         self.batch = batch
@@ -268,6 +308,43 @@ class EmbedderActor(PokedActor, Generic[F]):
         a query: cheap enough for the recall path."""
         return not self.idle()
 
+    def holds_lease(self) -> bool | None:
+        """Whether this process held the lease at its last claim (for stats and doctor);
+        None when the lease is held for good (SQLite)."""
+        return None if self.lease.period is None else self.lease_held
+
+    async def run(self) -> None:
+        """Serve pokes, and claims of the lease once a period, until the inbox closes or
+        the writer it uses has closed (`PokedActor.run`, with the lease's clock)."""
+        async with self.inbox:
+            while True:
+                with anyio.move_on_after(self._next_claim - anyio.current_time()):
+                    try:
+                        await self.inbox.receive()
+                    except anyio.EndOfStream:
+                        return
+                if not await self._holds_lease():
+                    continue  # another process embeds: its own claims find the rows
+                self.busy = True
+                try:
+                    await self._work()
+                except MemoryClosedError:
+                    return
+                finally:
+                    self.busy = False
+
+    async def _holds_lease(self) -> bool:
+        """Claim the lease if a period has passed since the last claim; else the last
+        claim's answer (a poke costs no round trip)."""
+        period = self.lease.period
+        if period is None:
+            return True
+        now = anyio.current_time()
+        if now >= self._next_claim:
+            self._next_claim = now + period
+            self.lease_held = await self.lease.claim()
+        return self.lease_held
+
     def watermark(self: EmbedderActor[AgentFeed]) -> tuple[int, int | None]:
         """The agent feed's watermark (`AgentFeed.watermark`)."""
         return self.feed.watermark()
@@ -276,6 +353,8 @@ class EmbedderActor(PokedActor, Generic[F]):
         backoff = FIRST_BACKOFF
         fruitless = 0  # batches in a row whose rows all changed before they were stored
         while True:
+            if not await self._holds_lease():
+                return  # lost mid-backlog: the new holder goes on from what is stored
             try:
                 read, stored = await self._one_batch()
             except (EmbedderFailed, StorageError) as exc:  # a read can fail too (disk, lock)

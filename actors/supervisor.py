@@ -64,7 +64,8 @@ from ..storage.records import (
 from ..storage.transcripts import TranscriptReader, TranscriptWriter, agent_db_path
 from ..storage.vector_index import VectorFeed, VectorIndexes, attach, detach
 from .control import ControlActor, Handle
-from .embedder import AgentFeed, EmbedderActor, Read, ReadRecords, RecordFeed
+from .embedder import ALWAYS_HELD, AgentFeed, EmbedderActor, Lease, RecordFeed
+from .embedder import VectorFeed as EmbedderFeed
 from .embedder import open_inbox as embedder_inbox
 from .group_commit import MAX_BATCH, A, C, GroupCommit, StorageWriter
 from .indexer import Indexer
@@ -77,6 +78,7 @@ from .records import RecordKeeper
 
 if TYPE_CHECKING:
     from ..storage.pg.db import PgSettings
+    from ..storage.pg.lease import Leases
     from ..storage.pg.store import PgStore
 
 T = TypeVar("T")
@@ -282,7 +284,11 @@ class AgentStore(VectorDatabase[TranscriptReader, IndexerCommand, IndexerAck]):
         )
         if self.embedder is None:
             return stats
-        return msgspec.structs.replace(stats, embedder_error=self.embedder.last_error)
+        return msgspec.structs.replace(
+            stats,
+            embedder_error=self.embedder.last_error,
+            embedder_lease=self.embedder.holds_lease(),
+        )
 
     def poke(self, reason: Literal["search", "dirty"] = "search") -> None:
         """Tell the reconciler there may be dirty sessions; never blocks.
@@ -345,6 +351,21 @@ class PgAgentStore(AgentStore):
         return await _on_least_busy(
             self.slots, partial(self.pg.read, self.agent, cast(Callable[[Any], T], fn))
         )
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServerLease:
+    """An embedder actor's lease on the PostgreSQL store (storage/pg/lease.py, docs/design.md
+    §11 "One embedder per agent"): lease `key` of the store's `leases`, claimed on the
+    leases' executor every `period` seconds."""
+
+    leases: Leases
+    key: int
+    executor: Executor
+    period: float
+
+    async def claim(self) -> bool:
+        return await self.executor.run(partial(self.leases.claim, self.key))
 
 
 def _may_need_vectors(ack: IndexerAck) -> bool:
@@ -438,6 +459,8 @@ class Supervisor:
         self.max_batch = max_batch
         self._agents: dict[str, AgentStore] = {}
         self._records: RecordsDatabase | None = None
+        # Where the embedder actors' leases are claimed (PostgreSQL; made at the first).
+        self._lease_executor: Executor | None = None
         self._opening = anyio.Lock()
         self._closed = False
         self.recall_inbox, recall_receive = recall_pool_inbox()
@@ -569,30 +592,58 @@ class Supervisor:
         )
         if actor is not None:
             self._tg.start_soon(records.run_writer, name="records-keeper")
-        self._start_records_embedder(records, records.read_for_embedder)
+        self._start_embedder(
+            records,
+            RecordFeed(submit=records.submit, read=records.read_for_embedder),
+            ALWAYS_HELD,
+            name="embedder:records",
+        )
         return records
 
-    def _start_records_embedder(self, records: RecordsDatabase, read: ReadRecords) -> None:
-        """With an embedder and a writer, the records embedder actor (docs/design.md §5.7),
-        reading its feed through `read` and storing through the records keeper."""
-        if records.actor is None or self.embedder is None:
-            records.embedder_stopped.set()
+    def _start_embedder(
+        self,
+        store: VectorDatabase[Any, Any, Any],
+        feed: EmbedderFeed,
+        lease: Lease,
+        *,
+        name: str,
+    ) -> None:
+        """With an embedder and a writer, the database's embedder actor (docs/design.md
+        §2.3, §5.7) over `feed` (its reads on an executor of its own, its vectors stored
+        through the database's writer), embedding while it holds `lease` (§11 "One
+        embedder per agent")."""
+        if store.actor is None or self.embedder is None:
+            store.embedder_stopped.set()
             return
         embed_send, embed_receive = embedder_inbox()
-        records.embed_pokes = embed_send
-        records.embedder = EmbedderActor(
-            embed_receive,
-            embedder=self.embedder,
-            feed=RecordFeed(submit=records.submit, read=read),
+        store.embed_pokes = embed_send
+        store.embedder = EmbedderActor(
+            embed_receive, embedder=self.embedder, feed=feed, lease=lease
         )
-        self._tg.start_soon(self._run_embedder, records, name="embedder:records")
-        records.poke_embedder("start")
+        self._tg.start_soon(self._run_embedder, store, name=name)
+        store.poke_embedder("start")
+
+    def _server_lease(self, pg: PgStore, tenant: str) -> Lease:
+        """The embedder lease of `tenant` (an agent, or the records' tenant) on the
+        PostgreSQL store, claimed every `lease.PERIOD` seconds (read now: a test sets it)."""
+        from ..storage.pg import lease
+
+        if self._lease_executor is None:
+            self._lease_executor = make_executor(self.executor_kind)
+        return ServerLease(
+            leases=pg.leases,
+            key=lease.lease_key("embedder", tenant),
+            executor=self._lease_executor,
+            period=lease.PERIOD,
+        )
 
     async def _open_pg_records(self, pg: PgStore) -> RecordsDatabase:
         """The records of the PostgreSQL store: the records keeper over a `PgRecordWriter`
         (no lock: docs/design.md §11 "Several processes") and, with an embedder, the
         records embedder actor reading on an executor of its own. Read-only: the reads
         alone (docs/design.md §11 "Read-only")."""
+        from ..storage.pg.store import RECORDS_TENANT
+
         actor = None
         if not self.readonly:
             write_executor = make_executor(self.executor_kind)
@@ -618,8 +669,12 @@ class Supervisor:
         if actor is not None:
             self._tg.start_soon(records.run_writer, name="records-keeper")
         own = (ReadSlot(executor=make_executor(self.executor_kind)),)
-        self._start_records_embedder(
-            records, lambda fn: _on_least_busy(own, partial(pg.read_records, cast(Any, fn)))
+        feed = RecordFeed(
+            submit=records.submit,
+            read=lambda fn: _on_least_busy(own, partial(pg.read_records, cast(Any, fn))),
+        )
+        self._start_embedder(
+            records, feed, self._server_lease(pg, RECORDS_TENANT), name="embedder:records"
         )
         return records
 
@@ -759,29 +814,16 @@ class Supervisor:
         )
         self._tg.start_soon(store.run_writer, name=f"indexer:{agent}")
         self._tg.start_soon(self._run_reconciler, store, name=f"reconciler:{agent}")
-        self._start_embedder(store, store.read_for_embedder)
-        return store
-
-    def _start_embedder(self, store: AgentStore, read: Read) -> None:
-        """With an embedder, the agent's embedder actor, reading its feed through `read`
-        and storing through the agent's indexer (docs/design.md §2.3)."""
-        if self.embedder is None:
-            store.embedder_stopped.set()
-            return
-        embed_send, embed_receive = embedder_inbox()
-        store.embed_pokes = embed_send
-        store.embedder = EmbedderActor(
-            embed_receive,
-            embedder=self.embedder,
-            feed=AgentFeed(agent=store.agent, submit=self._submit_for(store.agent), read=read),
+        missing = AgentFeed(
+            agent=agent, submit=self._submit_for(agent), read=store.read_for_embedder
         )
-        self._tg.start_soon(self._run_embedder, store, name=f"embedder:{store.agent}")
-        store.poke_embedder("start")
+        self._start_embedder(store, missing, ALWAYS_HELD, name=f"embedder:{agent}")
+        return store
 
     async def _open_pg_agent(self, agent: str, pg: PgStore) -> AgentStore:
         """An agent of the PostgreSQL store: its writer actor (no lock: docs/design.md §11
-        "Several processes"), reconciler and, with an embedder, embedder actor (each
-        process embeds what it finds missing; the writer's checks keep one vector per row).
+        "Several processes"), reconciler and, with an embedder, embedder actor (it embeds
+        while this process holds the agent's lease: §11 "One embedder per agent").
         Read-only: its reads alone (docs/design.md §11 "Read-only")."""
         slots = tuple(ReadSlot(executor=make_executor(self.executor_kind)) for _ in range(READERS))
         if self.readonly:
@@ -826,9 +868,13 @@ class Supervisor:
         # The embedder actor's scans read on an executor of their own, as on SQLite, so
         # they never queue a recall's read behind them.
         own = (ReadSlot(executor=make_executor(self.executor_kind)),)
-        self._start_embedder(
-            store, lambda fn: _on_least_busy(own, partial(pg.read, agent, cast(Any, fn)))
+        feed = AgentFeed(
+            agent=agent,
+            submit=self._submit_for(agent),
+            read=lambda fn: _on_least_busy(own, partial(pg.read, agent, cast(Any, fn))),
         )
+        # One process embeds the agent at a time: the holder of its lease (§11).
+        self._start_embedder(store, feed, self._server_lease(pg, agent), name=f"embedder:{agent}")
         return store
 
     def _submit_for(self, agent: str) -> Submit:

@@ -66,7 +66,10 @@ class IndexStats(msgspec.Struct, frozen=True, kw_only=True):
 
     `vectors_pending`: indexed messages and note chunks still waiting for a vector of the
     configured `embedder` (None: no embedder, no vectors); `embedder_error`: why its last
-    attempt failed (None once one succeeds).
+    attempt failed (None once one succeeds); `embedder_lease`: on PostgreSQL, whether this
+    process holds the agent's embedder lease, so its embedder actor is the one making the
+    vectors (docs/design.md §11 "One embedder per agent"; None on SQLite or without an
+    embedder). A process without the lease still counts every row waiting.
     """
 
     agent: str
@@ -80,6 +83,7 @@ class IndexStats(msgspec.Struct, frozen=True, kw_only=True):
     vectors_pending: int = 0
     embedder: str | None = None
     embedder_error: str | None = None
+    embedder_lease: bool | None = None
 
 
 ImportEntryId: TypeAlias = str

@@ -545,6 +545,10 @@ class Workload:
             await trio.sleep(EMBED_POLL_S)
             after, _epoch = embedder.watermark()
             now = time.monotonic()
+            if embedder.holds_lease() is False:
+                # Another worker embeds (docs/design.md §11 "One embedder per agent"): this
+                # one's watermark stays, so its appends' waits cannot be timed here.
+                self.awaiting.clear()
             while self.awaiting and self.awaiting[0][0] <= after:
                 _, acked = heapq.heappop(self.awaiting)
                 self.waits.append(now - acked)
@@ -566,6 +570,8 @@ class Workload:
                 "on": True,
                 "name": embedder.name,
                 "stored": embedder.stored,
+                "computed": embedder.texts_embedded,
+                "skipped": embedder.skipped,
                 "pending": stats.vectors_pending,
                 "waits": [round(w, 4) for w in self.waits],
                 "waiting": len(self.awaiting),
@@ -1989,12 +1995,16 @@ def embedder_report(live: Live, work_s: float) -> dict[str, Any]:
     if not on:
         return {"on": False}
     stored = sum(int(r["stored"]) for r in on)
+    computed = sum(int(r.get("computed", 0)) for r in on)
+    skipped = sum(int(r.get("skipped", 0)) for r in on)
     ordered = sorted(pending)
     last = on[-1]
     return {
         "on": True,
         "name": last["name"],
         "vectors_stored": stored,
+        "texts_embedded": computed,
+        "vectors_skipped": skipped,
         "vectors_per_s": round(stored / work_s, 1),
         "wait_ms": latency(waits),
         "pending_rows": {
@@ -2091,7 +2101,9 @@ def _embedder_lines(e: dict[str, Any]) -> list[str]:
         return ["  embedder: off (no vectors)"]
     w, p = e["wait_ms"], e["pending_rows"]
     return [
-        f"  embedder {e['name']}: {e['vectors_stored']} vectors stored "
+        f"  embedder {e['name']}: {e['vectors_stored']} vectors stored, "
+        f"{e['vectors_skipped']} skipped (changed before stored), "
+        f"{e['texts_embedded']} texts embedded "
         f"({e['vectors_per_s']:.1f}/s); rows waiting for a vector (each second) p50 {p['p50']}, "
         f"max {p['max']}, last {p['last']}; "
         f"error {e['error'] or 'none'}",

@@ -24,6 +24,7 @@ from .db import (
     reopen_from_pool,
     translate_errors,
 )
+from .lease import Leases
 from .records import PgRecordReader, PgRecordWriter
 from .transcripts import PgTranscriptReader, PgTranscriptWriter
 
@@ -42,7 +43,9 @@ worker to it as to an agent: `grant_agent(role, ':records')`."""
 
 
 class PgStore:
-    """The open PostgreSQL store of one `open_memory`: settings, the readers' pool."""
+    """The open PostgreSQL store of one `open_memory`: settings, the readers' pool, and the
+    leases this process holds (`leases`: the embedder actors', docs/design.md §11 "One
+    embedder per agent"; their connection opens at the first claim)."""
 
     def __init__(
         self,
@@ -52,6 +55,7 @@ class PgStore:
         self.settings = settings
         self.pool = pool
         self._reopen = reopen_from_pool(pool)
+        self.leases = Leases(settings)
 
     @classmethod
     def open(cls, settings: PgSettings) -> PgStore:
@@ -118,5 +122,9 @@ class PgStore:
             return [str(row[0]) for row in rows]
 
     def close(self) -> None:
-        """Close the pool (every reader has given its connection back)."""
-        self.pool.close()
+        """Close the pool (every reader has given its connection back) and the leases'
+        connection (the server releases them: another process takes them over)."""
+        try:
+            self.leases.close()
+        finally:
+            self.pool.close()

@@ -1,0 +1,124 @@
+"""The embedder actor and its lease (docs/design.md §11 "One embedder per agent"), on
+virtual time with a feed and a lease of the test's: a process without the lease embeds
+nothing whatever pokes it, takes over at the claim that gets the lease, and stops within a
+period and a batch when it loses it mid-backlog; the holder finds rows nobody poked it
+about at its next claim. (The PostgreSQL lease itself: tests/test_pg_embedder_lease.py.)"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy
+import trio
+import trio.testing
+
+from activememory.actors.embedder import EmbedderActor, FeedBatch, open_inbox
+from activememory.protocol.embedder import EmbedPoke
+from activememory.protocol.indexer import VectorRow
+
+from fake_embedder import FakeEmbedder
+
+PERIOD = 1.0
+EMBED_S = 0.3  # virtual seconds one embed call takes
+
+
+class Rows:
+    """A feed over a dict of rows lacking a vector; `stored` what the actor stored."""
+
+    def __init__(self, count: int) -> None:
+        self.missing = {i: f"text {i}" for i in range(count)}
+        self.stored: list[int] = []
+
+    def add(self, key: int) -> None:
+        self.missing[key] = f"text {key}"
+
+    async def pending(self, name: str, limit: int) -> FeedBatch:
+        rows = sorted(self.missing.items())[:limit]
+        return FeedBatch(rows, None)
+
+    async def cached(self, name: str, digests: list[bytes]) -> dict[bytes, bytes]:
+        return {}
+
+    async def store(self, name: str, batch: FeedBatch, rows: list[VectorRow]) -> tuple[int, int]:
+        for row in rows:
+            del self.missing[row.id]
+            self.stored.append(row.id)
+        return len(rows), 0
+
+
+class Claims:
+    """A lease answering its claims from a script (the last answer repeats)."""
+
+    period = PERIOD
+
+    def __init__(self, *answers: bool) -> None:
+        self.answers = list(answers)
+        self.claims = 0
+
+    async def claim(self) -> bool:
+        self.claims += 1
+        return self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
+
+
+class SlowEmbedder(FakeEmbedder):
+    async def embed(self, texts: Sequence[str], *, deadline: float | None = None) -> numpy.ndarray:
+        await trio.sleep(EMBED_S)
+        return await super().embed(texts, deadline=deadline)
+
+
+def run_actor(rows: Rows, lease: Claims, scenario: object, *, batch: int = 64) -> SlowEmbedder:
+    embedder = SlowEmbedder()
+
+    async def main() -> None:
+        send, receive = open_inbox()
+        actor = EmbedderActor(receive, embedder=embedder, feed=rows, lease=lease, batch=batch)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(actor.run)
+            await scenario(actor, send)  # type: ignore[operator]
+            nursery.cancel_scope.cancel()
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    return embedder
+
+
+def test_without_the_lease_pokes_embed_nothing_until_a_claim_takes_it() -> None:
+    rows, lease = Rows(5), Claims(False, False, True)
+
+    async def scenario(actor: EmbedderActor[Rows], send: trio.MemorySendChannel[EmbedPoke]) -> None:
+        for _ in range(9):  # pokes between claims: no claim, no work
+            send.send_nowait(EmbedPoke())
+            await trio.sleep(0.1)
+        assert (rows.stored, lease.claims, actor.holds_lease()) == ([], 1, False)
+        await trio.sleep(PERIOD / 2)  # the second claim, a period after the first
+        assert (rows.stored, lease.claims) == ([], 2)
+        await trio.sleep(PERIOD)  # the third claim gets it: the backlog is embedded
+        assert (lease.claims, actor.holds_lease()) == (3, True)
+        assert sorted(rows.stored) == [0, 1, 2, 3, 4]
+
+    run_actor(rows, lease, scenario)
+
+
+def test_the_holder_finds_rows_nobody_poked_it_about_at_its_next_claim() -> None:
+    rows, lease = Rows(2), Claims(True)
+
+    async def scenario(actor: EmbedderActor[Rows], send: trio.MemorySendChannel[EmbedPoke]) -> None:
+        await trio.sleep(PERIOD / 2)
+        assert sorted(rows.stored) == [0, 1]
+        rows.add(7)  # another process's write: no poke here
+        await trio.sleep(PERIOD)
+        assert sorted(rows.stored) == [0, 1, 7]
+
+    run_actor(rows, lease, scenario)
+
+
+def test_a_lease_lost_mid_backlog_stops_the_work_at_the_next_claim() -> None:
+    rows, lease = Rows(40), Claims(True, False)
+
+    async def scenario(actor: EmbedderActor[Rows], send: trio.MemorySendChannel[EmbedPoke]) -> None:
+        await trio.sleep(10 * PERIOD)
+        # Batches of 4 at 0.3 s each: 4 batches by the claim at 1 s, which finds it lost.
+        assert len(rows.stored) == 16 and actor.holds_lease() is False
+        assert not actor.busy
+
+    embedder = run_actor(rows, lease, scenario, batch=4)
+    assert embedder.calls == 4
