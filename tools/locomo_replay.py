@@ -391,26 +391,54 @@ for _blend in (0.7, 0.8):
                 "similarity": neighbour_bonus(_near, blend(_blend, mean_of(own, best_sentence))),
                 "feedback": _back,
             }
+VARIANTS["grid: own + 0.5 max(0, ctx - mean(msg, best)), neighbour 0.3, feedback 0.2"] = {
+    "similarity": neighbour_bonus(0.3, _CB),
+    "feedback": 0.2,
+}
+# Without the sentence vectors: the context vector only (two texts per message).
+for _label, _similarity in (
+    ("blend 0.7", blend(0.7)),
+    ("blend 0.8", blend(0.8)),
+    ("own + 0.5 max(0, ctx - own)", context_max(0.5)),
+):
+    for _back in (0.2, 0.3):
+        VARIANTS[f"two texts: {_label}, neighbour 0.3, feedback {_back}"] = {
+            "similarity": neighbour_bonus(0.3, _similarity),
+            "feedback": _back,
+        }
+VARIANTS["free stack: neighbour 0.3, feedback 0.2 (no extra vector)"] = {
+    "similarity": neighbour_bonus(0.3),
+    "feedback": 0.2,
+}
 
 
-def score(cache: Path, only: Sequence[str], extra: dict[str, dict[str, Any]]) -> None:
+def score(cache: Path, only: Sequence[str]) -> None:
+    """R@10 of categories 1-4 for each variant whose name contains one of `only` (all if
+    none), with its parts by category and by conversation (a gain both conversations share
+    is likelier to be one)."""
     data = load(cache)
-    variants = {**VARIANTS, **extra}
-    names = [n for n in variants if not only or any(o in n for o in only)]
-    print(f"{'variant':<52} {'R@10':>6} {'multi':>6} {'temp':>6} {'open':>6} {'single':>6}")
+    names = [n for n in VARIANTS if not only or any(o in n for o in only)]
+    samples = " ".join(f"{'conv ' + str(i + 1):>7}" for i in range(len(data)))
+    print(
+        f"{'variant':<52} {'R@10':>6} {'multi':>6} {'temp':>6} {'open':>6} {'single':>6} {samples}"
+    )
     for name in names:
-        spec = dict(variants[name])
+        spec = dict(VARIANTS[name])
         similarity = spec.pop("similarity")
         by_category: dict[int, list[float]] = {}
+        by_sample: list[list[float]] = []
         same = True
         for conversation, questions in data:
+            by_sample.append([])
             for q in questions:
                 ranked = rank(conversation, q, similarity, **spec)
                 if name == "base" and ranked[:10] != q.ranked[:10]:
                     same = False
                 by_category.setdefault(q.category, []).append(recall(q.gold, ranked, 10))
+                if q.category in (1, 2, 3, 4):
+                    by_sample[-1].append(recall(q.gold, ranked, 10))
         scored = [r for c in (1, 2, 3, 4) for r in by_category.get(c, [])]
-        parts = [np.mean(by_category[c]) for c in (1, 2, 3, 4)]
+        parts = [np.mean(by_category[c]) for c in (1, 2, 3, 4)] + [np.mean(s) for s in by_sample]
         flag = "" if name != "base" else ("  (= the captured run)" if same else "  (DIFFERS)")
         print(f"{name:<52} {np.mean(scored):6.3f} " + " ".join(f"{p:6.3f}" for p in parts) + flag)
 
@@ -425,7 +453,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "capture":
         capture(args.data, args.cache)
     else:
-        score(args.cache, args.only, {})
+        score(args.cache, args.only)
     return 0
 
 
