@@ -9,7 +9,11 @@ every question, the text side's candidates with their scores (the conversational
 included) and the query's vector, plus the library's own ranking; then it embeds, with the
 shipped default model, every turn alone, every turn after its previous turn ("previous +
 message"), and every sentence of a turn of two sentences or more. All of it goes to
-`--cache` (default /tmp/locomo-replay).
+`--cache` (default /tmp/locomo-replay). The text side is read by wrapping
+`activememory._search._assemble_fused` for the run (its arguments are what it records), so
+a change to that function's signature needs one here. From a git worktree the bench's
+default data path (../shared next to the checkout) may not exist: give `--data`. About 30
+minutes on two busy cores, most of it embedding 4,174 texts.
 
 `score` rebuilds the hybrid ranking from the cache — the vector side's nearest `pool` rows
 of the conversation (at least MIN_SIMILARITY), the union with the text side, the weighted
