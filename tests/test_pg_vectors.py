@@ -37,9 +37,16 @@ from activememory.storage.pg.search import scope_sql as pg_scope_sql
 from activememory.storage.pg.transcripts import PgTranscriptWriter
 from activememory.storage.search import scope_sql as lite_scope_sql
 
-from pg_server import fresh_agent, pg_dsn
+from pg_server import fresh_agent, pg_dsn_each_path, pg_exact_dsn, pg_pgvector_dsn
 
-__all__ = ["pair", "pg_dsn"]  # the fixtures, imported for pytest
+# the fixtures, imported for pytest
+__all__ = ["pair", "pg_dsn_each_path", "pg_exact_dsn", "pg_pgvector_dsn"]
+
+
+@pytest.fixture
+def pg_dsn(pg_dsn_each_path: str) -> str:
+    """Every test here on both vector paths: exact, then pgvector (docs/design.md §11)."""
+    return pg_dsn_each_path
 
 DIM = 8
 NAMES = ["model-a", "model-b"]
