@@ -171,6 +171,9 @@ BEGIN
         $$$f$, ext);
     FOREACH t IN ARRAY ARRAY['message_vectors', 'note_vectors', 'record_vectors'] LOOP
         EXECUTE format('ALTER TABLE @S@.%I ADD COLUMN embedding %I.vector', t, ext);
+        -- Kept in the row (MAIN), so a row too big for a page moves the bytes out to
+        -- TOAST instead: ranking reads every visible embedding, the bytes only of the top k.
+        EXECUTE format('ALTER TABLE @S@.%I ALTER COLUMN embedding SET STORAGE MAIN', t);
         EXECUTE format('UPDATE @S@.%I SET embedding = @S@.vector_of(vector)', t);
         -- NOT NULL: a writer that forgot the vector fails instead of hiding its row
         EXECUTE format('ALTER TABLE @S@.%I ALTER COLUMN embedding SET NOT NULL', t);
@@ -582,7 +585,7 @@ def ranked_rows(
         with embedding_cursor(conn, binary=True) as cur:
             rows = cur.execute(
                 f"SELECT v.{key}, v.vector FROM {source} WHERE {where} AND {condition}"
-                f" ORDER BY {ordering} LIMIT {limit}",
+                f" ORDER BY {ordering}, v.{key} DESC LIMIT {limit}",
                 {**params, "query": Embedding.of(query.tobytes())},
             ).fetchall()
         if len(rows) < limit:  # fewer than asked: are other dimensions hiding rows?
