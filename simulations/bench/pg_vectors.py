@@ -97,7 +97,7 @@ def _run(
     conn: Any, agent: str, only: str | None, queries: list[numpy.ndarray], k: int
 ) -> tuple[list[float], list[list[int]]]:
     """Milliseconds per query and the ids found, after one warm-up query."""
-    sql, params = scope_sql(agent, "all", CALLER, only)  # type: ignore[arg-type]
+    sql, params = scope_sql(agent, "all", CALLER, only)
     times, found = [], []
     for query in [queries[0], *queries]:
         start = time.perf_counter()
@@ -111,7 +111,7 @@ def _run(
 
 def _plan(conn: Any, agent: str, only: str | None, query: numpy.ndarray, k: int) -> str:
     """How the planner ranks on the pgvector path: HNSW or a sort of the visible rows."""
-    sql, params = scope_sql(agent, "all", CALLER, only)  # type: ignore[arg-type]
+    sql, params = scope_sql(agent, "all", CALLER, only)
     condition, ordering = pg_vectors.ranked_sql(conn, NAME, DIM)
     with conn.transaction(), pg_vectors.embedding_cursor(conn) as cur:
         pg_vectors.search_settings(conn, k + pg_vectors.RERANKED)
@@ -119,7 +119,7 @@ def _plan(conn: Any, agent: str, only: str | None, query: numpy.ndarray, k: int)
             f"EXPLAIN (COSTS OFF) SELECT v.event_id FROM {pg_db.SCHEMA}.message_vectors v"
             " WHERE v.agent = %(agent)s AND v.session_id IN"
             f" (SELECT id FROM ({sql}) visible WHERE NOT dirty) AND {condition}"
-            f" ORDER BY {ordering}, v.event_id DESC LIMIT {k + pg_vectors.RERANKED}",
+            f" ORDER BY {ordering} LIMIT {k + pg_vectors.RERANKED}",
             {**params, "agent": agent, "query": pg_vectors.Embedding.of(query.tobytes())},
         ).fetchall()
     text = "\n".join(str(line[0]) for line in plan)
@@ -164,19 +164,26 @@ def main() -> None:
             try:
                 with _database(args.dsn, choice) as conn:
                     fill = _fill(conn, agent, rows, sessions, path == "pgvector")
-                    for scope, only in SCOPES.items():
-                        times, found = _run(conn, agent, only, queries, args.k)
-                        times.sort()
-                        p99 = times[min(len(times) - 1, int(len(times) * 0.99))]
-                        note = f"fill {fill:.0f} s"
-                        if path == "exact":
-                            exact[scope] = found
-                        else:
-                            same = sum(a == b for a, b in zip(found, exact[scope], strict=True))
-                            plan = _plan(conn, agent, only, queries[0], args.k)
-                            note += f", plan {plan}, exact top {args.k}: {same}/{len(found)}"
-                        median = statistics.median(times)
-                        print(f"{rows:>8} {path:>9} {scope:>9} {median:>8.1f} {p99:>8.1f}  {note}")
+                    # pgvector twice: as the planner chooses, then with sorting priced out
+                    # (`enable_sort` off), which makes it walk the HNSW index
+                    for label, forced in ((path, False), *([("hnsw", True)] * (path != "exact"))):
+                        conn.execute(f"SET enable_sort = {'off' if forced else 'on'}")
+                        for scope, only in SCOPES.items():
+                            times, found = _run(conn, agent, only, queries, args.k)
+                            times.sort()
+                            p99 = times[min(len(times) - 1, int(len(times) * 0.99))]
+                            note = f"fill {fill:.0f} s"
+                            if path == "exact":
+                                exact[scope] = found
+                            else:
+                                same = sum(a == b for a, b in zip(found, exact[scope], strict=True))
+                                plan = _plan(conn, agent, only, queries[0], args.k)
+                                note += f", plan {plan}, exact top {args.k}: {same}/{len(found)}"
+                            median = statistics.median(times)
+                            print(
+                                f"{rows:>8} {label:>9} {scope:>9} {median:>8.1f} {p99:>8.1f}  {note}",
+                                flush=True,
+                            )
             except StorageError as exc:
                 print(f"{rows:>8} {path:>9} skipped: {exc}")
 

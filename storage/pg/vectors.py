@@ -51,7 +51,7 @@ from psycopg import pq, sql
 from psycopg.adapt import Dumper
 
 from ...protocol.indexer import IndexerAck, StoreVectors, VectorsStored
-from ..vector_index import Near, pick, products
+from ..vector_index import Near, pick, products, rounding_margin
 from ..vectors import PendingBatch, from_blobs, text_digest
 from .db import SCHEMA, VECTOR_SEARCH_KEY
 from .transcripts import Connection, _text
@@ -573,21 +573,31 @@ def ranked_rows(
 ) -> list[Near]:
     """The pgvector path: the `k` rows of `source` (vectors as `v`, keyed by `v.{key}`)
     that `where` admits, nearest to `query_vec` by inner product in SQL; the best
-    `k + RERANKED` cross the wire and `_top_k` orders them as the exact path does."""
+    `k + RERANKED` cross the wire and `_top_k` orders them as the exact path does.
+
+    SQL orders by the distance alone, so the planner may walk the HNSW index (a second sort
+    key rules it out). Rows within float32 rounding of the k-th are all rescored by `pick`,
+    which breaks ties newest first: when such near-ties reach past the rows fetched, every
+    row within the margin is fetched too (ties of one vector stored many times)."""
     query = numpy.asarray(query_vec, dtype="<f4").reshape(-1)
     if k <= 0 or not len(query):
         return []
     dims = len(query)
     condition, ordering = ranked_sql(conn, name, dims)
     limit = k + RERANKED
+    select = f"SELECT v.{key}, v.vector, {ordering} FROM {source} WHERE {where} AND {condition}"
+    bound = {**params, "query": Embedding.of(query.tobytes())}
     with conn.transaction():
         search_settings(conn, limit)
         with embedding_cursor(conn, binary=True) as cur:
-            rows = cur.execute(
-                f"SELECT v.{key}, v.vector FROM {source} WHERE {where} AND {condition}"
-                f" ORDER BY {ordering}, v.{key} DESC LIMIT {limit}",
-                {**params, "query": Embedding.of(query.tobytes())},
-            ).fetchall()
+            rows = cur.execute(f"{select} ORDER BY {ordering} LIMIT {limit}", bound).fetchall()
+            distances = sorted(float(row[2]) for row in rows)
+            margin = rounding_margin(dims, float(numpy.linalg.norm(query)), 1.0)
+            if len(rows) == limit and distances[-1] <= distances[k - 1] + margin:
+                rows = cur.execute(
+                    f"{select} AND {ordering} <= %(reach)s",
+                    {**bound, "reach": distances[k - 1] + margin},
+                ).fetchall()
         if len(rows) < limit:  # fewer than asked: are other dimensions hiding rows?
             other = conn.execute(
                 f"SELECT vector_dims(v.embedding) FROM {source} WHERE {where}"
