@@ -572,3 +572,21 @@ def test_a_store_made_before_the_pgvector_step_gets_its_vectors_as_embeddings() 
         query = numpy.frombuffer(embed("seat 4"), dtype="<f4")
         assert _plain(_nearest(conn, agent, query, 5)) == _top_k_of(rows, query, 5)
         conn.close()
+
+
+def test_ties_past_the_rows_fetched_rank_newest_first_on_each_path(pg_dsn: str) -> None:
+    # One vector stored 40 times: more ties than the pgvector path fetches at first.
+    agent = fresh_agent()
+    writer = _store_one(pg_dsn, agent, ["same seat"] * 40 + ["other"])
+    ids = [
+        int(i)
+        for (i,) in writer.conn.execute(
+            f"SELECT event_id FROM {pg_db.SCHEMA}.message_vectors WHERE agent = %s"
+            " ORDER BY event_id DESC",
+            (agent,),
+        ).fetchall()
+    ]
+    query = numpy.frombuffer(embed("same seat"), dtype="<f4")
+    near = _nearest(writer.conn, agent, query, 5)
+    assert [row.id for row in near] == ids[1:6]  # the newest of the ties ("other" is last)
+    writer.conn.close()
