@@ -116,7 +116,8 @@ def _plan(conn: Any, agent: str, only: str | None, query: numpy.ndarray, k: int)
     with conn.transaction(), pg_vectors.embedding_cursor(conn) as cur:
         pg_vectors.search_settings(conn, k + pg_vectors.RERANKED)
         plan = cur.execute(
-            f"EXPLAIN (COSTS OFF) SELECT v.event_id FROM {pg_db.SCHEMA}.message_vectors v"
+            f"EXPLAIN (COSTS OFF) SELECT v.event_id, v.vector, {ordering}"
+            f" FROM {pg_db.SCHEMA}.message_vectors v"
             " WHERE v.agent = %(agent)s AND v.session_id IN"
             f" (SELECT id FROM ({sql}) visible WHERE NOT dirty) AND {condition}"
             f" ORDER BY {ordering} LIMIT {k + pg_vectors.RERANKED}",
@@ -155,7 +156,7 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=20)
     args = parser.parse_args()
     queries = _queries(args.queries)
-    print(f"{'rows':>8} {'path':>9} {'scope':>9} {'p50 ms':>8} {'p99 ms':>8}  notes")
+    print(f"{'rows':>8} {'path':>10} {'scope':>9} {'p50 ms':>8} {'p99 ms':>8}  notes")
     for rows in args.rows:
         sessions = max(1, rows // args.identity_rows)
         agent = f"bench{rows}"
@@ -164,10 +165,14 @@ def main() -> None:
             try:
                 with _database(args.dsn, choice) as conn:
                     fill = _fill(conn, agent, rows, sessions, path == "pgvector")
-                    # pgvector twice: as the planner chooses, then with sorting priced out
-                    # (`enable_sort` off), which makes it walk the HNSW index
-                    for label, forced in ((path, False), *([("hnsw", True)] * (path != "exact"))):
+                    # pgvector as the planner chooses, then with sorting priced out
+                    # (`enable_sort` off, so it walks the HNSW index) at two candidate lists
+                    variants = [(path, False, 40)]
+                    if path != "exact":
+                        variants += [("hnsw", True, 40), ("hnsw ef200", True, 200)]
+                    for label, forced, ef in variants:
                         conn.execute(f"SET enable_sort = {'off' if forced else 'on'}")
+                        pg_vectors.EF_SEARCH = ef
                         for scope, only in SCOPES.items():
                             times, found = _run(conn, agent, only, queries, args.k)
                             times.sort()
@@ -176,12 +181,19 @@ def main() -> None:
                             if path == "exact":
                                 exact[scope] = found
                             else:
-                                same = sum(a == b for a, b in zip(found, exact[scope], strict=True))
+                                pairs = list(zip(found, exact[scope], strict=True))
+                                same = sum(a == b for a, b in pairs)
+                                recall = statistics.mean(
+                                    len(set(a) & set(b)) / len(b) for a, b in pairs
+                                )
                                 plan = _plan(conn, agent, only, queries[0], args.k)
-                                note += f", plan {plan}, exact top {args.k}: {same}/{len(found)}"
+                                note += (
+                                    f", plan {plan}, exact top {args.k}: {same}/{len(found)},"
+                                    f" recall@{args.k} {recall:.2f}"
+                                )
                             median = statistics.median(times)
                             print(
-                                f"{rows:>8} {label:>9} {scope:>9} {median:>8.1f} {p99:>8.1f}  {note}",
+                                f"{rows:>8} {label:>10} {scope:>9} {median:>8.1f} {p99:>8.1f}  {note}",
                                 flush=True,
                             )
             except StorageError as exc:

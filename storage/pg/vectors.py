@@ -66,6 +66,7 @@ RERANKED = 16
 """pgvector path: rows fetched beyond `k`, so rows SQL ranks within float32 rounding of the
 k-th are rescored by `pick` as the exact path rescores them."""
 HNSW_MAX_DIMS = 2000  # pgvector's HNSW indexes `vector` of at most this many dimensions
+EF_SEARCH = 40  # HNSW's candidate list (pgvector's default), raised to the rows asked for
 EF_SEARCH_MAX = 1000  # pgvector's bound on hnsw.ef_search
 
 
@@ -286,7 +287,7 @@ def search_settings(conn: Connection, limit: int) -> None:
     conn.execute(
         "SELECT set_config('hnsw.iterative_scan', 'relaxed_order', true),"
         " set_config('hnsw.ef_search', %s, true)",
-        (str(min(EF_SEARCH_MAX, max(40, limit))),),
+        (str(min(EF_SEARCH_MAX, max(EF_SEARCH, limit))),),
     )
 
 
