@@ -3,18 +3,20 @@
 - exact: the store without pgvector (`storage.pgvector` off): one query reads the visible
   rows' float32 bytes and numpy scores them (`storage/pg/vectors.nearest_message_rows`);
 - pgvector: the store with it: SQL ranks the visible rows by `<#>` over the `embedding`
-  column (the HNSW index of the vector space when the planner takes it) and only the best
-  `k + RERANKED` rows are read (`ranked_rows`).
+  column and only the best `k + RERANKED` rows are read (`ranked_rows`);
+- hnsw (with `--hnsw`): the alternative the store does not take, measured here: an HNSW
+  index of the same rows (`vector_ip_ops`) walked with `hnsw.iterative_scan` under the
+  same visibility filter, at two candidate lists (`hnsw.ef_search` 40 and 200).
 
 Each path gets a database the benchmark creates and drops, filled with the same seeded
-rows: ROWS vectors of 384 dimensions (all-MiniLM-L6-v2's size) in sessions of
-IDENTITY_ROWS rows each. Two callers: one who sees every session (`all`) and one who sees
-one session, one identity's rows (`identity`). It prints p50/p99 per path and scope after a
-warm-up, the plan pgvector's ranking took (HNSW or a sort of the visible rows), and how
-many queries gave pgvector the exact path's very top k.
+rows: ROWS random unit vectors of 384 dimensions (all-MiniLM-L6-v2's size; random vectors
+are the hard case for an approximate index) in sessions of IDENTITY_ROWS rows each. Two
+callers: one who sees every session (`all`) and one who sees one session, one identity's
+rows (`identity`). It prints p50/p99 per path and scope after a warm-up, how many queries
+gave the exact path's very top k, and recall@k (the share of the exact top k found).
 
     python -m activememory.simulations.bench.pg_vectors [--dsn ADMIN_DSN] [--rows 100000]
-        [--identity-rows 2000] [--queries 15] [--k 20]
+        [--identity-rows 2000] [--queries 15] [--k 20] [--hnsw]
 """
 
 from __future__ import annotations
@@ -50,8 +52,8 @@ def _blocks(rows: int, seed: int = 7) -> Iterator[tuple[int, numpy.ndarray]]:
 
 
 def _fill(conn: Any, agent: str, rows: int, sessions: int, pgvector: bool) -> float:
-    """`rows` indexed messages with vectors over `sessions` sessions (COPY); pgvector: the
-    `embedding` column too and the space's HNSW index, built after the rows. Seconds."""
+    """`rows` indexed messages with vectors over `sessions` sessions (COPY; pgvector: the
+    `embedding` column too). Seconds."""
     s = pg_db.SCHEMA
     started = time.perf_counter()
     conn.execute(
@@ -76,9 +78,6 @@ def _fill(conn: Any, agent: str, rows: int, sessions: int, pgvector: bool) -> fl
                 if pgvector:  # pgvector's text form; float32 repr is read back bit for bit
                     row = (*row, "[" + ",".join(map(str, vector.tolist())) + "]")
                 copy.write_row(row)
-    if pgvector:
-        conn.execute("SET maintenance_work_mem = '512MB'")  # the graph fits: one pass
-        pg_vectors.ensure_vector_index(conn, "message_vectors", NAME, DIM)
     conn.execute(f"ANALYZE {s}.sessions")
     conn.execute(f"ANALYZE {s}.message_vectors")
     return time.perf_counter() - started
@@ -109,22 +108,69 @@ def _run(
     return times[1:], found[1:]
 
 
-def _plan(conn: Any, agent: str, only: str | None, query: numpy.ndarray, k: int) -> str:
-    """How the planner ranks on the pgvector path: HNSW or a sort of the visible rows."""
+def _hnsw_index(conn: Any) -> float:
+    """An HNSW index of the rows (what the store does not make). Seconds to build it."""
+    started = time.perf_counter()
+    conn.execute("SET maintenance_work_mem = '512MB'")  # the graph fits: one pass
+    conn.execute(
+        f"CREATE INDEX bench_hnsw ON {pg_db.SCHEMA}.message_vectors USING hnsw"
+        f" ((embedding::vector({DIM})) vector_ip_ops) WHERE name = '{NAME}'"
+    )
+    conn.execute(f"ANALYZE {pg_db.SCHEMA}.message_vectors")
+    return time.perf_counter() - started
+
+
+def _run_hnsw(
+    conn: Any, agent: str, only: str | None, queries: list[numpy.ndarray], k: int, ef: int
+) -> tuple[list[float], list[list[int]]]:
+    """`_run` through the HNSW index: ordered by the distance alone, the filter applied as
+    the index is walked (iterative scan), the `k` best read back and ranked by `pick`."""
     sql, params = scope_sql(agent, "all", CALLER, only)
-    condition, ordering = pg_vectors.ranked_sql(conn, NAME, DIM)
-    with conn.transaction(), pg_vectors.embedding_cursor(conn) as cur:
-        pg_vectors.search_settings(conn, k + pg_vectors.RERANKED)
-        plan = cur.execute(
-            f"EXPLAIN (COSTS OFF) SELECT v.event_id, v.vector, {ordering}"
-            f" FROM {pg_db.SCHEMA}.message_vectors v"
-            " WHERE v.agent = %(agent)s AND v.session_id IN"
-            f" (SELECT id FROM ({sql}) visible WHERE NOT dirty) AND {condition}"
-            f" ORDER BY {ordering} LIMIT {k + pg_vectors.RERANKED}",
-            {**params, "agent": agent, "query": pg_vectors.Embedding.of(query.tobytes())},
-        ).fetchall()
-    text = "\n".join(str(line[0]) for line in plan)
-    return "hnsw" if "_hnsw_" in text else "sort"
+    statement = (
+        f"SELECT v.event_id, v.vector FROM {pg_db.SCHEMA}.message_vectors v"
+        " WHERE v.agent = %(agent)s AND v.session_id IN"
+        f" (SELECT id FROM ({sql}) visible WHERE NOT dirty) AND v.name = '{NAME}'"
+        f" ORDER BY (v.embedding::vector({DIM})) <#> %(query)s::vector({DIM})"
+        f" LIMIT {k + pg_vectors.RERANKED}"
+    )
+    times, found = [], []
+    for turn, query in enumerate([queries[0], *queries]):
+        start = time.perf_counter()
+        with conn.transaction(), pg_vectors.embedding_cursor(conn, binary=True) as cur:
+            conn.execute(
+                "SELECT set_config('hnsw.iterative_scan', 'relaxed_order', true),"
+                " set_config('hnsw.ef_search', %s, true), set_config('enable_sort', 'off', true)",
+                (str(ef),),
+            )
+            if turn == 0:  # the warm-up: is the index taken?
+                taken = cur.execute(
+                    f"EXPLAIN {statement}",
+                    {**params, "agent": agent, "query": pg_vectors.Embedding.of(query.tobytes())},
+                ).fetchall()
+                if "bench_hnsw" not in str(taken):
+                    raise RuntimeError("the planner did not take the HNSW index")
+            rows = cur.execute(
+                statement,
+                {**params, "agent": agent, "query": pg_vectors.Embedding.of(query.tobytes())},
+            ).fetchall()
+        near = pg_vectors._top_k(rows, query, k)
+        times.append((time.perf_counter() - start) * 1000)
+        found.append([row.id for row in near])
+    return times[1:], found[1:]
+
+
+def _line(rows: int, label: str, scope: str, times: list[float], note: str) -> None:
+    times = sorted(times)
+    p99 = times[min(len(times) - 1, int(len(times) * 0.99))]
+    median = statistics.median(times)
+    print(f"{rows:>8} {label:>10} {scope:>9} {median:>8.1f} {p99:>8.1f}  {note}", flush=True)
+
+
+def _agreement(found: list[list[int]], exact: list[list[int]], k: int) -> str:
+    pairs = list(zip(found, exact, strict=True))
+    same = sum(a == b for a, b in pairs)
+    recall = statistics.mean(len(set(a) & set(b)) / max(1, len(b)) for a, b in pairs)
+    return f"exact top {k}: {same}/{len(pairs)}, recall@{k} {recall:.2f}"
 
 
 @contextmanager
@@ -154,6 +200,7 @@ def main() -> None:
     parser.add_argument("--identity-rows", type=int, default=2_000)
     parser.add_argument("--queries", type=int, default=15)
     parser.add_argument("--k", type=int, default=20)
+    parser.add_argument("--hnsw", action="store_true", help="measure an HNSW index too")
     args = parser.parse_args()
     queries = _queries(args.queries)
     print(f"{'rows':>8} {'path':>10} {'scope':>9} {'p50 ms':>8} {'p99 ms':>8}  notes")
@@ -165,39 +212,25 @@ def main() -> None:
             try:
                 with _database(args.dsn, choice) as conn:
                     fill = _fill(conn, agent, rows, sessions, path == "pgvector")
-                    # pgvector as the planner chooses, then with sorting priced out
-                    # (`enable_sort` off, so it walks the HNSW index) at two candidate lists
-                    variants = [(path, False, 40)]
-                    if path != "exact":
-                        variants += [("hnsw", True, 40), ("hnsw ef200", True, 200)]
-                    for label, forced, ef in variants:
-                        conn.execute(f"SET enable_sort = {'off' if forced else 'on'}")
-                        pg_vectors.EF_SEARCH = ef
-                        for scope, only in SCOPES.items():
-                            times, found = _run(conn, agent, only, queries, args.k)
-                            times.sort()
-                            p99 = times[min(len(times) - 1, int(len(times) * 0.99))]
-                            note = f"fill {fill:.0f} s"
-                            if path == "exact":
-                                exact[scope] = found
-                            else:
-                                pairs = list(zip(found, exact[scope], strict=True))
-                                same = sum(a == b for a, b in pairs)
-                                recall = statistics.mean(
-                                    len(set(a) & set(b)) / len(b) for a, b in pairs
+                    for scope, only in SCOPES.items():
+                        times, found = _run(conn, agent, only, queries, args.k)
+                        note = f"fill {fill:.0f} s"
+                        if path == "exact":
+                            exact[scope] = found
+                        else:
+                            note += ", " + _agreement(found, exact[scope], args.k)
+                        _line(rows, path, scope, times, note)
+                    if path == "pgvector" and args.hnsw:
+                        built = _hnsw_index(conn)
+                        for ef in (40, 200):
+                            for scope, only in SCOPES.items():
+                                times, found = _run_hnsw(conn, agent, only, queries, args.k, ef)
+                                note = f"index {built:.0f} s, " + _agreement(
+                                    found, exact[scope], args.k
                                 )
-                                plan = _plan(conn, agent, only, queries[0], args.k)
-                                note += (
-                                    f", plan {plan}, exact top {args.k}: {same}/{len(found)},"
-                                    f" recall@{args.k} {recall:.2f}"
-                                )
-                            median = statistics.median(times)
-                            print(
-                                f"{rows:>8} {label:>10} {scope:>9} {median:>8.1f} {p99:>8.1f}  {note}",
-                                flush=True,
-                            )
+                                _line(rows, f"hnsw ef{ef}", scope, times, note)
             except StorageError as exc:
-                print(f"{rows:>8} {path:>9} skipped: {exc}")
+                print(f"{rows:>8} {path:>10} skipped: {exc}")
 
 
 if __name__ == "__main__":

@@ -34,7 +34,6 @@ from .vectors import (
     Embedding,
     _top_k,
     embedding_cursor,
-    ensure_vector_index,
     ranked_rows,
     uses_pgvector,
 )
@@ -129,9 +128,6 @@ def apply_store_record_vectors(
     vector of that record is replaced (storage/record_vectors.py's rule)."""
     stored = skipped = 0
     pgvector = uses_pgvector(conn)
-    if pgvector:  # the space's index before its rows (storage/pg/vectors.py)
-        for dims in {len(row.vector) // 4 for row in rows}:
-            ensure_vector_index(conn, "record_vectors", name, dims)
     with embedding_cursor(conn) as cur:
         for row in rows:
             found = cur.execute(

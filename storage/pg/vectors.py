@@ -34,9 +34,9 @@ Search takes the path the store recorded when it was created (storage/pg/db.py
 - pgvector: every vector table also holds the vector as pgvector's `vector` (`embedding`,
   written by the same statement as the bytes). SQL ranks the visible rows by inner product
   (`<#>`: the vectors are unit length, so it is the cosine) under the same WHERE as the
-  exact path, through an HNSW index per (table, name, dimensions) when the planner takes it
-  (`hnsw.iterative_scan`, so the visibility filter does not starve the result), and only
-  the best `k + RERANKED` rows cross the wire; `pick` then orders them exactly as above.
+  exact path, ties newest first, and only the best `k + RERANKED` rows cross the wire;
+  `pick` then orders them exactly as above. Exact, with no index: an HNSW index was
+  measured and left out (approximate; docs/design.md §11 "Vectors with pgvector").
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ from typing import Any, cast
 
 import numpy
 import psycopg
-from psycopg import pq, sql
+from psycopg import pq
 from psycopg.adapt import Dumper
 
 from ...protocol.indexer import IndexerAck, StoreVectors, VectorsStored
@@ -65,9 +65,6 @@ search's time and memory (measured in docs/design.md §11 "Notes, vectors and er
 RERANKED = 16
 """pgvector path: rows fetched beyond `k`, so rows SQL ranks within float32 rounding of the
 k-th are rescored by `pick` as the exact path rescores them."""
-HNSW_MAX_DIMS = 2000  # pgvector's HNSW indexes `vector` of at most this many dimensions
-EF_SEARCH = 40  # HNSW's candidate list (pgvector's default), raised to the rows asked for
-EF_SEARCH_MAX = 1000  # pgvector's bound on hnsw.ef_search
 
 
 def vectors_ddl() -> str:
@@ -140,8 +137,6 @@ CREATE TRIGGER epoch_of_deleted AFTER DELETE ON {_S}.message_vectors
 
 # -- pgvector (docs/design.md §11 "Vectors with pgvector") --------------------------------
 
-VECTOR_TABLES = ("message_vectors", "note_vectors", "record_vectors")
-
 # A schema step: nothing unless the store chose pgvector (storage/pg/db.py records the
 # choice before the steps run). The type is named in the extension's own schema, wherever
 # a DBA put it; the queries below name it unqualified (it must be on the search_path).
@@ -179,46 +174,14 @@ BEGIN
         -- NOT NULL: a writer that forgot the vector fails instead of hiding its row
         EXECUTE format('ALTER TABLE @S@.%I ALTER COLUMN embedding SET NOT NULL', t);
     END LOOP;
-    -- The HNSW index of one vector space (table, name, dimensions), made by the first
-    -- writer that stores vectors of it. SECURITY DEFINER: a worker bound by row security
-    -- (docs/design.md §11) does not own the tables, and only an owner may index them.
-    EXECUTE format($f$
-        CREATE FUNCTION @S@.vector_index(tbl text, space text, dims integer) RETURNS boolean
-        LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, %1$I, pg_temp AS $$
-        DECLARE idx text := tbl || '_hnsw_' || left(md5(space || '/' || dims), 16);
-        BEGIN
-            IF tbl IS NULL OR tbl NOT IN ('message_vectors', 'note_vectors', 'record_vectors')
-            THEN
-                RAISE EXCEPTION 'vector_index: tbl: expected message_vectors, note_vectors'
-                    ' or record_vectors, got %%', quote_nullable(tbl);
-            END IF;
-            IF dims IS NULL OR dims < 1 OR dims > @HNSW_MAX@ OR space IS NULL THEN
-                RETURN false;  -- beyond HNSW's limit: ranked in SQL without an index
-            END IF;
-            IF to_regclass('@S@.' || idx) IS NOT NULL THEN
-                RETURN true;
-            END IF;
-            PERFORM pg_advisory_xact_lock(hashtext(idx));  -- two first writers: one builds
-            IF to_regclass('@S@.' || idx) IS NULL THEN
-                EXECUTE format('CREATE INDEX %%I ON @S@.%%I USING hnsw'
-                    ' ((embedding::vector(%%s)) vector_ip_ops)'
-                    ' WHERE name = %%L AND vector_dims(embedding) = %%s',
-                    idx, tbl, dims, space, dims);
-            END IF;
-            RETURN true;
-        END $$$f$, ext);
 END $step$;
 """
 
 
 def pgvector_ddl() -> str:
-    """The pgvector step of storage/pg/db.py: the `embedding` columns (backfilled) and the
-    index function, when the store chose pgvector; nothing otherwise."""
-    return (
-        _PGVECTOR_DDL.replace("@S@", _S)
-        .replace("@KEY@", VECTOR_SEARCH_KEY)
-        .replace("@HNSW_MAX@", str(HNSW_MAX_DIMS))
-    )
+    """The pgvector step of storage/pg/db.py: the `embedding` columns (backfilled), when
+    the store chose pgvector; nothing otherwise."""
+    return _PGVECTOR_DDL.replace("@S@", _S).replace("@KEY@", VECTOR_SEARCH_KEY)
 
 
 def uses_pgvector(conn: Connection) -> bool:
@@ -254,41 +217,6 @@ def embedding_cursor(conn: Connection, *, binary: bool = False) -> psycopg.Curso
     cur = conn.cursor(binary=binary)
     cur.adapters.register_dumper(Embedding, _EmbeddingDumper)
     return cur
-
-
-def ensure_vector_index(conn: Connection, table: str, name: str, dims: int) -> None:
-    """The HNSW index of (table, name, dims), made if missing (`vector_index`). In a
-    savepoint: a failure (a lock wait the server breaks as a deadlock) costs only the
-    index, which the next write of the space makes; the rows are stored regardless."""
-    try:
-        with conn.transaction():
-            conn.execute(f"SELECT {_S}.vector_index(%s, %s, %s)", (table, name, dims))
-    except psycopg.errors.DeadlockDetected:
-        pass
-
-
-def _literal(conn: Connection, value: str) -> str:
-    """`value` as an SQL literal inside a query that also has %-parameters: the partial
-    indexes' predicates match a constant name, never a parameter."""
-    return sql.Literal(value).as_string(conn).replace("%", "%%")
-
-
-def ranked_sql(conn: Connection, name: str, dims: int) -> tuple[str, str]:
-    """(condition, ordering) on vectors `v` that match the HNSW index of the space (name,
-    dims), ranking by inner product with the parameter `%(query)s`."""
-    condition = f"v.name = {_literal(conn, name)} AND vector_dims(v.embedding) = {int(dims)}"
-    ordering = f"(v.embedding::vector({int(dims)})) <#> %(query)s::vector({int(dims)})"
-    return condition, ordering
-
-
-def search_settings(conn: Connection, limit: int) -> None:
-    """This transaction's HNSW scan: keep scanning until `limit` rows pass the filters
-    (`relaxed_order`: `pick` orders them anyway), with a candidate list at least that long."""
-    conn.execute(
-        "SELECT set_config('hnsw.iterative_scan', 'relaxed_order', true),"
-        " set_config('hnsw.ef_search', %s, true)",
-        (str(min(EF_SEARCH_MAX, max(EF_SEARCH, limit))),),
-    )
 
 
 # -- the writer's half (inside the writer's transaction) ----------------------------------
@@ -356,13 +284,7 @@ def apply_store_vectors(conn: Connection, agent: str, cmd: StoreVectors) -> Inde
         cache.append((agent, row.digest, cmd.name, row.vector))
         note_rows.append((agent, row.id, cmd.name, row.vector))
     pgvector = uses_pgvector(conn)
-    if pgvector:  # each row's bytes also as pgvector's `vector`, its space indexed first
-        for table, dims_set in (
-            ("message_vectors", {len(r.vector) // 4 for r in cmd.messages}),
-            ("note_vectors", {len(r.vector) // 4 for r in cmd.notes}),
-        ):
-            for dims in dims_set:
-                ensure_vector_index(conn, table, cmd.name, dims)
+    if pgvector:  # each row's bytes also as pgvector's `vector`
         message_rows = [(*row, Embedding.of(cast(bytes, row[-1]))) for row in message_rows]
         note_rows = [(*row, Embedding.of(cast(bytes, row[-1]))) for row in note_rows]
     embedding = (", embedding", ", %s::vector", ", embedding = excluded.embedding")
@@ -573,30 +495,32 @@ def ranked_rows(
     k: int,
 ) -> list[Near]:
     """The pgvector path: the `k` rows of `source` (vectors as `v`, keyed by `v.{key}`)
-    that `where` admits, nearest to `query_vec` by inner product in SQL; the best
-    `k + RERANKED` cross the wire and `_top_k` orders them as the exact path does.
-
-    SQL orders by the distance alone, so the planner may walk the HNSW index (a second sort
-    key rules it out). Rows within float32 rounding of the k-th are all rescored by `pick`,
-    which breaks ties newest first: when such near-ties reach past the rows fetched, every
-    row within the margin is fetched too (ties of one vector stored many times)."""
+    that `where` admits, nearest to `query_vec` by inner product, ranked in SQL (ties newest
+    first, as `pick`); the best `k + RERANKED` cross the wire and `_top_k` orders them as
+    the exact path does. Rows within float32 rounding of the k-th are all rescored by
+    `pick`: when such near-ties reach past the rows fetched, every row within the margin is
+    fetched too."""
     query = numpy.asarray(query_vec, dtype="<f4").reshape(-1)
     if k <= 0 or not len(query):
         return []
     dims = len(query)
-    condition, ordering = ranked_sql(conn, name, dims)
+    distance = "v.embedding <#> %(query)s::vector"
     limit = k + RERANKED
-    select = f"SELECT v.{key}, v.vector, {ordering} FROM {source} WHERE {where} AND {condition}"
-    bound = {**params, "query": Embedding.of(query.tobytes())}
+    select = (
+        f"SELECT v.{key}, v.vector, {distance} FROM {source} WHERE {where}"
+        f" AND v.name = %(vector_name)s AND vector_dims(v.embedding) = {dims}"
+    )
+    bound = {**params, "vector_name": name, "query": Embedding.of(query.tobytes())}
     with conn.transaction():
-        search_settings(conn, limit)
         with embedding_cursor(conn, binary=True) as cur:
-            rows = cur.execute(f"{select} ORDER BY {ordering} LIMIT {limit}", bound).fetchall()
+            rows = cur.execute(
+                f"{select} ORDER BY {distance}, v.{key} DESC LIMIT {limit}", bound
+            ).fetchall()
             distances = sorted(float(row[2]) for row in rows)
             margin = rounding_margin(dims, float(numpy.linalg.norm(query)), 1.0)
             if len(rows) == limit and distances[-1] <= distances[k - 1] + margin:
                 rows = cur.execute(
-                    f"{select} AND {ordering} <= %(reach)s",
+                    f"{select} AND {distance} <= %(reach)s",
                     {**bound, "reach": distances[k - 1] + margin},
                 ).fetchall()
         if len(rows) < limit:  # fewer than asked: are other dimensions hiding rows?
