@@ -586,3 +586,13 @@ def test_ties_past_the_rows_fetched_rank_newest_first_on_each_path(pg_dsn: str) 
     near = _nearest(writer.conn, agent, query, 5)
     assert [row.id for row in near] == ids[1:6]  # the newest of the ties ("other" is last)
     writer.conn.close()
+
+
+@pytest.mark.anyio
+async def test_the_config_key_reaches_the_store(pg_exact_dsn: str, tmp_path: Any) -> None:
+    import activememory as am
+
+    config = {"storage": {"backend": "postgresql", "dsn": pg_exact_dsn, "pgvector": "on"}}
+    with pytest.raises(am.StorageError, match="storage.pgvector: on, but this store was created"):
+        async with am.open_memory(tmp_path / "s", config=config):
+            pass
