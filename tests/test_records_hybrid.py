@@ -40,6 +40,7 @@ def storage(storage_each_vector_path: str | None) -> str | None:
     """Each test on SQLite and on both PostgreSQL vector paths (docs/design.md §11)."""
     return storage_each_vector_path
 
+
 U1 = "u1"
 PEANUTS = "I am allergic to peanuts, so no peanut snacks please."
 QUESTION = "What can't I eat?"  # no word in common with PEANUTS

@@ -32,6 +32,7 @@ def storage(storage_each_vector_path: str | None) -> str | None:
     """Each test on SQLite and on both PostgreSQL vector paths (docs/design.md §11)."""
     return storage_each_vector_path
 
+
 QUESTION = "haystack"
 
 
