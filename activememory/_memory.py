@@ -904,5 +904,9 @@ def _postgresql(storage: object, config: Config, *, readonly: bool) -> PgSetting
             f" {exc}"
         ) from None
     return PgSettings(
-        dsn=dsn, pool_min=section.pool_min, pool_max=section.pool_max, readonly=readonly
+        dsn=dsn,
+        pool_min=section.pool_min,
+        pool_max=section.pool_max,
+        readonly=readonly,
+        pgvector=section.pgvector,
     )

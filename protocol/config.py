@@ -669,6 +669,13 @@ class StorageSection(
     pool_max: Annotated[
         int, msgspec.Meta(ge=1, le=256, description="Most reader connections at once")
     ] = 4
+    pgvector: Annotated[
+        Literal["auto", "on", "off"],
+        msgspec.Meta(
+            description="Vectors with the pgvector extension when a store is created"
+            " (auto: if the server has it and lets the role create it)"
+        ),
+    ] = "auto"
 
 
 class ConfigFile(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):

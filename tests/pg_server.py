@@ -56,9 +56,54 @@ def scratch_database() -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def pg_dsn() -> Iterator[str]:
-    """The DSN of this test session's own database."""
+    """The DSN of this test session's own database (its store takes `storage.pgvector`'s
+    default, auto: pgvector where the server has it, the exact path elsewhere)."""
     with scratch_database() as dsn:
         yield dsn
+
+
+# --- The two vector paths (docs/design.md §11 "Vectors with pgvector") ----------------------
+
+VECTOR_PATHS = ("exact", "pgvector")
+
+
+def made_store(dsn: str, path: str) -> None:
+    """The store's schema in `dsn`, on vector path `path` ("exact": storage.pgvector off;
+    "pgvector": on). pgvector missing on the server: the test is skipped with its answer."""
+    from activememory.protocol.errors import StorageError
+    from activememory.storage.pg import db as pg_db
+
+    choice = "on" if path == "pgvector" else "off"
+    try:
+        pg_db.connect(pg_db.PgSettings(dsn=dsn, pgvector=choice)).close()
+    except StorageError as exc:
+        if path != "pgvector":
+            raise
+        pytest.skip(f"the pgvector path needs the vector extension on the server: {exc}")
+
+
+@pytest.fixture(scope="session")
+def pg_exact_dsn() -> Iterator[str]:
+    """A database of its own whose store takes the exact path (storage.pgvector off)."""
+    with scratch_database() as dsn:
+        made_store(dsn, "exact")
+        yield dsn
+
+
+@pytest.fixture(scope="session")
+def pg_pgvector_dsn() -> Iterator[str]:
+    """A database of its own whose store takes the pgvector path; skipped without it."""
+    with scratch_database() as dsn:
+        made_store(dsn, "pgvector")
+        yield dsn
+
+
+@pytest.fixture(params=VECTOR_PATHS)
+def pg_dsn_each_path(request: pytest.FixtureRequest) -> str:
+    """A store on each vector path, in turn: a module running its PostgreSQL vector tests
+    on both overrides `pg_dsn` with it (`pg_dsn = pg_dsn_each_path` does not: define a
+    fixture named pg_dsn that returns it)."""
+    return str(request.getfixturevalue(f"pg_{request.param}_dsn"))
 
 
 _agents = iter(range(1, 10**9))
@@ -72,18 +117,43 @@ def fresh_agent(prefix: str = "t") -> str:
 # --- Memories on PostgreSQL: the public-API tests run on both stores ------------------------
 
 
-@pytest.fixture(scope="session")
-def pg_memory_dsn() -> Iterator[str]:
+@contextmanager
+def memory_database(path: str | None = None) -> Iterator[str]:
     """A database of its own for `open_memory(storage=...)` tests, emptied before each
     (`storage`): they use agent `main` as on SQLite, so they cannot share rows. Commits
     do not wait for the WAL flush here (`synchronous_commit = off`): these tests are about
-    answers, not durability (tests/test_pg_crash.py is), and a suite appends thousands."""
+    answers, not durability (tests/test_pg_crash.py is), and a suite appends thousands.
+    `path`: its store made on that vector path first (`made_store`); None: left to
+    `open_memory` (storage.pgvector auto)."""
     import psycopg
 
     with scratch_database() as dsn:
         with psycopg.connect(dsn, autocommit=True) as conn:
             database = conn.info.dbname
             conn.execute(f'ALTER DATABASE "{database}" SET synchronous_commit = off')
+        if path is not None:
+            made_store(dsn, path)
+        yield dsn
+
+
+@pytest.fixture(scope="session")
+def pg_memory_dsn() -> Iterator[str]:
+    """`memory_database` with storage.pgvector auto."""
+    with memory_database() as dsn:
+        yield dsn
+
+
+@pytest.fixture(scope="session")
+def pg_exact_memory_dsn() -> Iterator[str]:
+    """`memory_database` on the exact vector path."""
+    with memory_database("exact") as dsn:
+        yield dsn
+
+
+@pytest.fixture(scope="session")
+def pg_pgvector_memory_dsn() -> Iterator[str]:
+    """`memory_database` on the pgvector path; skipped where the server lacks it."""
+    with memory_database("pgvector") as dsn:
         yield dsn
 
 
@@ -112,6 +182,18 @@ def storage(request: pytest.FixtureRequest) -> str | None:
     """Both stores for a module that imports this fixture (it overrides conftest.py's
     SQLite-only `storage`): None (SQLite in the test's state directory), then this test
     session's PostgreSQL database, emptied first. Pass it as `open_memory(storage=...)`."""
+    return _store_for(request, "pg_memory_dsn")
+
+
+@pytest.fixture(params=["sqlite", *(f"pg-{path}" for path in VECTOR_PATHS)])
+def storage_each_vector_path(request: pytest.FixtureRequest) -> str | None:
+    """`storage` with PostgreSQL on each vector path (pg-exact, pg-pgvector: skipped where
+    the server lacks pgvector). A module of vector tests overrides `storage` with it."""
+    database = {"pg-exact": "pg_exact_memory_dsn", "pg-pgvector": "pg_pgvector_memory_dsn"}
+    return _store_for(request, database.get(request.param, "sqlite"))
+
+
+def _store_for(request: pytest.FixtureRequest, database: str) -> str | None:
     if request.param == "sqlite":
         return None
     marker = request.node.get_closest_marker("sqlite_only")
@@ -125,7 +207,7 @@ def storage(request: pytest.FixtureRequest) -> str | None:
         and request.getfixturevalue("anyio_backend") != "trio"
     ) or ("executor" in request.fixturenames and request.getfixturevalue("executor") != "thread"):
         pytest.skip("PostgreSQL runs each public-API test once: on trio, thread executor")
-    dsn = str(request.getfixturevalue("pg_memory_dsn"))
+    dsn = str(request.getfixturevalue(database))
     empty_store(dsn)
     return dsn
 

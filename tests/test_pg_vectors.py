@@ -12,6 +12,7 @@ under every scope of §3 (the same ids with the same similarities).
 from __future__ import annotations
 
 import hashlib
+import secrets
 import tempfile
 import time
 from typing import Any
@@ -22,6 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_pg_store import KEYS, Pair, ops, pair, scopes
 
+from activememory.protocol.errors import InvalidInputError, StorageError
 from activememory.protocol.indexer import (
     NoteFile,
     StoreVectors,
@@ -37,9 +39,17 @@ from activememory.storage.pg.search import scope_sql as pg_scope_sql
 from activememory.storage.pg.transcripts import PgTranscriptWriter
 from activememory.storage.search import scope_sql as lite_scope_sql
 
-from pg_server import fresh_agent, pg_dsn
+from pg_server import fresh_agent, pg_dsn_each_path, pg_exact_dsn, pg_pgvector_dsn
 
-__all__ = ["pair", "pg_dsn"]  # the fixtures, imported for pytest
+# the fixtures, imported for pytest
+__all__ = ["pair", "pg_dsn_each_path", "pg_exact_dsn", "pg_pgvector_dsn"]
+
+
+@pytest.fixture
+def pg_dsn(pg_dsn_each_path: str) -> str:
+    """Every test here on both vector paths: exact, then pgvector (docs/design.md §11)."""
+    return pg_dsn_each_path
+
 
 DIM = 8
 NAMES = ["model-a", "model-b"]
@@ -356,3 +366,233 @@ def test_the_watermark_waits_for_a_transaction_in_flight(pg_dsn: str) -> None:
     assert [i for i, _ in moved.messages] == [second] and moved.scanned_to >= second
     for conn in (writer.conn, reader, other):
         conn.close()
+
+
+# --- The two vector paths (docs/design.md §11 "Vectors with pgvector") -----------------------
+
+
+def _store_one(dsn: str, agent: str, texts: list[str], name: str = "m") -> PgTranscriptWriter:
+    """A writer of `agent` with one session of `texts`, each with its vector of `name`."""
+    import activememory as am
+    from activememory.protocol.indexer import AppendMessage
+
+    writer = PgTranscriptWriter(pg_db.connect(pg_db.PgSettings(dsn=dsn)), agent)
+    key = am.parse_session_key("agent:main:direct:alice")
+    acks = writer.apply(
+        [AppendMessage(key=key, message=am.Message(role="user", content=t), at=1.0) for t in texts]
+    )
+    rows = tuple(
+        VectorRow(id=a.event.id, digest=lite_vectors.text_digest(t), vector=embed(t))  # type: ignore[attr-defined]
+        for a, t in zip(acks, texts, strict=True)
+    )
+    store = StoreVectors(agent="main", name=name, messages=rows)
+    assert writer.apply([store]) == [VectorsStored(messages=len(texts), notes=0, skipped=0)]
+    return writer
+
+
+def _nearest(conn: Any, agent: str, query: numpy.ndarray, k: int) -> list[Any]:
+    sql, params = pg_scope_sql(agent, "all", "agent:main:direct:alice", None)  # type: ignore[arg-type]
+    return pg_vectors.nearest_message_rows(
+        conn, agent, query, name="m", visible_sql=sql, visible_params=params, k=k
+    )
+
+
+def test_the_store_records_its_vector_path_and_every_worker_keeps_it(
+    pg_dsn: str, request: pytest.FixtureRequest
+) -> None:
+    path = request.node.callspec.params["pg_dsn_each_path"]
+    conn = pg_db.connect(pg_db.PgSettings(dsn=pg_dsn))  # auto: whatever was chosen
+    assert pg_vectors.uses_pgvector(conn) == (path == "pgvector")
+    conn.close()
+    other = "off" if path == "pgvector" else "on"
+    with pytest.raises(StorageError, match=f"storage.pgvector: {other}, but this store was"):
+        pg_db.connect(pg_db.PgSettings(dsn=pg_dsn, pgvector=other))
+    with pytest.raises(StorageError, match=f"storage.pgvector: {other}, but this store was"):
+        pg_db.connect(pg_db.PgSettings(dsn=pg_dsn, pgvector=other, readonly=True))
+
+
+def test_a_bad_pgvector_setting_names_the_key() -> None:
+    with pytest.raises(
+        InvalidInputError, match="storage.pgvector: expected auto, on or off, got 'yes'"
+    ):
+        pg_db.PgSettings(dsn="postgresql://h/db", pgvector="yes")
+
+
+def test_the_pgvector_path_ranks_in_sql_as_the_exact_path_ranks(pg_pgvector_dsn: str) -> None:
+    # Ties included: a text stored twice has one vector, and the newer row ranks first.
+    agent = fresh_agent()
+    texts = [f"seat {i % 7}" for i in range(30)]
+    writer = _store_one(pg_pgvector_dsn, agent, texts)
+    rows = writer.conn.execute(
+        f"SELECT event_id, vector, embedding::text FROM {pg_db.SCHEMA}.message_vectors"
+        " WHERE agent = %s",
+        (agent,),
+    ).fetchall()
+    for _, blob, text in rows:  # the same numbers, bit for bit
+        assert numpy.array_equal(
+            numpy.array(text.strip("[]").split(","), dtype="<f4"), numpy.frombuffer(blob, "<f4")
+        )
+    query = numpy.frombuffer(embed("seat 3"), dtype="<f4")
+    for k in (1, 5, 30):
+        assert _plain(_nearest(writer.conn, agent, query, k)) == _top_k_of(rows, query, k)
+    writer.conn.close()
+
+
+def _top_k_of(rows: list[Any], query: numpy.ndarray, k: int) -> list[Any]:
+    """The exact path's ranking of these (id, bytes) rows, as `_plain`."""
+    return _plain(pg_vectors._top_k([(i, bytes(b)) for i, b, *_ in rows], query, k))
+
+
+def _plain(near: list[Any]) -> list[tuple[int, float, bytes]]:
+    return [(row.id, row.similarity, row.vector.tobytes()) for row in near]
+
+
+def test_a_query_of_other_dimensions_is_refused_on_each_path(pg_dsn: str) -> None:
+    agent = fresh_agent()
+    writer = _store_one(pg_dsn, agent, ["aisle seats"])
+    with pytest.raises(ValueError, match="query_vec: expected 8 dimensions, got 3"):
+        _nearest(writer.conn, agent, numpy.ones(3, dtype="<f4") / 3**0.5, 5)
+    writer.conn.close()
+
+
+def test_a_bound_worker_stores_and_ranks_on_the_pgvector_path(pg_pgvector_dsn: str) -> None:
+    # A worker under row security (docs/design.md §11) writes the embedding column too.
+    import psycopg
+    import psycopg.conninfo
+
+    from pg_server import ADMIN_DSN
+
+    role, agent, name = f"am_pgv_{secrets.token_hex(4)}", fresh_agent(), "space-of-a-worker"
+    with psycopg.connect(ADMIN_DSN, autocommit=True) as admin:
+        admin.execute(f'CREATE ROLE "{role}" LOGIN')
+        try:
+            owner = pg_db.connect(pg_db.PgSettings(dsn=pg_pgvector_dsn))
+            owner.execute(f"SELECT {pg_db.SCHEMA}.grant_agent(%s, %s)", (role, agent))
+            owner.commit()
+            worker_dsn = psycopg.conninfo.make_conninfo(pg_pgvector_dsn, user=role)
+            writer = _store_one(worker_dsn, agent, ["aisle seats", "window seats"], name)
+            assert pg_vectors.uses_pgvector(writer.conn)
+            query = numpy.frombuffer(embed("aisle seats"), dtype="<f4")
+            near = pg_vectors.nearest_message_rows(
+                writer.conn,
+                agent,
+                query,
+                name=name,
+                visible_sql=_all_sessions(agent),
+                visible_params={},
+                k=1,
+            )
+            assert near[0].similarity == pytest.approx(1.0)
+            writer.conn.close()
+            owner.execute(f"SELECT {pg_db.SCHEMA}.revoke_agent(%s)", (role,))
+            owner.commit()
+            owner.close()
+        finally:
+            admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s",
+                (role,),
+            )
+            admin.execute(f'DROP ROLE IF EXISTS "{role}"')
+
+
+def _all_sessions(agent: str) -> str:
+    return f"SELECT id, dirty FROM {pg_db.SCHEMA}.sessions WHERE agent = '{agent}'"
+
+
+def test_a_role_that_may_not_create_pgvector_gets_the_exact_path_or_a_clear_error() -> None:
+    # auto: the server decides who may create the extension (a superuser, for pgvector);
+    # on: its refusal, quoted, naming the key.
+    import psycopg
+    import psycopg.conninfo
+
+    from pg_server import ADMIN_DSN, scratch_database
+
+    role = f"am_pgv_{secrets.token_hex(4)}"
+    with psycopg.connect(ADMIN_DSN, autocommit=True) as admin:
+        if (
+            admin.execute("SELECT 1 FROM pg_available_extensions WHERE name = 'vector'").fetchone()
+            is None
+        ):
+            pytest.skip("the server has no vector extension: nothing to refuse")
+        admin.execute(f'CREATE ROLE "{role}" LOGIN')
+        try:
+            for setting in ("auto", "on"):
+                with scratch_database() as dsn:
+                    admin.execute(
+                        f'ALTER DATABASE "{psycopg.conninfo.conninfo_to_dict(dsn)["dbname"]}" OWNER TO "{role}"'
+                    )
+                    settings_ = pg_db.PgSettings(
+                        dsn=psycopg.conninfo.make_conninfo(dsn, user=role), pgvector=setting
+                    )
+                    if setting == "auto":
+                        conn = pg_db.connect(settings_)
+                        assert not pg_vectors.uses_pgvector(conn)
+                        conn.close()
+                    else:
+                        with pytest.raises(
+                            StorageError,
+                            match="storage.pgvector: on, but the vector extension cannot be"
+                            " created here: permission denied",
+                        ):
+                            pg_db.connect(settings_)
+        finally:
+            admin.execute(f'DROP ROLE IF EXISTS "{role}"')
+
+
+def test_a_store_made_before_the_pgvector_step_gets_its_vectors_as_embeddings() -> None:
+    from pg_server import scratch_database
+
+    with scratch_database() as dsn, pytest.MonkeyPatch.context() as patch:
+        patch.setattr(pg_db, "STEPS", pg_db.STEPS[:5])
+        patch.setattr(pg_db, "SCHEMA_VERSION", 5)
+        agent = fresh_agent()
+        writer = _store_one(dsn, agent, [f"seat {i}" for i in range(12)])
+        writer.conn.close()
+        patch.undo()
+        try:
+            conn = pg_db.connect(pg_db.PgSettings(dsn=dsn, pgvector="on"))
+        except StorageError as exc:
+            pytest.skip(f"the pgvector path needs the vector extension on the server: {exc}")
+        assert pg_db.schema_version(conn) == pg_db.SCHEMA_VERSION and pg_vectors.uses_pgvector(conn)
+        rows = conn.execute(
+            f"SELECT event_id, vector, embedding::text FROM {pg_db.SCHEMA}.message_vectors"
+            " WHERE agent = %s",
+            (agent,),
+        ).fetchall()
+        assert len(rows) == 12
+        for _, blob, text in rows:  # backfilled in SQL from the bytes, bit for bit
+            assert numpy.array_equal(
+                numpy.array(text.strip("[]").split(","), dtype="<f4"),
+                numpy.frombuffer(blob, "<f4"),
+            )
+        query = numpy.frombuffer(embed("seat 4"), dtype="<f4")
+        assert _plain(_nearest(conn, agent, query, 5)) == _top_k_of(rows, query, 5)
+        conn.close()
+
+
+def test_ties_past_the_rows_fetched_rank_newest_first_on_each_path(pg_dsn: str) -> None:
+    # One vector stored 40 times: more ties than the pgvector path fetches at first.
+    agent = fresh_agent()
+    writer = _store_one(pg_dsn, agent, ["same seat"] * 40 + ["other"])
+    ids = [
+        int(i)
+        for (i,) in writer.conn.execute(
+            f"SELECT event_id FROM {pg_db.SCHEMA}.message_vectors WHERE agent = %s"
+            " ORDER BY event_id DESC",
+            (agent,),
+        ).fetchall()
+    ]
+    query = numpy.frombuffer(embed("same seat"), dtype="<f4")
+    near = _nearest(writer.conn, agent, query, 5)
+    assert [row.id for row in near] == ids[1:6]  # the newest of the ties ("other" is last)
+    writer.conn.close()
+
+
+@pytest.mark.anyio
+async def test_the_config_key_reaches_the_store(pg_exact_dsn: str, tmp_path: Any) -> None:
+    import activememory as am
+
+    config = {"storage": {"backend": "postgresql", "dsn": pg_exact_dsn, "pgvector": "on"}}
+    with pytest.raises(am.StorageError, match="storage.pgvector: on, but this store was created"):
+        async with am.open_memory(tmp_path / "s", config=config):
+            pass

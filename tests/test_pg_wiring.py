@@ -100,6 +100,7 @@ async def test_the_config_selects_postgresql_with_its_dsn_from_the_environment(
         ),
         (None, {"storage": {"backend": "mysql"}}, am.InvalidInputError, "storage.backend"),
         (None, {"storage": {"poolMax": 0}}, am.InvalidInputError, "storage.poolMax"),
+        (None, {"storage": {"pgvector": "yes"}}, am.InvalidInputError, "storage.pgvector"),
         (None, {"storage": {"dsn": "${AM_TEST_UNSET_DSN}"}}, am.InvalidInputError, "AM_TEST_UNSET"),
         (42, {}, am.InvalidInputError, '^storage: expected "sqlite" or a PostgreSQL'),
         ("", {}, am.InvalidInputError, "^storage.dsn: expected a PostgreSQL connection string"),

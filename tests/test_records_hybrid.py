@@ -29,10 +29,17 @@ from activememory._records import NOT_SET, recall_tool
 from activememory.storage.records import records_db_path
 
 from fake_embedder import FakeEmbedder, embed_text
-from pg_server import pg_memory_dsn, storage
+from pg_server import pg_exact_memory_dsn, pg_pgvector_memory_dsn, storage_each_vector_path
 
-__all__ = ["pg_memory_dsn", "storage"]
+__all__ = ["pg_exact_memory_dsn", "pg_pgvector_memory_dsn", "storage_each_vector_path"]
 pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def storage(storage_each_vector_path: str | None) -> str | None:
+    """Each test on SQLite and on both PostgreSQL vector paths (docs/design.md §11)."""
+    return storage_each_vector_path
+
 
 U1 = "u1"
 PEANUTS = "I am allergic to peanuts, so no peanut snacks please."

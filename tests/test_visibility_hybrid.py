@@ -21,10 +21,17 @@ from test_visibility import CALLERS, KEYS, SESSIONS, SETTINGS, config, expected,
 import activememory as am
 
 from fake_embedder import DIM
-from pg_server import pg_memory_dsn, storage
+from pg_server import pg_exact_memory_dsn, pg_pgvector_memory_dsn, storage_each_vector_path
 
-__all__ = ["pg_memory_dsn", "storage"]
+__all__ = ["pg_exact_memory_dsn", "pg_pgvector_memory_dsn", "storage_each_vector_path"]
 pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def storage(storage_each_vector_path: str | None) -> str | None:
+    """Each test on SQLite and on both PostgreSQL vector paths (docs/design.md §11)."""
+    return storage_each_vector_path
+
 
 QUESTION = "haystack"
 

@@ -278,6 +278,14 @@ def _record_vectors_ddl() -> str:
     return record_vectors_ddl() + f"SELECT {SCHEMA}.secure_agent_tables();\n"
 
 
+def _pgvector_ddl() -> str:
+    # pgvector's columns, backfill and index function when the store chose it
+    # (storage/pg/vectors.py `pgvector_ddl`; the choice is `choose_vector_search`'s).
+    from .vectors import pgvector_ddl
+
+    return pgvector_ddl()
+
+
 # The schema's steps (SQL text, each run once, in order, in one transaction): a store at
 # version v lacks STEPS[v:]. A new table or index is a new step at the end.
 # Row security comes after the tables it covers.
@@ -287,8 +295,16 @@ STEPS: tuple[Callable[[], str], ...] = (
     _row_security_ddl,
     _notes_vectors_ddl,
     _record_vectors_ddl,
+    _pgvector_ddl,
 )
 SCHEMA_VERSION = len(STEPS)
+
+# How a store scores vectors (docs/design.md §11 "Vectors with pgvector"), recorded once in
+# `activememory_meta` under this key when the pgvector step runs, so every worker of the
+# database takes the same path: "pgvector" (a `vector` column beside the bytes, ranked in
+# SQL) or "exact" (the bytes alone, ranked by numpy).
+VECTOR_SEARCH_KEY = "vector_search"
+PGVECTOR_CHOICES = ("auto", "on", "off")
 
 
 class PgSettings(msgspec.Struct, frozen=True, kw_only=True):
@@ -300,15 +316,22 @@ class PgSettings(msgspec.Struct, frozen=True, kw_only=True):
     `storage.poolMax`); the password is never shown. `readonly` (`open_memory(readonly=
     True)`, docs/design.md §11 "Read-only"): every connection's transactions are read-only
     (`READ_ONLY_OPTION`), and the schema is checked, never created or migrated.
+    `pgvector` (`storage.pgvector`: auto, on, off): whether a store being created uses the
+    pgvector extension (`choose_vector_search`); an existing store keeps its choice.
     """
 
     dsn: str
     pool_min: int = 1
     pool_max: int = 4
     readonly: bool = False
+    pgvector: str = "auto"
 
     def __post_init__(self) -> None:
         check_dsn(self.dsn)
+        if self.pgvector not in PGVECTOR_CHOICES:
+            raise InvalidInputError(
+                f"storage.pgvector: expected auto, on or off, got {self.pgvector!r}"
+            )
         for name, value in (("poolMin", self.pool_min), ("poolMax", self.pool_max)):
             if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 256:
                 raise InvalidInputError(
@@ -385,9 +408,9 @@ def connect(settings: PgSettings) -> psycopg.Connection[tuple[object, ...]]:
         ) from None
     try:
         if settings.readonly:
-            check_schema(conn)
+            check_schema(conn, pgvector=settings.pgvector)
         else:
-            ensure_schema(conn)
+            ensure_schema(conn, pgvector=settings.pgvector)
     except BaseException:
         conn.close()
         raise
@@ -483,9 +506,10 @@ def schema_version(conn: psycopg.Connection[tuple[object, ...]]) -> int | None:
     return None if found is None else int(str(found[0]))
 
 
-def ensure_schema(conn: psycopg.Connection[tuple[object, ...]]) -> int:
+def ensure_schema(conn: psycopg.Connection[tuple[object, ...]], *, pgvector: str = "auto") -> int:
     """Create the schema if it is missing, in one transaction (nothing is half-created);
-    refuse a schema newer than this code. Returns the version."""
+    refuse a schema newer than this code, or a `pgvector` setting the store's recorded
+    choice contradicts (`check_vector_search`). Returns the version."""
     import psycopg
 
     try:
@@ -502,6 +526,11 @@ def ensure_schema(conn: psycopg.Connection[tuple[object, ...]]) -> int:
                 )
                 version = 0
             if version < SCHEMA_VERSION:
+                if _pgvector_ddl in STEPS[version:]:  # the choice is made now, once
+                    conn.execute(
+                        f"INSERT INTO {SCHEMA}.activememory_meta(key, value) VALUES (%s, %s)",
+                        (VECTOR_SEARCH_KEY, choose_vector_search(conn, pgvector)),
+                    )
                 # The steps this store lacks, in order, in this one transaction.
                 for step in STEPS[version:]:
                     conn.execute(step().encode())
@@ -511,15 +540,81 @@ def ensure_schema(conn: psycopg.Connection[tuple[object, ...]]) -> int:
                     (str(SCHEMA_VERSION),),
                 )
                 version = SCHEMA_VERSION
+            recorded = _recorded_vector_search(conn) if version <= SCHEMA_VERSION else None
     except psycopg.Error as exc:
         raise StorageError(
             f"storage.dsn: cannot create the activememory schema: {describe(exc)}"
         ) from None
     _refuse_newer(version)
+    check_vector_search(recorded, pgvector)
     return version
 
 
-def check_schema(conn: psycopg.Connection[tuple[object, ...]]) -> int:
+def choose_vector_search(conn: psycopg.Connection[tuple[object, ...]], pgvector: str) -> str:
+    """How a store being created scores vectors (docs/design.md §11 "Vectors with
+    pgvector"): "pgvector" when the `vector` extension is in the database already, or the
+    server has it and lets this role create it (tried in a savepoint: the server decides
+    who may); else "exact". `pgvector="off"` is always "exact"; `"on"` without the extension
+    is a `StorageError` naming `storage.pgvector` and quoting the server's answer."""
+    import psycopg
+
+    if pgvector == "off":
+        return "exact"
+    row = conn.execute(
+        "SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'vector'),"
+        " EXISTS (SELECT 1 FROM pg_available_extensions WHERE name = 'vector')"
+    ).fetchone()
+    installed, available = (bool(row[0]), bool(row[1])) if row else (False, False)
+    if installed:
+        return "pgvector"
+    if not available:
+        if pgvector == "on":
+            raise StorageError(
+                "storage.pgvector: on, but the server has no vector extension"
+                " (pg_available_extensions lacks it): install pgvector there, or set"
+                " storage.pgvector to auto or off"
+            )
+        return "exact"
+    try:
+        with conn.transaction():  # a savepoint: a refusal leaves the schema's transaction
+            conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
+    except psycopg.Error as exc:
+        if pgvector == "on":
+            raise StorageError(
+                f"storage.pgvector: on, but the vector extension cannot be created here:"
+                f" {describe(exc)} (a superuser may CREATE EXTENSION vector in this database"
+                " first; or set storage.pgvector to auto or off)"
+            ) from None
+        return "exact"
+    return "pgvector"
+
+
+def _recorded_vector_search(conn: psycopg.Connection[tuple[object, ...]]) -> str | None:
+    row = conn.execute(
+        f"SELECT value FROM {SCHEMA}.activememory_meta WHERE key = %s", (VECTOR_SEARCH_KEY,)
+    ).fetchone()
+    return None if row is None else str(row[0])
+
+
+def check_vector_search(recorded: str | None, pgvector: str) -> None:
+    """Refuse a `storage.pgvector` that contradicts the store's recorded choice: the choice
+    is made once, when the schema step runs, and every worker must take the same path."""
+    if recorded == "exact" and pgvector == "on":
+        raise StorageError(
+            "storage.pgvector: on, but this store was created without pgvector"
+            f" ({SCHEMA}.activememory_meta {VECTOR_SEARCH_KEY} = exact); the choice is made"
+            " once, when the store is created: set storage.pgvector to auto, or use a new"
+            " database"
+        )
+    if recorded == "pgvector" and pgvector == "off":
+        raise StorageError(
+            "storage.pgvector: off, but this store was created with pgvector"
+            f" ({SCHEMA}.activememory_meta {VECTOR_SEARCH_KEY} = pgvector) and every worker"
+            " must take the same path: set storage.pgvector to auto"
+        )
+
+
+def check_schema(conn: psycopg.Connection[tuple[object, ...]], *, pgvector: str = "auto") -> int:
     """A read-only open's stand-in for `ensure_schema` (storage/db.py `check_schema`):
     the schema must exist and be this code's, since a reader may not make or migrate it.
     Returns the version."""
@@ -528,6 +623,7 @@ def check_schema(conn: psycopg.Connection[tuple[object, ...]]) -> int:
     try:
         with conn.transaction():
             version = schema_version(conn)
+            recorded = _recorded_vector_search(conn) if version is not None else None
     except psycopg.Error as exc:
         raise StorageError(
             f"storage.dsn: cannot read the activememory schema: {describe(exc)}"
@@ -545,6 +641,7 @@ def check_schema(conn: psycopg.Connection[tuple[object, ...]]) -> int:
             "once without readonly (or with the activememory that wrote it)"
         )
     _refuse_newer(version)
+    check_vector_search(recorded, pgvector)
     return version
 
 

@@ -9,9 +9,12 @@ in the same statement. Only the records writer stores a vector, and only if, in 
 transaction, the record still has the content embedded (`apply_store_record_vectors`). The
 content-hash cache is the table itself, as on SQLite.
 
-Search without pgvector: the vectors of the records the search's own filters admit (scope,
-lifecycle, expiry, type, metadata: storage/pg/records.py `_filters`), read in SQL before `k`
-and ranked exactly (storage/vector_index.py `pick`, through storage/pg/vectors.py).
+Search: the vectors of the records the search's own filters admit (scope, lifecycle,
+expiry, type, metadata: storage/pg/records.py `_filters`), applied in SQL before `k`. Without
+pgvector they are all read and ranked exactly (storage/vector_index.py `pick`, through
+storage/pg/vectors.py); with it (the store's recorded choice, docs/design.md §11 "Vectors
+with pgvector") SQL ranks them by the `embedding` column under the same filters and only
+the best `k + RERANKED` are read (storage/pg/vectors.py `ranked_rows`).
 """
 
 from __future__ import annotations
@@ -27,7 +30,13 @@ from ..record_vectors import PendingRecords, RecordMark
 from ..vectors import Near, text_digest
 from .db import SCHEMA
 from .transcripts import Connection, _text
-from .vectors import _top_k
+from .vectors import (
+    Embedding,
+    _top_k,
+    embedding_cursor,
+    ranked_rows,
+    uses_pgvector,
+)
 
 _S = SCHEMA
 
@@ -118,20 +127,34 @@ def apply_store_record_vectors(
     """Store each vector whose record still has the content embedded; any other name's
     vector of that record is replaced (storage/record_vectors.py's rule)."""
     stored = skipped = 0
-    for row in rows:
-        found = conn.execute(
-            f"SELECT content FROM {_S}.records WHERE agent = %s AND seq = %s", (tenant, row.id)
-        ).fetchone()
-        if found is None or text_digest(_text(found[0])) != row.digest:
-            skipped += 1
-            continue
-        conn.execute(
-            f"INSERT INTO {_S}.record_vectors(agent, seq, name, digest, vector)"
-            " VALUES (%s, %s, %s, %s, %s) ON CONFLICT (agent, seq) DO UPDATE"
-            " SET name = excluded.name, digest = excluded.digest, vector = excluded.vector",
-            (tenant, row.id, name, row.digest, row.vector),
-        )
-        stored += 1
+    pgvector = uses_pgvector(conn)
+    with embedding_cursor(conn) as cur:
+        for row in rows:
+            found = cur.execute(
+                f"SELECT content FROM {_S}.records WHERE agent = %s AND seq = %s",
+                (tenant, row.id),
+            ).fetchone()
+            if found is None or text_digest(_text(found[0])) != row.digest:
+                skipped += 1
+                continue
+            values: tuple[object, ...] = (tenant, row.id, name, row.digest, row.vector)
+            if pgvector:
+                cur.execute(
+                    f"INSERT INTO {_S}.record_vectors(agent, seq, name, digest, vector,"
+                    " embedding) VALUES (%s, %s, %s, %s, %s, %s::vector)"
+                    " ON CONFLICT (agent, seq) DO UPDATE SET name = excluded.name,"
+                    " digest = excluded.digest, vector = excluded.vector,"
+                    " embedding = excluded.embedding",
+                    (*values, Embedding.of(row.vector)),
+                )
+            else:
+                cur.execute(
+                    f"INSERT INTO {_S}.record_vectors(agent, seq, name, digest, vector)"
+                    " VALUES (%s, %s, %s, %s, %s) ON CONFLICT (agent, seq) DO UPDATE SET"
+                    " name = excluded.name, digest = excluded.digest, vector = excluded.vector",
+                    values,
+                )
+            stored += 1
     return RecordVectorsStored(stored=stored, skipped=skipped)
 
 
@@ -147,11 +170,16 @@ def nearest_records(
 ) -> list[Near]:
     """The `k` records most similar to `query_vec` among those `where` (conditions on
     `records r`, with named `params`) admits, best first; the filters apply in SQL."""
+    source = f"{_S}.records r JOIN {_S}.record_vectors v ON v.agent = r.agent AND v.seq = r.seq"
+    if uses_pgvector(conn):
+        admitted = " AND ".join(["r.agent = %(agent)s", *where])
+        return ranked_rows(
+            conn, source, "seq", admitted, {**params, "agent": tenant}, query_vec, name=name, k=k
+        )
     conditions = " AND ".join(["r.agent = %(agent)s", "v.name = %(vector_name)s", *where])
     with conn.cursor(binary=True) as cur:
         rows = cur.execute(
-            f"SELECT v.seq, v.vector FROM {_S}.records r JOIN {_S}.record_vectors v"
-            f" ON v.agent = r.agent AND v.seq = r.seq WHERE {conditions}",
+            f"SELECT v.seq, v.vector FROM {source} WHERE {conditions}",
             {**params, "agent": tenant, "vector_name": name},
         ).fetchall()
     return _top_k(rows, query_vec, k)

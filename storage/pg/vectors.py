@@ -22,34 +22,49 @@ message has an index row in a clean session (exactly: on the active branch of a 
 session, with text) and its text is the one embedded; a chunk's only if the chunk still
 has that text. Both stores give the same `VectorsStored` (tests/test_pg_vectors.py).
 
-Search, without pgvector: exact scoring over the caller's visible candidates. The visible
-sessions are the caller's scope SQL (storage/pg/search.py `scope_sql`), clean ones only,
-and their vectors of `name` are read in one query and ranked by storage/vector_index.py's
-`pick`, the SQLite plain scan's own ranking (the same rows, the same numbers). Bounded:
-at most `MAX_SCANNED` rows are scored per query, the newest (largest event ids) of the
-visible ones; measured in docs/design.md §11. pgvector is not used (not installed where
-this was built and tested; the planned path is in docs/design.md §11).
+Search takes the path the store recorded when it was created (storage/pg/db.py
+`choose_vector_search`, docs/design.md §11 "Vectors with pgvector"):
+
+- exact (no pgvector): exact scoring over the caller's visible candidates. The visible
+  sessions are the caller's scope SQL (storage/pg/search.py `scope_sql`), clean ones only,
+  and their vectors of `name` are read in one query and ranked by storage/vector_index.py's
+  `pick`, the SQLite plain scan's own ranking (the same rows, the same numbers). Bounded:
+  at most `MAX_SCANNED` rows are scored per query, the newest (largest event ids) of the
+  visible ones; measured in docs/design.md §11.
+- pgvector: every vector table also holds the vector as pgvector's `vector` (`embedding`,
+  written by the same statement as the bytes). SQL ranks the visible rows by inner product
+  (`<#>`: the vectors are unit length, so it is the cosine) under the same WHERE as the
+  exact path, ties newest first, and only the best `k + RERANKED` rows cross the wire;
+  `pick` then orders them exactly as above. Exact, with no index: an HNSW index was
+  measured and left out (approximate; docs/design.md §11 "Vectors with pgvector").
 """
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy
+import psycopg
+from psycopg import pq
+from psycopg.adapt import Dumper
 
 from ...protocol.indexer import IndexerAck, StoreVectors, VectorsStored
-from ..vector_index import Near, pick, products
+from ..vector_index import Near, pick, products, rounding_margin
 from ..vectors import PendingBatch, from_blobs, text_digest
-from .db import SCHEMA
+from .db import SCHEMA, VECTOR_SEARCH_KEY
 from .transcripts import Connection, _text
 
 __all__ = ["MAX_SCANNED", "Near"]
 
 _S = SCHEMA
 MAX_SCANNED = 100_000
-"""The most visible vectors one query scores (the newest): bounds a search's time and
-memory (measured in docs/design.md §11 "Notes, vectors and erase")."""
+"""The most visible vectors one query scores on the exact path (the newest): bounds a
+search's time and memory (measured in docs/design.md §11 "Notes, vectors and erase")."""
+RERANKED = 16
+"""pgvector path: rows fetched beyond `k`, so rows SQL ranks within float32 rounding of the
+k-th are rescored by `pick` as the exact path rescores them."""
 
 
 def vectors_ddl() -> str:
@@ -120,6 +135,90 @@ CREATE TRIGGER epoch_of_deleted AFTER DELETE ON {_S}.message_vectors
 """
 
 
+# -- pgvector (docs/design.md §11 "Vectors with pgvector") --------------------------------
+
+# A schema step: nothing unless the store chose pgvector (storage/pg/db.py records the
+# choice before the steps run). The type is named in the extension's own schema, wherever
+# a DBA put it; the queries below name it unqualified (it must be on the search_path).
+_PGVECTOR_DDL = """
+DO $step$
+DECLARE ext name; t text;
+BEGIN
+    IF (SELECT value FROM @S@.activememory_meta WHERE key = '@KEY@')
+       IS DISTINCT FROM 'pgvector' THEN
+        RETURN;
+    END IF;
+    SELECT extnamespace::regnamespace::name INTO ext FROM pg_extension WHERE extname = 'vector';
+    -- float32 little-endian bytes as a vector, bit for bit: the backfill of a store that
+    -- had vectors before this step (writers send `embedding` themselves).
+    EXECUTE format($f$
+        CREATE FUNCTION @S@.vector_of(bytes bytea) RETURNS %1$I.vector
+        LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $$
+            SELECT array_agg(
+                CASE WHEN e = 0 THEN m * 2.0::float8 ^ -149
+                     ELSE (m + 8388608) * 2.0::float8 ^ (e - 150) END
+                * CASE WHEN s = 1 THEN -1 ELSE 1 END ORDER BY i)::real[]::%1$I.vector
+            FROM (SELECT i, (w >> 31) & 1 AS s, (w >> 23) & 255 AS e, w & 8388607 AS m
+                  FROM (SELECT i, get_byte(bytes, 4 * i)::bigint
+                          | (get_byte(bytes, 4 * i + 1)::bigint << 8)
+                          | (get_byte(bytes, 4 * i + 2)::bigint << 16)
+                          | (get_byte(bytes, 4 * i + 3)::bigint << 24) AS w
+                        FROM generate_series(0, length(bytes) / 4 - 1) i) x) y
+        $$$f$, ext);
+    FOREACH t IN ARRAY ARRAY['message_vectors', 'note_vectors', 'record_vectors'] LOOP
+        EXECUTE format('ALTER TABLE @S@.%I ADD COLUMN embedding %I.vector', t, ext);
+        -- Kept in the row (MAIN), so a row too big for a page moves the bytes out to
+        -- TOAST instead: ranking reads every visible embedding, the bytes only of the top k.
+        EXECUTE format('ALTER TABLE @S@.%I ALTER COLUMN embedding SET STORAGE MAIN', t);
+        EXECUTE format('UPDATE @S@.%I SET embedding = @S@.vector_of(vector)', t);
+        -- NOT NULL: a writer that forgot the vector fails instead of hiding its row
+        EXECUTE format('ALTER TABLE @S@.%I ALTER COLUMN embedding SET NOT NULL', t);
+    END LOOP;
+END $step$;
+"""
+
+
+def pgvector_ddl() -> str:
+    """The pgvector step of storage/pg/db.py: the `embedding` columns (backfilled), when
+    the store chose pgvector; nothing otherwise."""
+    return _PGVECTOR_DDL.replace("@S@", _S).replace("@KEY@", VECTOR_SEARCH_KEY)
+
+
+def uses_pgvector(conn: Connection) -> bool:
+    """Whether this store ranks vectors with pgvector (its recorded choice, one row)."""
+    row = conn.execute(
+        f"SELECT value FROM {_S}.activememory_meta WHERE key = %s", (VECTOR_SEARCH_KEY,)
+    ).fetchone()
+    return row is not None and row[0] == "pgvector"
+
+
+class Embedding(bytes):
+    """A vector in pgvector's binary format (`vector_recv`: dimensions, a zero, then
+    big-endian float32s), sent as a binary parameter the server reads as `vector`."""
+
+    @classmethod
+    def of(cls, blob: bytes) -> Embedding:
+        """From the store's float32 little-endian bytes: the same numbers, bit for bit."""
+        values = numpy.frombuffer(blob, dtype="<f4")
+        return cls(struct.pack(">HH", len(values), 0) + values.astype(">f4").tobytes())
+
+
+class _EmbeddingDumper(Dumper):
+    format = pq.Format.BINARY
+    # oid 0: the server takes the type from the statement's `%s::vector`, so no lookup of
+    # the extension's type oid is needed.
+
+    def dump(self, obj: Any) -> bytes:
+        return bytes(obj)
+
+
+def embedding_cursor(conn: Connection, *, binary: bool = False) -> psycopg.Cursor[Any]:
+    """A cursor that sends `Embedding` parameters as pgvector's binary `vector`."""
+    cur = conn.cursor(binary=binary)
+    cur.adapters.register_dumper(Embedding, _EmbeddingDumper)
+    return cur
+
+
 # -- the writer's half (inside the writer's transaction) ----------------------------------
 
 # A message with an index row in a clean session: on its active branch, with text.
@@ -184,19 +283,26 @@ def apply_store_vectors(conn: Connection, agent: str, cmd: StoreVectors) -> Inde
             continue
         cache.append((agent, row.digest, cmd.name, row.vector))
         note_rows.append((agent, row.id, cmd.name, row.vector))
-    with conn.cursor() as cur:
+    pgvector = uses_pgvector(conn)
+    if pgvector:  # each row's bytes also as pgvector's `vector`
+        message_rows = [(*row, Embedding.of(cast(bytes, row[-1]))) for row in message_rows]
+        note_rows = [(*row, Embedding.of(cast(bytes, row[-1]))) for row in note_rows]
+    embedding = (", embedding", ", %s::vector", ", embedding = excluded.embedding")
+    column, value, update = embedding if pgvector else ("", "", "")
+    with embedding_cursor(conn) as cur:
         cur.executemany(_CACHE, cache)
         # Any other name's vector is replaced: two spaces never coexist for one row.
         cur.executemany(
-            f"INSERT INTO {_S}.message_vectors(agent, event_id, session_id, name, vector)"
-            " VALUES (%s, %s, %s, %s, %s) ON CONFLICT (agent, event_id) DO UPDATE SET"
-            " session_id = excluded.session_id, name = excluded.name, vector = excluded.vector",
+            f"INSERT INTO {_S}.message_vectors(agent, event_id, session_id, name, vector{column})"
+            f" VALUES (%s, %s, %s, %s, %s{value}) ON CONFLICT (agent, event_id) DO UPDATE SET"
+            " session_id = excluded.session_id, name = excluded.name, vector = excluded.vector"
+            f"{update}",
             message_rows,
         )
         cur.executemany(
-            f"INSERT INTO {_S}.note_vectors(agent, chunk_id, name, vector)"
-            " VALUES (%s, %s, %s, %s) ON CONFLICT (agent, chunk_id) DO UPDATE SET"
-            " name = excluded.name, vector = excluded.vector",
+            f"INSERT INTO {_S}.note_vectors(agent, chunk_id, name, vector{column})"
+            f" VALUES (%s, %s, %s, %s{value}) ON CONFLICT (agent, chunk_id) DO UPDATE SET"
+            f" name = excluded.name, vector = excluded.vector{update}",
             note_rows,
         )
     return VectorsStored(messages=len(message_rows), notes=len(note_rows), skipped=skipped)
@@ -322,6 +428,18 @@ def nearest_message_rows(
     `scope_sql`) with its named bindings; dirty sessions are never ranked, and only
     vectors of `name`. At most `MAX_SCANNED` visible vectors are scored: the newest.
     """
+    if uses_pgvector(conn):  # the same rows allowed, ranked in SQL, unbounded
+        return ranked_rows(
+            conn,
+            f"{_S}.message_vectors v",
+            "event_id",
+            "v.agent = %(agent)s AND v.session_id IN"
+            f" (SELECT id FROM ({visible_sql}) visible WHERE NOT dirty)",
+            {**visible_params, "agent": agent},
+            query_vec,
+            name=name,
+            k=k,
+        )
     # The bound is a cutoff id found from the ids alone (the scope index holds them), so
     # the vectors are read once, in index order, and never sorted; binary results carry
     # each vector as its bytes, not as hex text.
@@ -344,6 +462,17 @@ def nearest_note_rows(
     conn: Connection, agent: str, query_vec: numpy.ndarray, *, name: str, k: int
 ) -> list[Near]:
     """The `k` note chunks of `agent` most similar to `query_vec`, best first."""
+    if uses_pgvector(conn):
+        return ranked_rows(
+            conn,
+            f"{_S}.note_vectors v",
+            "chunk_id",
+            "v.agent = %(agent)s",
+            {"agent": agent},
+            query_vec,
+            name=name,
+            k=k,
+        )
     with conn.cursor(binary=True) as cur:
         rows = cur.execute(
             f"SELECT chunk_id, vector FROM {_S}.note_vectors WHERE agent = %s AND chunk_id IN"
@@ -352,6 +481,57 @@ def nearest_note_rows(
             (agent, agent, name, MAX_SCANNED),
         ).fetchall()
     return _top_k(rows, query_vec, k)
+
+
+def ranked_rows(
+    conn: Connection,
+    source: str,
+    key: str,
+    where: str,
+    params: Mapping[str, Any],
+    query_vec: numpy.ndarray,
+    *,
+    name: str,
+    k: int,
+) -> list[Near]:
+    """The pgvector path: the `k` rows of `source` (vectors as `v`, keyed by `v.{key}`)
+    that `where` admits, nearest to `query_vec` by inner product, ranked in SQL (ties newest
+    first, as `pick`); the best `k + RERANKED` cross the wire and `_top_k` orders them as
+    the exact path does. Rows within float32 rounding of the k-th are all rescored by
+    `pick`: when such near-ties reach past the rows fetched, every row within the margin is
+    fetched too."""
+    query = numpy.asarray(query_vec, dtype="<f4").reshape(-1)
+    if k <= 0 or not len(query):
+        return []
+    dims = len(query)
+    distance = "v.embedding <#> %(query)s::vector"
+    limit = k + RERANKED
+    select = (
+        f"SELECT v.{key}, v.vector, {distance} FROM {source} WHERE {where}"
+        f" AND v.name = %(vector_name)s AND vector_dims(v.embedding) = {dims}"
+    )
+    bound = {**params, "vector_name": name, "query": Embedding.of(query.tobytes())}
+    with conn.transaction():
+        with embedding_cursor(conn, binary=True) as cur:
+            rows = cur.execute(
+                f"{select} ORDER BY {distance}, v.{key} DESC LIMIT {limit}", bound
+            ).fetchall()
+            distances = sorted(float(row[2]) for row in rows)
+            margin = rounding_margin(dims, float(numpy.linalg.norm(query)), 1.0)
+            if len(rows) == limit and distances[-1] <= distances[k - 1] + margin:
+                rows = cur.execute(
+                    f"{select} AND {distance} <= %(reach)s",
+                    {**bound, "reach": distances[k - 1] + margin},
+                ).fetchall()
+        if len(rows) < limit:  # fewer than asked: are other dimensions hiding rows?
+            other = conn.execute(
+                f"SELECT vector_dims(v.embedding) FROM {source} WHERE {where}"
+                f" AND v.name = %(vector_name)s AND vector_dims(v.embedding) <> {dims} LIMIT 1",
+                {**params, "vector_name": name},
+            ).fetchone()
+            if other is not None:
+                raise ValueError(f"query_vec: expected {int(other[0])} dimensions, got {dims}")
+    return _top_k(rows, query, k)
 
 
 def _top_k(rows: Sequence[Sequence[Any]], query_vec: numpy.ndarray, k: int) -> list[Near]:
