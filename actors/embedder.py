@@ -325,13 +325,8 @@ class EmbedderActor(PokedActor, Generic[F]):
                         return
                 if not await self._holds_lease():
                     continue  # another process embeds: its own claims find the rows
-                self.busy = True
-                try:
-                    await self._work()
-                except MemoryClosedError:
+                if not await self._round():
                     return
-                finally:
-                    self.busy = False
 
     async def _holds_lease(self) -> bool:
         """Claim the lease if a period has passed since the last claim; else the last

@@ -27,10 +27,16 @@ class PokedActor:
         """
         async with self.inbox:
             async for _poke in self.inbox:
-                self.busy = True
-                try:
-                    await self._work()
-                except MemoryClosedError:
+                if not await self._round():
                     return
-                finally:
-                    self.busy = False
+
+    async def _round(self) -> bool:
+        """One round of work, `busy` while it runs; False once the writer it uses closed."""
+        self.busy = True
+        try:
+            await self._work()
+        except MemoryClosedError:
+            return False
+        finally:
+            self.busy = False
+        return True
