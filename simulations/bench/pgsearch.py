@@ -35,12 +35,18 @@ after untimed warm-up queries:
 It prints p50/p90/p99/max per side, the PostgreSQL/SQLite and PostgreSQL/raw ratios, and
 PASS/MISS for the flat tail on PostgreSQL: p99 <= 3 x p50 (issue 16).
 
-    activememory bench pgsearch [--messages 100000] [--scale 1m] [--dsn ADMIN_DSN] [--json]
+With `--state-dir DIR` both stores are kept (SQLite in DIR, PostgreSQL in a database named
+after DIR and the corpus) and a later run with the same corpus times them again without
+loading (a 1M corpus takes over 20 minutes to load).
+
+    activememory bench pgsearch [--messages 100000] [--scale 1m] [--dsn ADMIN_DSN]
+        [--state-dir DIR] [--json]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import secrets
@@ -93,6 +99,7 @@ TARGET_TAIL_RATIO = 3.0  # PostgreSQL p99 / its own p50 (issue 16)
 WARMUP = 50
 QUERIES = 500
 OPS = ("search agent", "search tree", "recall", "records")
+PARAMS_FILE = "bench-pgsearch.json"
 
 
 # -- loading ----------------------------------------------------------------------------
@@ -170,8 +177,6 @@ def copy_records(records_db: Path, dsn: str) -> float:
     COPY, not the store's writer: the writer's round trips per command (a lookup, an
     insert) take minutes at 100k records on a shared machine; what is timed is the search.
     """
-    import json
-
     import apsw
     import psycopg
     from psycopg.types.json import Jsonb
@@ -541,7 +546,8 @@ def format_table(result: dict[str, Any]) -> str:
         f"  corpus: {result['messages']:,} messages in {result['sessions']:,} sessions; "
         f"{result['messages']:,} records (degree 4); seed {result['seed']}",
         "  load (sessions: import_transcript + rebuild_index; records: the writer on SQLite, COPY on PostgreSQL): "
-        + ", ".join(f"{k} {v:.1f} s" for k, v in load.items()),
+        + ", ".join(f"{k} {v:.1f} s" for k, v in load.items())
+        + (" (an earlier run's, reused)" if result["reused"] else ""),
         f"  queries: {result['queries']} timed per operation after {result['warmup']} "
         "warm-up; sides rotated per query; PostgreSQL "
         + ("ANALYZEd after the load" if result["analyzed"] else "never ANALYZEd (--no-analyze)"),
@@ -567,6 +573,8 @@ def format_table(result: dict[str, Any]) -> str:
         if "pg_raw_p50" in op:
             line += f"; PostgreSQL / raw: p50 {op['pg_raw_p50']:.2f}, p99 {op['pg_raw_p99']:.2f}"
         lines.append(line)
+    if result["database"]:
+        lines.append(f"\n  PostgreSQL database {result['database']} kept (--state-dir)")
     return "\n".join(lines + runner.environment_lines(result["environment"]))
 
 
@@ -579,6 +587,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "pgsearch",
         "search, recall and records latency on PostgreSQL against SQLite and a raw SQL floor.",
         seed=1,
+        state_dir=runner.REUSE_HELP + " (the PostgreSQL database too: kept, named after it)",
     )
     parser.add_argument("--messages", type=runner.int_at_least(PER_SESSION), default=None)
     parser.add_argument(
@@ -603,24 +612,61 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
+def kept_database(run_dir: Path, params: dict[str, Any]) -> str:
+    """The name of the database a `--state-dir` run keeps: one per directory and corpus."""
+    where = json.dumps([str(run_dir.resolve()), params], sort_keys=True)
+    return f"activememory_bench_kept_{runner.code_digest(where)[:12]}"
+
+
+def load_or_reuse(
+    admin: psycopg.Connection[Any], run_dir: Path, name: str, dsn: str,
+    params: dict[str, Any], load: Callable[[], dict[str, float]],
+) -> tuple[dict[str, float], bool]:  # fmt: skip
+    """A kept run's stores: the ones an earlier complete run with the same `params` left in
+    `run_dir` and database `name`, or loaded anew (the database made again); its load times
+    and whether they were reused."""
+    found = admin.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone()
+    record = run_dir / PARAMS_FILE
+    if found is None and record.exists():  # the database is gone: load everything again
+        record.write_text(json.dumps({"params": params, "complete": False}))
+
+    def fresh() -> dict[str, float]:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.execute(f'CREATE DATABASE "{name}"')
+        return load()
+
+    return runner.reuse_or_load(run_dir, PARAMS_FILE, params, fresh, outputs=("sqlite", "pg"))
+
+
 def run_all(args: argparse.Namespace, run_dir: Path, kept: bool) -> dict[str, Any]:
-    """Create the database, load both stores, time every operation, drop the database."""
+    """Create the database, load both stores, time every operation, drop the database; with
+    `--state-dir`, keep both stores and reuse them when run again with the same corpus."""
     import psycopg
     import psycopg.conninfo
 
     zipf = Zipf(args.vocab, args.seed)
     sessions = max(1, args.messages // PER_SESSION)
-    name = f"activememory_bench_{secrets.token_hex(4)}"
+    params = {
+        "messages": args.messages, "seed": args.seed, "vocab": args.vocab,
+        "analyzed": args.analyze,
+    }  # fmt: skip
+    name = kept_database(run_dir, params) if kept else f"activememory_bench_{secrets.token_hex(4)}"
     try:
         admin = psycopg.connect(args.dsn, autocommit=True, connect_timeout=5)
     except psycopg.OperationalError as exc:
         raise BenchmarkError(f"--dsn: {str(exc).strip()}") from exc
-    admin.execute(f'CREATE DATABASE "{name}"')
+    dsn = psycopg.conninfo.make_conninfo(args.dsn, dbname=name)
+    load_both = partial(
+        load_all, run_dir, dsn, args.messages, zipf, args.seed, args.vocab, analyzed=args.analyze
+    )
+    reused = False
+    if not kept:
+        admin.execute(f'CREATE DATABASE "{name}"')
     try:
-        dsn = psycopg.conninfo.make_conninfo(args.dsn, dbname=name)
-        load = load_all(
-            run_dir, dsn, args.messages, zipf, args.seed, args.vocab, analyzed=args.analyze
-        )
+        if kept:
+            load, reused = load_or_reuse(admin, run_dir, name, dsn, params, load_both)
+        else:
+            load = load_both()
         count = args.warmup + args.queries
         queries = make_queries(zipf, args.seed, count)
         parents = [n for n in range(0, sessions, SPAWN_EVERY) if len(spawned(n, sessions)) == CHILDREN]  # fmt: skip
@@ -645,7 +691,8 @@ def run_all(args: argparse.Namespace, run_dir: Path, kept: bool) -> dict[str, An
                 ),
             }
     finally:
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        if not kept:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         admin.close()
     env = runner.environment(run_dir, kept=kept) | {"load_average": list(os.getloadavg())}
     return {
@@ -656,6 +703,8 @@ def run_all(args: argparse.Namespace, run_dir: Path, kept: bool) -> dict[str, An
         "queries": args.queries,
         "warmup": args.warmup,
         "load": {k: round(v, 3) for k, v in load.items()},
+        "reused": reused,
+        "database": name if kept else None,
         "analyzed": args.analyze,
         "operations": [op_report(name, t) for name, t in ops.items()],
         "target_tail_ratio": TARGET_TAIL_RATIO,
