@@ -24,7 +24,7 @@ from activememory.storage.pg.records import PgRecordReader, PgRecordWriter
 from activememory.storage.pg.terms import index_terms, pg_query
 from activememory.storage.pg.transcripts import PgTranscriptWriter
 from activememory.storage.records import RecordQuery
-from activememory.storage.search import MIN_ROWS_TO_PRUNE
+from activememory.storage.search import MIN_ROWS_TO_PRUNE, RANK_BUDGET
 
 from pg_server import fresh_agent, pg_dsn
 
@@ -38,11 +38,14 @@ queries = st.lists(st.sampled_from(WORDS), min_size=1, max_size=4, unique=True).
 @given(
     query=queries,
     match=st.sampled_from(["phrase", "prefix"]),
-    total=st.integers(MIN_ROWS_TO_PRUNE, 10 * MIN_ROWS_TO_PRUNE),
+    total=st.one_of(
+        st.integers(MIN_ROWS_TO_PRUNE, 10 * MIN_ROWS_TO_PRUNE), st.integers(250_000, 2_000_000)
+    ),
+    bounded=st.booleans(),
     data=st.data(),
 )
 def test_capped_frequencies_run_the_queries_exact_ones_run(
-    query: str, match: Any, total: int, data: st.DataObject
+    query: str, match: Any, total: int, bounded: bool, data: st.DataObject
 ) -> None:
     plan = plan_match(query, match)
     assume_plan = plan is not None and pg_query(plan) is not None
@@ -54,17 +57,25 @@ def test_capped_frequencies_run_the_queries_exact_ones_run(
     if not pg_search.prunes(plan, found, total):
         return
     threshold = pg_search.common_threshold(total)
-    # Around the threshold, where the decision is made, and anywhere up to every row.
+    cap = pg_search.frequency_cap(total)
+    # Around the threshold and the rank budget, where the decisions are made, and anywhere
+    # up to every row.
     near = st.integers(max(0, threshold - 3), threshold + 3)
-    frequency = st.one_of(near, st.integers(0, total))
+    budget = st.integers(RANK_BUDGET - 3, RANK_BUDGET + 3)
+    frequency = st.one_of(near, budget, st.integers(0, total))
     exact = data.draw(st.lists(frequency, min_size=len(found.parts), max_size=len(found.parts)))
-    capped = [min(n, threshold + 1) for n in exact]
+    capped = [min(n, cap) for n in exact]
     if found.has_phrase:
-        capped[0] = 0  # never counted: pruning never ranks the phrase
-    avgdl = 12.5
-    assert pg_search._ranking(plan, found, total, avgdl, capped) == pg_search._ranking(
-        plan, found, total, avgdl, exact
-    )
+        capped[0] = 0  # never counted: read (`phrase_frequency`) only when ranked
+        exact[0] = min(exact[1:])  # a phrase is in no more rows than any of its words
+
+    def steps(df: list[int]) -> list[pg_search.Step]:
+        return pg_search._ranking(
+            plan, found, total, 12.5, df, bounded=bounded,
+            newest=lambda i: 1000 + i, phrase_frequency=lambda: exact[0],
+        )  # fmt: skip
+
+    assert steps(capped) == steps(exact)
 
 
 @pytest.fixture(scope="module")

@@ -22,8 +22,8 @@ after untimed warm-up queries:
 
 - search `agent`: `mem.sessions.search(q, caller, limit=10)` with visibility `agent` on
   SQLite and on PostgreSQL, and the raw floor on PostgreSQL: the very ranking queries the
-  store runs (`storage/pg/search.py` `_ranking`: BM25 from term statistics, the common-term
-  steps), through psycopg on a connection of our own, with the statistics counted untimed
+  store runs (`storage/pg/search.py` `ranking_steps`: BM25 from term statistics, the
+  common-term steps and the rank budget), through psycopg on a connection of our own, with the statistics counted untimed
   beforehand: no visibility, no statistics, no thread hop, no reranking, no details;
 - search `tree`: the same with the default visibility from a caller that spawned two;
 - recall: `mem.recall(turn)` with `bench recall`'s zero-think model (one memory_search,
@@ -257,34 +257,37 @@ def analyze(dsn: str) -> float:
 
 class RawSearch:
     """The store's own ranking queries for `query` over the whole agent (storage/pg/search.py
-    `_ranking`), statistics counted untimed in `__init__`; `run` times the queries alone."""
+    `ranking_steps`: the common-term rules and the rank budget), decided untimed in
+    `__init__`; `run` times the queries alone."""
 
     def __init__(self, conn: psycopg.Connection[Any], query: str) -> None:
         from ...storage.pg import search as pg_search
-        from ...storage.pg.terms import pg_query
 
         plan = plan_match(query)
-        found = None if plan is None else pg_query(plan)
-        if plan is None or found is None:
+        if plan is None:
             raise BenchmarkError(f"{query!r}: nothing searchable")
         self.conn = conn
         self.execute = pg_search.execute_custom  # as the store runs them: planned each time
-        total, avgdl, df = pg_search._statistics(conn, AGENT, plan, found)
         self.steps = [
-            (pg_search._MATCH.format(where="true", **ordering), {"agent": AGENT, "query": match}
-             | extra)
-            for match, ordering, extra in pg_search._ranking(plan, found, total, avgdl, df)
-        ]  # fmt: skip
+            (
+                pg_search._MATCH.format(where="true", **step.ordering),
+                {"agent": AGENT, "query": step.match, "since": step.since} | step.bindings,
+                step.wide,
+            )
+            for step in pg_search.ranking_steps(conn, AGENT, plan, bounded=True)
+        ]
+        if not self.steps:
+            raise BenchmarkError(f"{query!r}: nothing searchable")
         self.pool = max(POOL, LIMIT + 1)
         self.seconds = 0.0
 
     async def run(self) -> None:
         start = time.perf_counter()
         seen: set[int] = set()
-        for sql, bindings in self.steps:
-            limit = {"limit": self.pool - len(seen)}
+        for sql, bindings, wide in self.steps:
+            limit = {"limit": wide or self.pool - len(seen)}
             rows = self.execute(self.conn, sql, bindings | limit).fetchall()
-            seen.update(int(row[0]) for row in rows)
+            seen.update(int(row[0]) for row in rows[: self.pool - len(seen)])
             if len(seen) >= self.pool:
                 break
         self.seconds = time.perf_counter() - start
