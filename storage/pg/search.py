@@ -216,20 +216,36 @@ def prunes(plan: MatchPlan, query: PgQuery, total: int) -> bool:
     return total >= lite.MIN_ROWS_TO_PRUNE and terms == len(plan.terms)
 
 
-def capped_frequencies(conn: Connection, agent: str, query: PgQuery, cap: int) -> list[int]:
-    """Each term part's document frequency counted up to `cap` (min(exact, cap)); the
-    whole-query phrase's, which pruning reads only when it ranks it, as 0."""
+def capped_frequencies(
+    conn: Connection,
+    agent: str,
+    query: PgQuery,
+    cap: int,
+    *,
+    table: str = "message_index",
+    phrase: bool = False,
+) -> list[int]:
+    """Each part's document frequency over the agent's rows of `table` (its `terms`),
+    counted up to `cap` (min(exact, cap)); the whole-query phrase's only with `phrase`
+    (else 0: pruning reads it only when it ranks it). One statement, planned for its terms."""
+    first = 0 if phrase else query.has_phrase
     counts = ", ".join(
-        f"(SELECT count(*) FROM (SELECT 1 FROM {_S}.message_index WHERE agent = %(agent)s"
+        f"(SELECT count(*) FROM (SELECT 1 FROM {_S}.{table} WHERE agent = %(agent)s"
         f" AND terms @@ %(p{i})s::tsquery LIMIT %(cap)s) c{i})"
-        for i in range(query.has_phrase, len(query.parts))
+        for i in range(first, len(query.parts))
     )
     params: dict[str, Any] = {f"p{i}": part.tsquery for i, part in enumerate(query.parts)}
     found = execute_custom(
         conn, f"SELECT {counts}", params | {"agent": agent, "cap": cap}
     ).fetchone()
     assert found is not None
-    return [0] * query.has_phrase + [int(n) for n in found]
+    return [0] * first + [int(n) for n in found]
+
+
+def idf_cap(total: int) -> int:
+    """The document frequency from which BM25's IDF is at its floor in an index of `total`
+    rows (a part in half the rows or more): counted up to it, every IDF is the exact one."""
+    return (total + 1) // 2
 
 
 def capped_frequency(conn: Connection, agent: str, tsquery: str, cap: int | None) -> int:
