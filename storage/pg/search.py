@@ -1,6 +1,7 @@
 """The SQL half of `sessions_search` on PostgreSQL (docs/design.md §3, §11).
 
-As on SQLite (storage/search.py, whose pool, reranking and common-term rules this reuses):
+As on SQLite (storage/search.py, whose pool, reranking, common-term rules and rank budget
+(`rankable`) this reuses):
 the visible, clean sessions are a condition of the matching query itself, before its
 LIMIT. The ranking is FTS5's BM25 computed from term statistics (`activememory.bm25`,
 storage/pg/db.py): document frequencies counted in the agent's index, N and the average
@@ -18,7 +19,7 @@ from ...protocol.config import PrivateScope
 from ...protocol.session_key import parse_session_key
 from .. import search as lite
 from ..fts_query import MatchPlan
-from ..search import POOL, Candidate, DbScope, ScopePage, rankable, rerank
+from ..search import Candidate, DbScope, ScopePage, rankable, rerank
 from .db import SCHEMA
 from .terms import PgQuery, QueryPhrase, pg_query
 from .transcripts import Connection, _text
@@ -369,7 +370,7 @@ def search_scope(
             # A listed scope's sessions are read, not the agent's (SQLite: a small scope's
             # rowid span): ranked in full, as on SQLite.
             bounded = len(clean) > lite.SPAN_MAX_SESSIONS
-        pool_size = max(POOL, keep)
+        pool_size = max(lite.POOL, keep)
         pooled: list[tuple[int, float, int, int]] = []
         seen: set[int] = set()
         for step in ranking_steps(conn, agent, plan, bounded=bounded):
