@@ -95,9 +95,7 @@ async def test_a_few_imported_rows_leave_the_statistics_to_autovacuum(
     assert estimates(dsn)["events"] == -1
 
 
-async def test_restored_records_leave_the_records_table_analyzed(
-    mem: am.Memory, dsn: str
-) -> None:
+async def test_restored_records_leave_the_records_table_analyzed(mem: am.Memory, dsn: str) -> None:
     assert estimates(dsn)["records"] == -1
     restored = tuple(
         RecordEntry(
