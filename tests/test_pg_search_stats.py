@@ -231,3 +231,40 @@ def test_the_inlined_bm25_is_the_stored_function(
         prepare=False,
     ).fetchone() or (None, None)
     assert inlined == stored
+
+
+def test_term_counts_are_remembered_until_the_index_grows_by_a_quarter(
+    indexed: tuple[psycopg.Connection[Any], str, list[str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from activememory.storage import search as sqlite_search
+    from activememory.storage.search import TermStats
+
+    conn, agent, _ = indexed
+    monkeypatch.setattr(sqlite_search, "RANK_BUDGET", 2)
+    monkeypatch.setattr(sqlite_search, "COMMON_FRACTION", 0.0)  # the cap: 3 rows
+    counted: list[int] = []
+    capped = pg_search.capped_frequencies
+
+    def counting(*args: Any) -> list[int]:
+        found = capped(*args)
+        counted.append(len(found))
+        return found
+
+    monkeypatch.setattr(pg_search, "capped_frequencies", counting)
+    stats = TermStats()
+    plan = plan_match("zeta x1")
+    found = None if plan is None else pg_query(plan)
+    assert found is not None and found.has_phrase
+    total = 40
+    first = pg_search.cached_frequencies(conn, agent, found, total, stats)
+    assert counted == [2] and first[0] == 0  # the phrase's is never counted here
+    # A count that reached the cap reads as more rows than the index holds: it stays
+    # common whatever the threshold becomes while it is remembered.
+    exact = pg_search.capped_frequencies(conn, agent, found, 1000)
+    assert first[1:] == [n if n < 3 else total + 1 for n in exact[1:]]
+    assert total + 1 in first  # the fixture's texts hold "zeta" or "x1" more than 3 times
+    counted.clear()
+    again = pg_search.cached_frequencies(conn, agent, found, total + 10, stats)
+    assert again == first and counted == []  # within a quarter: nothing counted
+    pg_search.cached_frequencies(conn, agent, found, total * 2, stats)
+    assert counted == [2]  # grown by more than a quarter: counted again

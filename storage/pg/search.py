@@ -19,7 +19,7 @@ from ...protocol.config import PrivateScope
 from ...protocol.session_key import parse_session_key
 from .. import search as lite
 from ..fts_query import MatchPlan
-from ..search import Candidate, DbScope, ScopePage, rankable, rerank
+from ..search import Candidate, DbScope, ScopePage, TermStats, rankable, rerank
 from .db import SCHEMA
 from .terms import PgQuery, QueryPhrase, pg_query
 from .transcripts import Connection, _text
@@ -107,7 +107,11 @@ def bm25_sql(row: str) -> str:
 _BM25 = "-" + bm25_sql("i")
 _BY_RANK = {"rank": _BM25, "order": "r, i.event_id DESC"}
 _BY_RECENCY = {"rank": "0.0", "order": "i.event_id DESC"}
-_BY_RECENCY_ALL_TERMS = {"rank": "-1.0", "order": "i.event_id DESC"}
+# `+ 0`: the AND's newest rows found from its terms' postings (led by one of at most
+# `RANK_BUDGET` rows), then sorted; ordered by the bare key, the planner may walk the
+# primary key backwards, filtering every row for an AND that rarely holds: 588 ms against
+# 10 ms at 1M (docs/design.md §11 "Latency").
+_BY_RECENCY_ALL_TERMS = {"rank": "-1.0", "order": "i.event_id + 0 DESC"}
 # The newest rows holding any term, those holding every term marked -1.0 as the AND step
 # would (storage/search.py `every_term_first`): the mark is a condition on each row read,
 # so one query does what SQLite does in one read per term.
@@ -143,15 +147,23 @@ class Step(NamedTuple):
     wide: int = 0
 
 
-def ranking_steps(conn: Connection, agent: str, plan: MatchPlan, *, bounded: bool) -> list[Step]:
+def ranking_steps(
+    conn: Connection,
+    agent: str,
+    plan: MatchPlan,
+    *,
+    bounded: bool,
+    stats: TermStats | None = None,
+) -> list[Step]:
     """The queries to run, in order, until the pool is full (storage/search.py
     `ranking_steps`, whose rules these are: `rankable` decides): with the agent's term
     statistics (`_statistics`) and, for a window, the rarest term's newest matches.
-    `bounded`: the search reads the whole agent, not a listed scope's sessions."""
+    `bounded`: the search reads the whole agent, not a listed scope's sessions; `stats`:
+    the reader's cache of term counts (`cached_frequencies`), None to count each time."""
     query = pg_query(plan)
     if query is None:
         return []
-    total, avgdl, df = _statistics(conn, agent, plan, query)
+    total, avgdl, df = _statistics(conn, agent, plan, query, stats)
     return _ranking(
         plan, query, total, avgdl, df, bounded=bounded,
         newest=lambda i: newest_match(conn, agent, _term(query, i).tsquery),
@@ -165,7 +177,7 @@ def _term(query: PgQuery, i: int) -> QueryPhrase:
 
 
 def _statistics(
-    conn: Connection, agent: str, plan: MatchPlan, query: PgQuery
+    conn: Connection, agent: str, plan: MatchPlan, query: PgQuery, stats: TermStats | None = None
 ) -> tuple[int, float, list[int]]:
     """(N, average tokens per row, each part's document frequency) of the agent's index.
 
@@ -182,7 +194,7 @@ def _statistics(
     total, tokens = (int(row[0]), int(row[1])) if row else (0, 0)
     avgdl = tokens / total if total else 1.0
     if prunes(plan, query, total):
-        return total, avgdl, capped_frequencies(conn, agent, query, frequency_cap(total))
+        return total, avgdl, cached_frequencies(conn, agent, query, total, stats)
     counts = ", ".join(
         f"count(*) FILTER (WHERE terms @@ %(p{i})s::tsquery)" for i in range(len(query.parts))
     )
@@ -247,6 +259,30 @@ def idf_cap(total: int) -> int:
     """The document frequency from which BM25's IDF is at its floor in an index of `total`
     rows (a part in half the rows or more): counted up to it, every IDF is the exact one."""
     return (total + 1) // 2
+
+
+def cached_frequencies(
+    conn: Connection, agent: str, query: PgQuery, total: int, stats: TermStats | None
+) -> list[int]:
+    """`capped_frequencies` at `frequency_cap(total)`, each term's count remembered in
+    `stats` (storage/search.py `TermStats`, one per agent and process) and reused until
+    the agent's index has grown or shrunk by a quarter: counting a term to the cap reads up
+    to 5,001 rows at 1M, most of a search's time there (docs/design.md §11 "Latency").
+    A count that reached the cap is remembered as more than the index holds, so it stays
+    common however the threshold moves meanwhile; a rarer term's may be off by what
+    other processes wrote since (its IDF with it), as SQLite's `TermStats` decisions are."""
+    cap = frequency_cap(total)
+    if stats is None:
+        return capped_frequencies(conn, agent, query, cap)
+    terms = query.parts[query.has_phrase :]
+    found = [stats.cached(part.tsquery, total) for part in terms]
+    missing = [i for i, count in enumerate(found) if count is None]
+    if missing:
+        wanted = PgQuery(tuple(terms[i] for i in missing), False)
+        for i, count in zip(missing, capped_frequencies(conn, agent, wanted, cap), strict=True):
+            found[i] = count if count < cap else total + 1
+            stats.remember(terms[i].tsquery, found[i] or 0, total)
+    return [0] * query.has_phrase + [count or 0 for count in found]
 
 
 def capped_frequency(conn: Connection, agent: str, tsquery: str, cap: int | None) -> int:
@@ -338,9 +374,11 @@ def search_scope(
     caller: str,
     session_key: str | None,
     keep: int,
+    stats: TermStats | None = None,
 ) -> ScopePage:
     """The `keep` best visible matches of `plan` in `agent`'s sessions (storage/search.py
-    `search_scope` on PostgreSQL), read in one snapshot (`configure_reader`)."""
+    `search_scope` on PostgreSQL), read in one snapshot (`configure_reader`); `stats`,
+    the term counts remembered for the agent (`cached_frequencies`)."""
     with conn.transaction():
         any_dirty = execute_custom(
             conn, f"SELECT 1 FROM {_S}.sessions WHERE agent = %s AND dirty LIMIT 1", (agent,)
@@ -373,7 +411,7 @@ def search_scope(
         pool_size = max(lite.POOL, keep)
         pooled: list[tuple[int, float, int, int]] = []
         seen: set[int] = set()
-        for step in ranking_steps(conn, agent, plan, bounded=bounded):
+        for step in ranking_steps(conn, agent, plan, bounded=bounded, stats=stats):
             sql = _MATCH.format(where=where, **step.ordering)
             limit = step.wide or pool_size - len(pooled)
             bindings = params | step.bindings | {"query": step.match, "since": step.since}

@@ -1166,8 +1166,7 @@ class PgTranscriptReader:
         stats: TermStats,
     ) -> ScopePage:
         """The `keep` best visible matches of `plan` (storage/pg/search.py `search_scope`;
-        `stats`, the SQLite reader's cache of term counts, is not used: another process
-        may have written, so the counts are exact each time)."""
+        `stats`, the agent's remembered term counts)."""
         from .search import search_scope
 
         return search_scope(
@@ -1178,6 +1177,7 @@ class PgTranscriptReader:
             caller=caller,
             session_key=session_key,
             keep=keep,
+            stats=stats,
         )
 
     @_read
