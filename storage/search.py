@@ -115,7 +115,8 @@ class TermStats:
     (`COMMON_FRACTION`), records a count (storage/records.py). An answer is reused until the
     index has grown or shrunk by a quarter since it was found; a term near the threshold may
     be misjudged for a while, which only moves it between "ranked" and "left out when rarer
-    terms exist" (or "answered by recency").
+    terms exist" (or "answered by recency"). The PostgreSQL search remembers its own counts
+    in it by the same rule (`cached`, `remember`: storage/pg/search.py).
     """
 
     def __init__(
