@@ -298,11 +298,12 @@ def capped_frequency(conn: Connection, agent: str, tsquery: str, cap: int | None
 
 def newest_match(conn: Connection, agent: str, tsquery: str) -> int:
     """The start of a term's window: the event id of the `RANK_BUDGET`-th newest row of
-    the agent holding it (0 if fewer hold it); storage/search.py `newest_match`."""
+    the agent holding it (0 if fewer hold it); storage/search.py `newest_match`. Sorted
+    from the term's postings (`+ 0`, as the AND step): it is not common, so they are few."""
     row = execute_custom(
         conn,
         f"SELECT event_id FROM {_S}.message_index WHERE agent = %s AND terms @@ %s::tsquery"
-        " ORDER BY event_id DESC OFFSET %s LIMIT 1",
+        " ORDER BY event_id + 0 DESC OFFSET %s LIMIT 1",
         (agent, tsquery, lite.RANK_BUDGET - 1),
     ).fetchone()
     return 0 if row is None else int(row[0])
