@@ -115,7 +115,8 @@ class TermStats:
     (`COMMON_FRACTION`), records a count (storage/records.py). An answer is reused until the
     index has grown or shrunk by a quarter since it was found; a term near the threshold may
     be misjudged for a while, which only moves it between "ranked" and "left out when rarer
-    terms exist" (or "answered by recency").
+    terms exist" (or "answered by recency"). The PostgreSQL search remembers its own counts
+    in it by the same rule (`cached`, `remember`: storage/pg/search.py).
     """
 
     def __init__(
@@ -128,9 +129,9 @@ class TermStats:
     def docs(self, conn: apsw.Connection, term_expr: str, total: int) -> int:
         """How many of the `total` indexed rows hold the term, counted up to one more than
         the threshold (a common term reads as threshold + 1)."""
-        cached = self._docs.get(term_expr)
-        if cached is not None and abs(total - cached[1]) * 4 <= cached[1]:
-            return cached[0]
+        cached = self.cached(term_expr, total)
+        if cached is not None:
+            return cached
         # Walks at most threshold + 1 entries of the doclist: no ranking, no IDF.
         row = conn.execute(
             f"SELECT count(*) FROM (SELECT rowid FROM {self.table} WHERE {self.table} MATCH ?"
@@ -138,10 +139,22 @@ class TermStats:
             (term_expr, self.threshold(total) + 1),
         ).fetchone()
         count = int(row[0]) if row is not None else 0
+        self.remember(term_expr, count, total)
+        return count
+
+    def cached(self, term: str, total: int) -> int | None:
+        """The count remembered for `term`, unless the index has grown or shrunk by a
+        quarter since (`total` indexed rows now)."""
+        cached = self._docs.get(term)
+        if cached is not None and abs(total - cached[1]) * 4 <= cached[1]:
+            return cached[0]
+        return None
+
+    def remember(self, term: str, count: int, total: int) -> None:
+        """`count`, found for `term` in an index of `total` rows."""
         if len(self._docs) >= _TERM_CACHE_SIZE:
             self._docs.clear()
-        self._docs[term_expr] = (count, total)
-        return count
+        self._docs[term] = (count, total)
 
     def is_common(self, conn: apsw.Connection, term_expr: str, total: int) -> bool:
         """Whether more than the threshold of the `total` indexed rows hold the term."""

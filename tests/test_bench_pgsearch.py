@@ -5,6 +5,7 @@ checked (they are machine noise)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -62,3 +63,24 @@ def test_an_unreachable_server_is_a_clear_error(capsys: pytest.CaptureFixture[st
     dsn = "postgresql://postgres@127.0.0.1:1/postgres"
     assert main(["bench", "pgsearch", *TINY, "--dsn", dsn]) == 1
     assert "--dsn:" in capsys.readouterr().err
+
+
+def test_a_state_dir_keeps_both_stores_and_a_second_run_reuses_them(
+    pg_dsn: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    before = _bench_databases()
+    args = ["bench", "pgsearch", *TINY, "--dsn", ADMIN_DSN, "--json", "--state-dir"]
+    try:
+        assert main([*args, str(tmp_path)]) == 0
+        first = json.loads(capsys.readouterr().out)
+        kept = _bench_databases() - before
+        assert kept == {first["database"]} and not first["reused"]
+        assert main([*args, str(tmp_path)]) == 0
+        second = json.loads(capsys.readouterr().out)
+        assert second["reused"] and second["database"] == first["database"]
+        assert second["load"] == first["load"]  # the first run's load, not another
+        assert _bench_databases() - before == kept
+    finally:
+        with psycopg.connect(ADMIN_DSN, autocommit=True) as conn:
+            for name in _bench_databases() - before:
+                conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

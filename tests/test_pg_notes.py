@@ -193,6 +193,37 @@ def test_notes_of_two_agents_stay_apart(pg_dsn: str) -> None:
     conn.close()
 
 
+def test_notes_search_statements_are_planned_for_their_terms_each_time(pg_dsn: str) -> None:
+    # As the message search's (docs/design.md §11 "Latency"): psycopg prepares a statement
+    # run five times, and PostgreSQL may then keep a generic plan blind to a term's rows.
+    with tempfile.TemporaryDirectory() as directory:
+        stores = Notes(directory, pg_dsn)
+        try:
+            text = "# Trip\naisle seats\n\n## Food\ncafé naïve running"
+            stores.pg.apply([SyncNotes(agent="main", files=(note_file("MEMORY.md", text, 1),))])
+            conn = stores.pg_reader.conn
+            for query in ["aisle", "cafe", "aisle seats", "running"] * 3:
+                plan = plan_match(query)
+                assert plan is not None
+                assert pg_notes.search_notes(conn, stores.agent, plan, 5)
+            prepared = conn.execute("SELECT statement FROM pg_prepared_statements", prepare=False)
+            assert prepared.fetchall() == []
+        finally:
+            stores.close()
+
+
+@given(total=st.integers(0, 10**7), data=st.data())
+def test_frequencies_counted_up_to_the_idf_floor_give_the_exact_idf(
+    total: int, data: st.DataObject
+) -> None:
+    from activememory.storage.pg.search import _idf, idf_cap
+
+    cap = idf_cap(total)
+    near = st.integers(max(0, cap - 3), cap + 3)
+    frequency = data.draw(st.one_of(near, st.integers(0, max(total, 1))))
+    assert _idf(total, min(frequency, cap)) == _idf(total, frequency)
+
+
 # -- row-level security (docs/design.md §11): the notes and vector tables are covered ------
 
 

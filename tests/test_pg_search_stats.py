@@ -24,7 +24,7 @@ from activememory.storage.pg.records import PgRecordReader, PgRecordWriter
 from activememory.storage.pg.terms import index_terms, pg_query
 from activememory.storage.pg.transcripts import PgTranscriptWriter
 from activememory.storage.records import RecordQuery
-from activememory.storage.search import MIN_ROWS_TO_PRUNE
+from activememory.storage.search import MIN_ROWS_TO_PRUNE, RANK_BUDGET
 
 from pg_server import fresh_agent, pg_dsn
 
@@ -38,11 +38,14 @@ queries = st.lists(st.sampled_from(WORDS), min_size=1, max_size=4, unique=True).
 @given(
     query=queries,
     match=st.sampled_from(["phrase", "prefix"]),
-    total=st.integers(MIN_ROWS_TO_PRUNE, 10 * MIN_ROWS_TO_PRUNE),
+    total=st.one_of(
+        st.integers(MIN_ROWS_TO_PRUNE, 10 * MIN_ROWS_TO_PRUNE), st.integers(250_000, 2_000_000)
+    ),
+    bounded=st.booleans(),
     data=st.data(),
 )
 def test_capped_frequencies_run_the_queries_exact_ones_run(
-    query: str, match: Any, total: int, data: st.DataObject
+    query: str, match: Any, total: int, bounded: bool, data: st.DataObject
 ) -> None:
     plan = plan_match(query, match)
     assume_plan = plan is not None and pg_query(plan) is not None
@@ -54,17 +57,25 @@ def test_capped_frequencies_run_the_queries_exact_ones_run(
     if not pg_search.prunes(plan, found, total):
         return
     threshold = pg_search.common_threshold(total)
-    # Around the threshold, where the decision is made, and anywhere up to every row.
+    cap = pg_search.frequency_cap(total)
+    # Around the threshold and the rank budget, where the decisions are made, and anywhere
+    # up to every row.
     near = st.integers(max(0, threshold - 3), threshold + 3)
-    frequency = st.one_of(near, st.integers(0, total))
+    budget = st.integers(RANK_BUDGET - 3, RANK_BUDGET + 3)
+    frequency = st.one_of(near, budget, st.integers(0, total))
     exact = data.draw(st.lists(frequency, min_size=len(found.parts), max_size=len(found.parts)))
-    capped = [min(n, threshold + 1) for n in exact]
+    capped = [min(n, cap) for n in exact]
     if found.has_phrase:
-        capped[0] = 0  # never counted: pruning never ranks the phrase
-    avgdl = 12.5
-    assert pg_search._ranking(plan, found, total, avgdl, capped) == pg_search._ranking(
-        plan, found, total, avgdl, exact
-    )
+        capped[0] = 0  # never counted: read (`phrase_frequency`) only when ranked
+        exact[0] = min(exact[1:])  # a phrase is in no more rows than any of its words
+
+    def steps(df: list[int]) -> list[pg_search.Step]:
+        return pg_search._ranking(
+            plan, found, total, 12.5, df, bounded=bounded,
+            newest=lambda i: 1000 + i, phrase_frequency=lambda: exact[0],
+        )  # fmt: skip
+
+    assert steps(capped) == steps(exact)
 
 
 @pytest.fixture(scope="module")
@@ -220,3 +231,40 @@ def test_the_inlined_bm25_is_the_stored_function(
         prepare=False,
     ).fetchone() or (None, None)
     assert inlined == stored
+
+
+def test_term_counts_are_remembered_until_the_index_grows_by_a_quarter(
+    indexed: tuple[psycopg.Connection[Any], str, list[str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from activememory.storage import search as sqlite_search
+    from activememory.storage.search import TermStats
+
+    conn, agent, _ = indexed
+    monkeypatch.setattr(sqlite_search, "RANK_BUDGET", 2)
+    monkeypatch.setattr(sqlite_search, "COMMON_FRACTION", 0.0)  # the cap: 3 rows
+    counted: list[int] = []
+    capped = pg_search.capped_frequencies
+
+    def counting(*args: Any) -> list[int]:
+        found = capped(*args)
+        counted.append(len(found))
+        return found
+
+    monkeypatch.setattr(pg_search, "capped_frequencies", counting)
+    stats = TermStats()
+    plan = plan_match("zeta x1")
+    found = None if plan is None else pg_query(plan)
+    assert found is not None and found.has_phrase
+    total = 40
+    first = pg_search.cached_frequencies(conn, agent, found, total, stats)
+    assert counted == [2] and first[0] == 0  # the phrase's is never counted here
+    # A count that reached the cap reads as more rows than the index holds: it stays
+    # common whatever the threshold becomes while it is remembered.
+    exact = pg_search.capped_frequencies(conn, agent, found, 1000)
+    assert first[1:] == [n if n < 3 else total + 1 for n in exact[1:]]
+    assert total + 1 in first  # the fixture's texts hold "zeta" or "x1" more than 3 times
+    counted.clear()
+    again = pg_search.cached_frequencies(conn, agent, found, total + 10, stats)
+    assert again == first and counted == []  # within a quarter: nothing counted
+    pg_search.cached_frequencies(conn, agent, found, total * 2, stats)
+    assert counted == [2]  # grown by more than a quarter: counted again

@@ -332,14 +332,13 @@ def test_common_terms_are_left_out_as_on_sqlite(
     pair: Any, batches: list[list[tuple[Any, ...]]], searches: list[tuple[Any, ...]]
 ) -> None:
     # The common-term rules (docs/design.md §3) at a size the test can reach: every index
-    # is pruned, and a term in more than a fifth of the rows is common.
+    # is pruned, and a term in more than a fifth of the rows is common. One place: the
+    # PostgreSQL search reads storage/search.py's figures.
     from activememory.storage import search as sqlite_search
-    from activememory.storage.pg import search as pg_search
 
     with pytest.MonkeyPatch.context() as patch:
-        for module in (sqlite_search, pg_search):
-            patch.setattr(module, "MIN_ROWS_TO_PRUNE", 0)
-            patch.setattr(module, "COMMON_FRACTION", 0.2)
+        patch.setattr(sqlite_search, "MIN_ROWS_TO_PRUNE", 0)
+        patch.setattr(sqlite_search, "COMMON_FRACTION", 0.2)
         run_both(pair, batches, searches)
 
 
@@ -606,20 +605,24 @@ def test_two_processes_creating_the_schema_at_once_both_succeed() -> None:
             conn.close()
 
 
-@pytest.mark.parametrize("query", ["aisle", "aisle x1", "aisle seats", "seats zeta"])
-def test_common_terms_fill_the_pool_as_on_sqlite(pair: Any, query: str) -> None:
-    # A pool of 3 over 12 messages: which rows fill it is decided by the common-term rules
-    # alone (rarer terms ranked first, then newest with every term, then newest with any).
+@pytest.mark.parametrize("budget", [1500, 1])
+@pytest.mark.parametrize(
+    "query", ["aisle", "aisle x1", "aisle seats", "seats zeta", "kite", "kite x1", "kite aisle"]
+)
+def test_common_terms_fill_the_pool_as_on_sqlite(pair: Any, query: str, budget: int) -> None:
+    # A pool of 3 over 14 messages: which rows fill it is decided by the common-term rules
+    # and the rank budget alone (rarer terms ranked first, the rarest over its newest
+    # `budget` matches, then newest with every term, then newest with any). One place: the
+    # PostgreSQL search reads storage/search.py's figures.
     from activememory.storage import search as sqlite_search
-    from activememory.storage.pg import search as pg_search
 
     texts = [f"aisle {'seats ' * (i % 3 == 0)}{'zeta' * (i == 4)}m{i}" for i in range(11)]
-    texts.append("x1 alone")
+    texts += ["x1 alone", "kite kite kite first", "kite later"]
     with pytest.MonkeyPatch.context() as patch, tempfile.TemporaryDirectory() as directory:
-        for module in (sqlite_search, pg_search):
-            patch.setattr(module, "MIN_ROWS_TO_PRUNE", 0)
-            patch.setattr(module, "COMMON_FRACTION", 0.2)
-            patch.setattr(module, "POOL", 3)
+        patch.setattr(sqlite_search, "MIN_ROWS_TO_PRUNE", 0)
+        patch.setattr(sqlite_search, "COMMON_FRACTION", 0.2)
+        patch.setattr(sqlite_search, "POOL", 3)
+        patch.setattr(sqlite_search, "RANK_BUDGET", budget)
         stores: Pair = pair(directory)
         try:
             key = "agent:main:direct:alice"

@@ -318,12 +318,8 @@ def small_rank_budget(monkeypatch: pytest.MonkeyPatch, small_prune_threshold: No
 
 
 async def test_over_the_rank_budget_a_message_holding_only_the_rarest_term_comes_first(
-    mem: am.Memory, small_rank_budget: None, storage: str | None
+    mem: am.Memory, small_rank_budget: None
 ) -> None:
-    sqlite_only(
-        storage,
-        "the rank budget bounds FTS5's BM25 (§3); PostgreSQL ranks every match from exact term statistics",
-    )
     for i in range(40):
         await put(mem, user(f"filler chatter {i}"))
     # "kestrel" (12 rows) is not common, but with "zephyr" it is over the budget: only the
@@ -338,12 +334,8 @@ async def test_over_the_rank_budget_a_message_holding_only_the_rarest_term_comes
 
 
 async def test_a_rarest_term_over_the_budget_is_ranked_over_its_newest_matches(
-    mem: am.Memory, small_rank_budget: None, storage: str | None
+    mem: am.Memory, small_rank_budget: None
 ) -> None:
-    sqlite_only(
-        storage,
-        "the rank budget bounds FTS5's BM25 (§3); PostgreSQL ranks every match from exact term statistics",
-    )
     for i in range(60):
         await put(mem, user(f"other chatter {i}"))
     strong = await mem.sessions.append(KEY, user("heron heron heron heron heron heron"))

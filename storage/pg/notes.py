@@ -7,10 +7,11 @@ by `terms.index_terms`, with the headings above the chunk as the context column)
 chunking is storage/notes.py's; so is the change detection (`apply_sync_notes` rejects a
 stat-only update whose digest is not the indexed one).
 
-Ranking: FTS5's BM25 as storage/pg/search.py computes it for messages (`activememory.bm25`,
-the same IDF), over the agent's chunks: N, the average length and each query part's
-document frequency counted in one snapshot. Every term is ranked, as on SQLite (a
-workspace's notes are small).
+Ranking: FTS5's BM25 as storage/pg/search.py computes it for messages (`bm25_sql`, the body
+of `activememory.bm25` written into the query; the same IDF), over the agent's chunks: N,
+the average length and each query part's document frequency (counted up to where the IDF
+stops changing) in one snapshot, every statement planned for its terms. Every term is
+ranked, as on SQLite (a workspace's notes are small).
 
 Two processes syncing one agent's notes at once take turns (a transaction-scoped advisory
 lock per agent): chunk ids are one past the agent's largest, as SQLite's rowids.
@@ -18,13 +19,11 @@ lock per agent): chunk ids are one past the agent's largest, as SQLite's rowids.
 
 from __future__ import annotations
 
-from typing import Any
-
 from ...protocol.indexer import IndexerAck, NotesSynced, Rejected, SyncNotes
 from ..fts_query import MatchPlan
 from ..notes import NoteHit, NoteStat
 from .db import SCHEMA
-from .search import _bm25_params
+from .search import _bm25_params, bm25_sql, capped_frequencies, execute_custom, idf_cap
 from .terms import PgQuery, index_terms, pg_query
 from .transcripts import Connection, _text
 
@@ -131,35 +130,36 @@ def apply_sync_notes(conn: Connection, agent: str, cmd: SyncNotes) -> IndexerAck
 
 
 def _statistics(conn: Connection, agent: str, query: PgQuery) -> tuple[int, float, list[int]]:
-    """(N, average tokens per chunk, each part's document frequency) of the agent's notes."""
-    counts = "".join(
-        f", count(*) FILTER (WHERE terms @@ %(p{i})s::tsquery)" for i in range(len(query.parts))
-    )
-    params: dict[str, Any] = {f"p{i}": part.tsquery for i, part in enumerate(query.parts)}
-    row = conn.execute(
-        f"SELECT count(*), coalesce(sum(tokens), 0){counts} FROM {_S}.note_chunks"
-        " WHERE agent = %(agent)s",
-        params | {"agent": agent},
+    """(N, average tokens per chunk, each part's document frequency) of the agent's notes,
+    in the search's snapshot. Each frequency is counted up to `idf_cap` (half the chunks):
+    past it the IDF is at its floor, so the ranking is the exact counts' (docs/design.md
+    §11 "Latency")."""
+    row = execute_custom(
+        conn,
+        f"SELECT count(*), coalesce(sum(tokens), 0) FROM {_S}.note_chunks WHERE agent = %s",
+        (agent,),
     ).fetchone()
     assert row is not None
     total, tokens = int(row[0]), int(row[1])
-    return total, (tokens / total if total else 1.0), [int(n) for n in row[2:]]
+    df = capped_frequencies(conn, agent, query, idf_cap(total), table="note_chunks", phrase=True)
+    return total, (tokens / total if total else 1.0), df
 
 
 def search_notes(conn: Connection, agent: str, plan: MatchPlan, keep: int) -> list[NoteHit]:
     """The `keep` best chunks of `agent`'s notes for `plan`, best BM25 first (ties: path,
-    then first line), in one snapshot; storage/notes.py `search_notes` on PostgreSQL."""
+    then first line), in one snapshot; storage/notes.py `search_notes` on PostgreSQL. As
+    the message search (storage/pg/search.py): statements planned for their terms each
+    time (`execute_custom`), BM25 written into the query (`bm25_sql`)."""
     query = pg_query(plan)
     if query is None or keep <= 0:
         return []
     with conn.transaction():
         total, avgdl, df = _statistics(conn, agent, query)
-        rows = conn.execute(
-            f"SELECT id, -{_S}.bm25(terms, tokens, %(lexemes)s::text[], %(prefixes)s::boolean[],"
-            " %(phrases)s::text[]::tsquery[], %(idf)s::float8[], %(avgdl)s) AS r,"
-            f" path, start_line, end_line, text FROM {_S}.note_chunks"
-            " WHERE agent = %(agent)s AND terms @@ %(query)s::tsquery"
-            " ORDER BY r, path, start_line LIMIT %(keep)s",
+        rows = execute_custom(
+            conn,
+            f"SELECT c.id, -{bm25_sql('c')} AS r, c.path, c.start_line, c.end_line, c.text"
+            f" FROM {_S}.note_chunks c WHERE c.agent = %(agent)s"
+            " AND c.terms @@ %(query)s::tsquery ORDER BY r, c.path, c.start_line LIMIT %(keep)s",
             _bm25_params(query, total, avgdl, df)
             | {"agent": agent, "query": query.match, "keep": keep},
         ).fetchall()

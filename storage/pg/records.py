@@ -93,7 +93,14 @@ from .record_vectors import (
 )
 from .search import _bm25_params, bm25_sql, execute_custom
 from .terms import PgQuery, index_terms, pg_query
-from .transcripts import Connection, _text, _text_bytes, configure_reader, configure_writer
+from .transcripts import (
+    BulkRows,
+    Connection,
+    _text,
+    _text_bytes,
+    configure_reader,
+    configure_writer,
+)
 
 _S = SCHEMA
 STAT_SLOTS = 16
@@ -210,6 +217,7 @@ class PgRecordWriter:
         self._records = 0
         self._tokens = 0
         self._erased = False
+        self.bulk = BulkRows()
 
     def apply(self, commands: Sequence[RecordCommand]) -> list[RecordAck]:
         """Apply `commands` in one transaction; one ack per command, in order.
@@ -228,6 +236,7 @@ class PgRecordWriter:
         for _ in range(_RACE_RETRIES):
             self._records = self._tokens = 0
             self._erased = False
+            self.bulk.rolled_back()
             sent_commit = False
             try:
                 with self.conn.transaction():
@@ -247,6 +256,7 @@ class PgRecordWriter:
                 if (refused := self._replace_connection()) is not None:
                     return [RecordRejected(reason="storage", message=refused) for _ in commands]
                 continue
+            self.bulk.committed(self.conn)
             return self._purged(acks) if self._erased else acks
         assert failure is not None
         if len(commands) == 1 or lost(self.conn):
@@ -319,6 +329,8 @@ class PgRecordWriter:
         """An exported record back as it was: `_add`, then its status and times."""
         r = cmd.record
         ack = self._add(r, cmd.created_at)
+        if isinstance(ack, RecordAdded):
+            self.bulk.add("records", 1)
         if isinstance(ack, RecordAdded) and r.status == RecordStatus.INVALID:
             self.conn.execute(
                 f"UPDATE {_S}.records SET status = 'invalid', invalid_reason = %s,"
@@ -339,6 +351,7 @@ class PgRecordWriter:
             " ON CONFLICT (agent, source, target, relation) DO NOTHING",
             (self.agent, source, target, rel.relation, cmd.at),
         )
+        self.bulk.add("record_relations", cur.rowcount)
         return RecordsLinked(relation=rel, created=cur.rowcount > 0)
 
     def _invalidate(self, cmd: InvalidateRecord) -> RecordAck:

@@ -1,6 +1,7 @@
 """The SQL half of `sessions_search` on PostgreSQL (docs/design.md §3, §11).
 
-As on SQLite (storage/search.py, whose pool, reranking and common-term rules this reuses):
+As on SQLite (storage/search.py, whose pool, reranking, common-term rules and rank budget
+(`rankable`) this reuses):
 the visible, clean sessions are a condition of the matching query itself, before its
 LIMIT. The ranking is FTS5's BM25 computed from term statistics (`activememory.bm25`,
 storage/pg/db.py): document frequencies counted in the agent's index, N and the average
@@ -11,22 +12,16 @@ frequency and no length normalisation of the BM25 kind.
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 from ...protocol.config import PrivateScope
 from ...protocol.session_key import parse_session_key
+from .. import search as lite
 from ..fts_query import MatchPlan
-from ..search import (
-    COMMON_FRACTION,
-    MIN_ROWS_TO_PRUNE,
-    POOL,
-    Candidate,
-    DbScope,
-    ScopePage,
-    rerank,
-)
+from ..search import Candidate, DbScope, ScopePage, TermStats, rankable, rerank
 from .db import SCHEMA
-from .terms import PgQuery, pg_query
+from .terms import PgQuery, QueryPhrase, pg_query
 from .transcripts import Connection, _text
 
 _S = SCHEMA
@@ -83,8 +78,8 @@ def scope_sql(
 _MATCH = (
     "SELECT i.event_id, {rank} AS r, i.session_id, i.depth FROM "
     + f"{_S}.message_index i"
-    + " WHERE i.agent = %(agent)s AND i.terms @@ %(query)s::tsquery AND {where}"
-    " ORDER BY {order} LIMIT %(limit)s"
+    + " WHERE i.agent = %(agent)s AND i.terms @@ %(query)s::tsquery"
+    " AND i.event_id >= %(since)s AND {where} ORDER BY {order} LIMIT %(limit)s"
 )
 
 
@@ -112,7 +107,18 @@ def bm25_sql(row: str) -> str:
 _BM25 = "-" + bm25_sql("i")
 _BY_RANK = {"rank": _BM25, "order": "r, i.event_id DESC"}
 _BY_RECENCY = {"rank": "0.0", "order": "i.event_id DESC"}
-_BY_RECENCY_ALL_TERMS = {"rank": "-1.0", "order": "i.event_id DESC"}
+# `+ 0`: the AND's newest rows found from its terms' postings (led by one of at most
+# `RANK_BUDGET` rows), then sorted; ordered by the bare key, the planner may walk the
+# primary key backwards, filtering every row for an AND that rarely holds: 588 ms against
+# 10 ms at 1M (docs/design.md §11 "Latency").
+_BY_RECENCY_ALL_TERMS = {"rank": "-1.0", "order": "i.event_id + 0 DESC"}
+# The newest rows holding any term, those holding every term marked -1.0 as the AND step
+# would (storage/search.py `every_term_first`): the mark is a condition on each row read,
+# so one query does what SQLite does in one read per term.
+_EVERY_TERM_FIRST = {
+    "rank": "CASE WHEN i.terms @@ %(every)s::tsquery THEN -1.0 ELSE 0.0 END",
+    "order": "i.event_id DESC",
+}
 _DETAILS = (
     f"SELECT e.id, e.session_id, s.key, e.ts, e.role, e.text FROM {_S}.events e"
     f" JOIN {_S}.sessions s ON s.agent = e.agent AND s.id = e.session_id"
@@ -128,14 +134,57 @@ def execute_custom(conn: Connection, sql: str, params: Any = None) -> Any:
     return conn.execute(sql, params, prepare=False)
 
 
+class Step(NamedTuple):
+    """One matching query of a search (storage/search.py `Step` on PostgreSQL): its tsquery,
+    its ordering (`_BY_RANK`, `_BY_RECENCY`...), the bindings that ordering reads (BM25's,
+    or `every`), its window (the lowest event id it reads; 0: all) and `wide`: read that
+    many rows and reorder them by rank (`_EVERY_TERM_FIRST`)."""
+
+    match: str
+    ordering: dict[str, str]
+    bindings: dict[str, Any]
+    since: int = 0
+    wide: int = 0
+
+
+def ranking_steps(
+    conn: Connection,
+    agent: str,
+    plan: MatchPlan,
+    *,
+    bounded: bool,
+    stats: TermStats | None = None,
+) -> list[Step]:
+    """The queries to run, in order, until the pool is full (storage/search.py
+    `ranking_steps`, whose rules these are: `rankable` decides): with the agent's term
+    statistics (`_statistics`) and, for a window, the rarest term's newest matches.
+    `bounded`: the search reads the whole agent, not a listed scope's sessions; `stats`:
+    the reader's cache of term counts (`cached_frequencies`), None to count each time."""
+    query = pg_query(plan)
+    if query is None:
+        return []
+    total, avgdl, df = _statistics(conn, agent, plan, query, stats)
+    return _ranking(
+        plan, query, total, avgdl, df, bounded=bounded,
+        newest=lambda i: newest_match(conn, agent, _term(query, i).tsquery),
+        phrase_frequency=lambda: capped_frequency(conn, agent, query.parts[0].tsquery, None),
+    )  # fmt: skip
+
+
+def _term(query: PgQuery, i: int) -> QueryPhrase:
+    """The part of term i of the plan (where `prunes`: one part per term, after the phrase)."""
+    return query.parts[i + query.has_phrase]
+
+
 def _statistics(
-    conn: Connection, agent: str, plan: MatchPlan, query: PgQuery
+    conn: Connection, agent: str, plan: MatchPlan, query: PgQuery, stats: TermStats | None = None
 ) -> tuple[int, float, list[int]]:
     """(N, average tokens per row, each part's document frequency) of the agent's index.
 
-    Where the common-term rules apply (`prunes`), a frequency is counted only up to the
-    common threshold plus one (`capped_frequencies`): over it the exact figure is never used,
-    and counting a common term's rows was the search's tail (docs/design.md §11 "Latency")."""
+    Where the common-term rules apply (`prunes`), a term's frequency is counted only up to
+    `frequency_cap` (over it the exact figure is never used, and counting a common term's
+    rows was the search's tail) and the phrase's not at all (0: `_ranking` counts it
+    when it ranks it): docs/design.md §11 "Latency"."""
     row = execute_custom(
         conn,
         f"SELECT coalesce(sum(index_rows), 0), coalesce(sum(index_tokens), 0)"
@@ -145,7 +194,7 @@ def _statistics(
     total, tokens = (int(row[0]), int(row[1])) if row else (0, 0)
     avgdl = tokens / total if total else 1.0
     if prunes(plan, query, total):
-        return total, avgdl, capped_frequencies(conn, agent, query, common_threshold(total) + 1)
+        return total, avgdl, cached_frequencies(conn, agent, query, total, stats)
     counts = ", ".join(
         f"count(*) FILTER (WHERE terms @@ %(p{i})s::tsquery)" for i in range(len(query.parts))
     )
@@ -162,30 +211,102 @@ def _statistics(
 
 def common_threshold(total: int) -> int:
     """The most rows a term may match in an index of `total` and not be common."""
-    return int(total * COMMON_FRACTION)
+    return int(total * lite.COMMON_FRACTION)
+
+
+def frequency_cap(total: int) -> int:
+    """How far a term's rows are counted where the common-term rules apply: one past the
+    larger of the common threshold and the rank budget, so that "common" and "even the
+    rarest term is over the budget" are decided as exact counts would decide them."""
+    return max(common_threshold(total), lite.RANK_BUDGET) + 1
 
 
 def prunes(plan: MatchPlan, query: PgQuery, total: int) -> bool:
     """Whether `_ranking` decides by the common-term rules (not one BM25 query over every
-    part), so that it reads no frequency over `common_threshold(total)` and no phrase's."""
+    part), so that it reads no frequency over `frequency_cap(total)` and no phrase's
+    unless it ranks it."""
     terms = len(query.parts) - query.has_phrase
-    return total >= MIN_ROWS_TO_PRUNE and terms == len(plan.terms)
+    return total >= lite.MIN_ROWS_TO_PRUNE and terms == len(plan.terms)
 
 
-def capped_frequencies(conn: Connection, agent: str, query: PgQuery, cap: int) -> list[int]:
-    """Each term part's document frequency counted up to `cap` (min(exact, cap)); the
-    whole-query phrase's, which pruning never reads, as 0."""
+def capped_frequencies(
+    conn: Connection,
+    agent: str,
+    query: PgQuery,
+    cap: int,
+    *,
+    table: str = "message_index",
+    phrase: bool = False,
+) -> list[int]:
+    """Each part's document frequency over the agent's rows of `table` (its `terms`),
+    counted up to `cap` (min(exact, cap)); the whole-query phrase's only with `phrase`
+    (else 0: pruning reads it only when it ranks it). One statement, planned for its terms."""
+    first = 0 if phrase else query.has_phrase
     counts = ", ".join(
-        f"(SELECT count(*) FROM (SELECT 1 FROM {_S}.message_index WHERE agent = %(agent)s"
+        f"(SELECT count(*) FROM (SELECT 1 FROM {_S}.{table} WHERE agent = %(agent)s"
         f" AND terms @@ %(p{i})s::tsquery LIMIT %(cap)s) c{i})"
-        for i in range(query.has_phrase, len(query.parts))
+        for i in range(first, len(query.parts))
     )
     params: dict[str, Any] = {f"p{i}": part.tsquery for i, part in enumerate(query.parts)}
     found = execute_custom(
         conn, f"SELECT {counts}", params | {"agent": agent, "cap": cap}
     ).fetchone()
     assert found is not None
-    return [0] * query.has_phrase + [int(n) for n in found]
+    return [0] * first + [int(n) for n in found]
+
+
+def idf_cap(total: int) -> int:
+    """The document frequency from which BM25's IDF is at its floor in an index of `total`
+    rows (a part in half the rows or more): counted up to it, every IDF is the exact one."""
+    return (total + 1) // 2
+
+
+def cached_frequencies(
+    conn: Connection, agent: str, query: PgQuery, total: int, stats: TermStats | None
+) -> list[int]:
+    """`capped_frequencies` at `frequency_cap(total)`, each term's count remembered in
+    `stats` (storage/search.py `TermStats`, one per agent and process) and reused until
+    the agent's index has grown or shrunk by a quarter: counting a term to the cap reads up
+    to 5,001 rows at 1M, most of a search's time there (docs/design.md §11 "Latency").
+    A count that reached the cap is remembered as more than the index holds, so it stays
+    common however the threshold moves meanwhile; a rarer term's may be off by what
+    other processes wrote since (its IDF with it), as SQLite's `TermStats` decisions are."""
+    cap = frequency_cap(total)
+    if stats is None:
+        return capped_frequencies(conn, agent, query, cap)
+    terms = query.parts[query.has_phrase :]
+    found = [stats.cached(part.tsquery, total) for part in terms]
+    missing = [i for i, count in enumerate(found) if count is None]
+    if missing:
+        wanted = PgQuery(tuple(terms[i] for i in missing), False)
+        for i, count in zip(missing, capped_frequencies(conn, agent, wanted, cap), strict=True):
+            found[i] = count if count < cap else total + 1
+            stats.remember(terms[i].tsquery, found[i] or 0, total)
+    return [0] * query.has_phrase + [count or 0 for count in found]
+
+
+def capped_frequency(conn: Connection, agent: str, tsquery: str, cap: int | None) -> int:
+    """How many of the agent's rows match `tsquery`, counted up to `cap` (None: all)."""
+    row = execute_custom(
+        conn,
+        f"SELECT count(*) FROM (SELECT 1 FROM {_S}.message_index WHERE agent = %s"
+        " AND terms @@ %s::tsquery LIMIT %s) c",
+        (agent, tsquery, cap),
+    ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def newest_match(conn: Connection, agent: str, tsquery: str) -> int:
+    """The start of a term's window: the event id of the `RANK_BUDGET`-th newest row of
+    the agent holding it (0 if fewer hold it); storage/search.py `newest_match`. Sorted
+    from the term's postings (`+ 0`, as the AND step): it is not common, so they are few."""
+    row = execute_custom(
+        conn,
+        f"SELECT event_id FROM {_S}.message_index WHERE agent = %s AND terms @@ %s::tsquery"
+        " ORDER BY event_id + 0 DESC OFFSET %s LIMIT 1",
+        (agent, tsquery, lite.RANK_BUDGET - 1),
+    ).fetchone()
+    return 0 if row is None else int(row[0])
 
 
 def _idf(total: int, frequency: int) -> float:
@@ -204,26 +325,45 @@ def _bm25_params(query: PgQuery, total: int, avgdl: float, df: list[int]) -> dic
 
 
 def _ranking(
-    plan: MatchPlan, query: PgQuery, total: int, avgdl: float, df: list[int]
-) -> list[tuple[str, dict[str, str], dict[str, Any]]]:
-    """The (tsquery, ordering, bindings) queries to run, in order, to fill the pool: the
-    common-term rules of storage/search.py `_ranking`. `df` as `_statistics` counts it:
-    exact, or (`prunes`) capped over the common threshold, which decides the same."""
+    plan: MatchPlan,
+    query: PgQuery,
+    total: int,
+    avgdl: float,
+    df: list[int],
+    *,
+    bounded: bool,
+    newest: Callable[[int], int],
+    phrase_frequency: Callable[[], int],
+) -> list[Step]:
+    """The steps of storage/search.py `ranking_steps` for `query` (`pg_query(plan)`), `df`
+    as `_statistics` counts it: exact, or (`prunes`) capped at `frequency_cap`, which
+    decides the same. `newest(i)`: the window of term i (`newest_match`); `phrase_frequency()`:
+    the whole-query phrase's, read only when every term is ranked (as SQLite, the phrase is
+    ranked then, and never in a recency step)."""
     if not prunes(plan, query, total):
-        return [(query.match, _BY_RANK, _bm25_params(query, total, avgdl, df))]
-    terms = query.parts[1:] if query.has_phrase else query.parts
-    term_df = df[1:] if query.has_phrase else df
-    common = [n > common_threshold(total) for n in term_df]
-    # Only common terms: newest messages holding all of them, then any of them.
-    by_recency: list[tuple[str, dict[str, str], dict[str, Any]]] = [(query.match, _BY_RECENCY, {})]
-    if len(terms) > 1:
-        all_terms = " & ".join(f"({part.tsquery})" for part in terms)
-        by_recency.insert(0, (all_terms, _BY_RECENCY_ALL_TERMS, {}))
-    if not all(common):
-        rare = PgQuery(tuple(p for p, c in zip(terms, common, strict=True) if not c), False)
-        rare_df = [n for n, c in zip(term_df, common, strict=True) if not c]
-        return [(rare.match, _BY_RANK, _bm25_params(rare, total, avgdl, rare_df)), *by_recency]
-    return by_recency
+        return [Step(query.match, _BY_RANK, _bm25_params(query, total, avgdl, df))]
+    terms = query.parts[query.has_phrase :]
+    docs = df[query.has_phrase :]
+    ranked, rarest, windowed = rankable(docs, common_threshold(total), bounded=bounded)
+    any_term = PgQuery(terms, False).match
+    by_recency = [Step(any_term, _BY_RECENCY, {})]
+    every = " & ".join(f"({part.tsquery})" for part in terms)
+    if len(terms) > 1 and docs[rarest] > lite.RANK_BUDGET:  # even the rarest is long
+        by_recency = [Step(any_term, _EVERY_TERM_FIRST, {"every": every}, wide=lite.RECENCY_WIDE)]
+    elif len(terms) > 1:  # an AND led by a short posting list: cheap
+        by_recency.insert(0, Step(every, _BY_RECENCY_ALL_TERMS, {}))
+    if not any(ranked):
+        return by_recency
+    # The rarer terms ranked first; when they match too few rows (a name or id found
+    # nowhere), the others still answer, newest first, as if asked alone.
+    window = newest(rarest) if windowed else 0
+    kept = pg_query(plan, ranked)
+    assert kept is not None  # the rarest term is kept, and has a part
+    kept_df = [n for n, keep in zip(docs, ranked, strict=True) if keep]
+    if kept.has_phrase:
+        kept_df.insert(0, phrase_frequency())
+    bm25 = _bm25_params(kept, total, avgdl, kept_df)
+    return [Step(kept.match, _BY_RANK, bm25, window), *by_recency]
 
 
 def search_scope(
@@ -235,15 +375,17 @@ def search_scope(
     caller: str,
     session_key: str | None,
     keep: int,
+    stats: TermStats | None = None,
 ) -> ScopePage:
     """The `keep` best visible matches of `plan` in `agent`'s sessions (storage/search.py
-    `search_scope` on PostgreSQL), read in one snapshot (`configure_reader`)."""
-    query = pg_query(plan)
+    `search_scope` on PostgreSQL), read in one snapshot (`configure_reader`); `stats`,
+    the term counts remembered for the agent (`cached_frequencies`)."""
     with conn.transaction():
         any_dirty = execute_custom(
             conn, f"SELECT 1 FROM {_S}.sessions WHERE agent = %s AND dirty LIMIT 1", (agent,)
         ).fetchone()
         params: dict[str, Any] = {"agent": agent}
+        bounded = True  # the search reads the whole agent
         if scope == "all" and session_key is None:
             visible_dirty = 0
             where = "true"
@@ -264,19 +406,28 @@ def search_scope(
                 return ScopePage([], visible_dirty, bool(any_dirty))
             where = "i.session_id = ANY(%(clean)s)"
             params["clean"] = clean
-        if query is None:
-            return ScopePage([], visible_dirty, bool(any_dirty))
-        total, avgdl, df = _statistics(conn, agent, plan, query)
-        pool_size = max(POOL, keep)
+            # A listed scope's sessions are read, not the agent's (SQLite: a small scope's
+            # rowid span): ranked in full, as on SQLite.
+            bounded = len(clean) > lite.SPAN_MAX_SESSIONS
+        pool_size = max(lite.POOL, keep)
         pooled: list[tuple[int, float, int, int]] = []
         seen: set[int] = set()
-        for match, ordering, extra in _ranking(plan, query, total, avgdl, df):
-            sql = _MATCH.format(where=where, **ordering)
-            bindings = params | extra | {"query": match, "limit": pool_size - len(pooled)}
-            for rowid, rank, sid, depth in execute_custom(conn, sql, bindings).fetchall():
-                if rowid not in seen:
-                    seen.add(rowid)
-                    pooled.append((int(rowid), float(rank), int(sid), int(depth)))
+        for step in ranking_steps(conn, agent, plan, bounded=bounded, stats=stats):
+            sql = _MATCH.format(where=where, **step.ordering)
+            limit = step.wide or pool_size - len(pooled)
+            bindings = params | step.bindings | {"query": step.match, "since": step.since}
+            rows = [
+                (int(rowid), float(rank), int(sid), int(depth))
+                for rowid, rank, sid, depth in execute_custom(
+                    conn, sql, bindings | {"limit": limit}
+                ).fetchall()
+            ]
+            if step.wide:  # holding every term first, then newest first
+                rows.sort(key=lambda row: (row[1], -row[0]))
+            for row in rows:
+                if row[0] not in seen and len(pooled) < pool_size:
+                    seen.add(row[0])
+                    pooled.append(row)
             if len(pooled) >= pool_size:
                 break
         if not pooled:

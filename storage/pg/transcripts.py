@@ -141,6 +141,62 @@ def configure_writer(conn: Connection) -> Connection:
     return conn
 
 
+# A writer ANALYZEs a table once the rows its bulk paths (import, index rebuild and
+# reindex, record restore) added since it last did reach this many and this share of the
+# table's estimated rows (docs/design.md §11 "Statistics").
+ANALYZE_MIN_ROWS = 1000
+ANALYZE_SHARE = 0.2
+
+
+class BulkRows:
+    """The rows a writer's bulk paths added per table since it last ANALYZEd it, and the
+    ANALYZE once they are many (`ANALYZE_MIN_ROWS`, `ANALYZE_SHARE`).
+
+    Without statistics the planner guesses how many rows a term or an agent holds and
+    picks plans several times slower (docs/design.md §11 "Latency"); autovacuum would
+    ANALYZE soon after a bulk load, but it may be slow, off, or not yet run. A table this
+    role does not own (a worker bound by row-level security) is autovacuum's alone.
+    """
+
+    def __init__(self) -> None:
+        self.added: dict[str, int] = {}
+        self.pending: dict[str, int] = {}  # this transaction's, until it commits
+        self.owned = True
+
+    def add(self, table: str, rows: int) -> None:
+        """`rows` added to `table` in the transaction under way."""
+        self.pending[table] = self.pending.get(table, 0) + rows
+
+    def rolled_back(self) -> None:
+        self.pending.clear()
+
+    def committed(self, conn: Connection) -> None:
+        """Count the committed transaction's rows; ANALYZE the tables they grew enough.
+        Outside any transaction. A failure is left to autovacuum: statistics only ever
+        make plans better, never answers different."""
+        for table, rows in self.pending.items():
+            self.added[table] = self.added.get(table, 0) + rows
+        self.pending.clear()
+        due = [table for table, rows in self.added.items() if rows >= ANALYZE_MIN_ROWS]
+        if not due or not self.owned:
+            return
+        try:
+            found = conn.execute(
+                "SELECT c.relname, c.reltuples, pg_has_role(c.relowner, 'USAGE')"
+                " FROM pg_catalog.pg_class c WHERE c.oid = ANY(%s::regclass[])",
+                ([f"{_S}.{table}" for table in due],),
+            ).fetchall()
+            for table, estimate, owned in found:
+                if not owned:
+                    self.owned = False
+                    return
+                if estimate < 0 or self.added[table] >= ANALYZE_SHARE * estimate:
+                    conn.execute(f"ANALYZE {_S}.{table}")
+                    self.added[table] = 0
+        except psycopg.Error:
+            return
+
+
 def configure_reader(conn: Connection) -> Connection:
     """Each read is one REPEATABLE READ, read-only transaction: one consistent snapshot."""
     conn.autocommit = True
@@ -170,6 +226,7 @@ class PgTranscriptWriter:
         self._branch_rows: list[tuple[object, ...]] = []
         self._index_rows: list[tuple[object, ...]] = []
         self._event_ids: list[int] = []  # drawn for the run of appends being applied
+        self.bulk = BulkRows()
 
     def apply(self, commands: Sequence[IndexerCommand]) -> list[IndexerAck]:
         """Apply `commands` in one transaction and return one ack per command, in order.
@@ -193,6 +250,7 @@ class PgTranscriptWriter:
                     sent_commit = True  # from here the server may commit what we cannot see
                 from .userdata import purged  # here: it imports this module
 
+                self.bulk.committed(self.conn)
                 return purged(self.conn, acks)  # an erase committed: VACUUM after it
             except (*_RACES, psycopg.errors.UniqueViolation) as exc:
                 failure = exc
@@ -225,6 +283,7 @@ class PgTranscriptWriter:
         return None
 
     def _forget(self) -> None:
+        self.bulk.rolled_back()
         self._sessions.clear()
         self._touched.clear()
         self._event_rows.clear()
@@ -678,6 +737,7 @@ class PgTranscriptWriter:
             state = self._insert_session(
                 cmd.key, cmd.at, persistent=cmd.persistent, interactive=cmd.interactive
             )
+            self.bulk.add("sessions", 1)
         kept = self._free_ids(cmd.entries) if cmd.keep_ids else None
         if kept is not None and kept:
             # The sequence moves past kept ids, as SQLite's next id does (docs/design.md §2.6).
@@ -709,6 +769,7 @@ class PgTranscriptWriter:
                 ],
             )  # fmt: skip
         state.next_seq += len(cmd.entries)
+        self.bulk.add("events", len(cmd.entries))
         if leaf_import_id is not None:
             leaf_id, leaf_depth = event_ids[leaf_import_id], depths[leaf_import_id]
             branch: list[tuple[object, ...]] = []
@@ -719,6 +780,7 @@ class PgTranscriptWriter:
                 node, depth = parents[node], depth - 1
             with self.conn.cursor() as cur:
                 cur.executemany(_INSERT_BRANCH, branch)
+            self.bulk.add("active_branch", len(branch))
             state.leaf_event_id, state.leaf_depth = leaf_id, leaf_depth
         state.last_text = _UNKNOWN
         state.dirty = True
@@ -851,6 +913,7 @@ class PgTranscriptWriter:
         if self._index_rows:
             with self.conn.cursor() as cur:
                 cur.executemany(_INSERT_INDEX, self._index_rows)
+            self.bulk.add("message_index", len(self._index_rows))
             self._index_rows.clear()
         return len(branch)
 
@@ -1103,8 +1166,7 @@ class PgTranscriptReader:
         stats: TermStats,
     ) -> ScopePage:
         """The `keep` best visible matches of `plan` (storage/pg/search.py `search_scope`;
-        `stats`, the SQLite reader's cache of term counts, is not used: another process
-        may have written, so the counts are exact each time)."""
+        `stats`, the agent's remembered term counts)."""
         from .search import search_scope
 
         return search_scope(
@@ -1115,6 +1177,7 @@ class PgTranscriptReader:
             caller=caller,
             session_key=session_key,
             keep=keep,
+            stats=stats,
         )
 
     @_read
