@@ -310,6 +310,10 @@ def newest_match(conn: Connection, agent: str, tsquery: str) -> int:
 
 
 def _idf(total: int, frequency: int) -> float:
+    # A count may exceed the index: a capped one is remembered as `total + 1`, and a
+    # remembered one outlives a shrinking index by up to a quarter (`cached_frequencies`).
+    # Over half the rows the IDF is at its floor anyway, so clamp rather than fail.
+    frequency = min(frequency, total)
     value = math.log((total - frequency + 0.5) / (frequency + 0.5))
     return value if value > 0 else _MIN_IDF
 
