@@ -190,22 +190,26 @@ class Rankable(NamedTuple):
     windowed: bool
 
 
-def rankable(docs: Sequence[int], threshold: int, *, bounded: bool) -> Rankable:
+def rankable(
+    docs: Sequence[int], threshold: int, *, bounded: bool, budget: int | None = None
+) -> Rankable:
     """Which terms (by their `TermStats.docs`) to rank by BM25.
 
     Not the common ones (over `threshold`); when `bounded`, only the rarer terms while their
     rows add up to at most `RANK_BUDGET`, and the rarest always (over the budget: over its
     newest `RANK_BUDGET` matches). The messages' and the records' searches both decide here
-    (docs/design.md §3, §5).
+    (docs/design.md §3, §5). `budget`: another store's own (PostgreSQL's, §11), else
+    `RANK_BUDGET`.
     """
+    budget = RANK_BUDGET if budget is None else budget
     ranked = [d <= threshold for d in docs]
     rarest = min(range(len(docs)), key=docs.__getitem__)
     if bounded:
         spent = 0
         for i in sorted((i for i in range(len(docs)) if ranked[i]), key=docs.__getitem__):
             spent += docs[i]
-            ranked[i] = i == rarest or spent <= RANK_BUDGET
-    return Rankable(ranked, rarest, bounded and docs[rarest] > RANK_BUDGET)
+            ranked[i] = i == rarest or spent <= budget
+    return Rankable(ranked, rarest, bounded and docs[rarest] > budget)
 
 
 class Step(NamedTuple):

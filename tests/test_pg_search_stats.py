@@ -61,7 +61,7 @@ def test_capped_frequencies_run_the_queries_exact_ones_run(
     # Around the threshold and the rank budget, where the decisions are made, and anywhere
     # up to every row.
     near = st.integers(max(0, threshold - 3), threshold + 3)
-    budget = st.integers(RANK_BUDGET - 3, RANK_BUDGET + 3)
+    budget = st.integers(pg_search.rank_budget() - 3, pg_search.rank_budget() + 3)
     frequency = st.one_of(near, budget, st.integers(0, total))
     exact = data.draw(st.lists(frequency, min_size=len(found.parts), max_size=len(found.parts)))
     capped = [min(n, cap) for n in exact]
@@ -241,6 +241,7 @@ def test_term_counts_are_remembered_until_the_index_grows_by_a_quarter(
 
     conn, agent, _ = indexed
     monkeypatch.setattr(sqlite_search, "RANK_BUDGET", 2)
+    monkeypatch.setattr(pg_search, "RANK_BUDGET_DIVISOR", 1)
     monkeypatch.setattr(sqlite_search, "COMMON_FRACTION", 0.0)  # the cap: 3 rows
     counted: list[int] = []
     capped = pg_search.capped_frequencies
@@ -268,3 +269,22 @@ def test_term_counts_are_remembered_until_the_index_grows_by_a_quarter(
     assert again == first and counted == []  # within a quarter: nothing counted
     pg_search.cached_frequencies(conn, agent, found, total * 2, stats)
     assert counted == [2]  # grown by more than a quarter: counted again
+
+
+def test_postgresql_ranks_a_smaller_budget_of_rows_than_sqlite() -> None:
+    # A row costs PostgreSQL's BM25 about ten times FTS5's (docs/design.md §11 "Latency"):
+    # a term of a few hundred rows at 1M, ranked whole on SQLite, is ranked over its newest
+    # `rank_budget()` matches here.
+    total = 1_000_000
+    budget = pg_search.rank_budget()
+    assert budget == RANK_BUDGET // pg_search.RANK_BUDGET_DIVISOR < RANK_BUDGET
+    plan = plan_match("heron")
+    found = pg_query(plan)
+    assert found is not None and pg_search.prunes(plan, found, total)
+    for rows, since in [(budget, 0), (budget + 1, 77), (RANK_BUDGET, 77)]:
+        steps = pg_search._ranking(
+            plan, found, total, 12.5, [rows], bounded=True,
+            newest=lambda i: 77, phrase_frequency=lambda: 0,
+        )  # fmt: skip
+        assert (steps[0].ordering, steps[0].since) == (pg_search._BY_RANK, since)
+    assert pg_search.frequency_cap(total) == max(pg_search.common_threshold(total), budget) + 1

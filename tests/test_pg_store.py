@@ -615,6 +615,7 @@ def test_common_terms_fill_the_pool_as_on_sqlite(pair: Any, query: str, budget: 
     # `budget` matches, then newest with every term, then newest with any). One place: the
     # PostgreSQL search reads storage/search.py's figures.
     from activememory.storage import search as sqlite_search
+    from activememory.storage.pg import search as pg_search
 
     texts = [f"aisle {'seats ' * (i % 3 == 0)}{'zeta' * (i == 4)}m{i}" for i in range(11)]
     texts += ["x1 alone", "kite kite kite first", "kite later"]
@@ -623,6 +624,7 @@ def test_common_terms_fill_the_pool_as_on_sqlite(pair: Any, query: str, budget: 
         patch.setattr(sqlite_search, "COMMON_FRACTION", 0.2)
         patch.setattr(sqlite_search, "POOL", 3)
         patch.setattr(sqlite_search, "RANK_BUDGET", budget)
+        patch.setattr(pg_search, "RANK_BUDGET_DIVISOR", 1)  # the same budget on both
         stores: Pair = pair(directory)
         try:
             key = "agent:main:direct:alice"

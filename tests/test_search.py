@@ -312,8 +312,11 @@ async def test_only_common_terms_put_messages_holding_all_of_them_first(
 def small_rank_budget(monkeypatch: pytest.MonkeyPatch, small_prune_threshold: None) -> None:
     """An agent-wide search ranks at most 5 rows; "every term first" looks at the newest 20."""
     from activememory.storage import search as storage_search
+    from activememory.storage.pg import search as pg_search
 
     monkeypatch.setattr(storage_search, "RANK_BUDGET", 5)
+    # PostgreSQL's own budget is a share of it (storage/pg/search.py): the same 5 rows here.
+    monkeypatch.setattr(pg_search, "RANK_BUDGET_DIVISOR", 1)
     monkeypatch.setattr(storage_search, "RECENCY_WIDE", 20)
 
 

@@ -209,6 +209,18 @@ def _statistics(
     return total, avgdl, frequencies
 
 
+# BM25 from term statistics costs PostgreSQL ≈ 30–50 µs a row against FTS5's ≈ 4 (docs/design.md
+# §11 "Latency"): ranking SQLite's 1,500 rows was the 1M tail. The budget is one of time, so
+# here it is a smaller number of rows.
+RANK_BUDGET_DIVISOR = 3
+
+
+def rank_budget() -> int:
+    """The most rows an agent-wide search ranks on PostgreSQL (storage/search.py `rankable`):
+    SQLite's `RANK_BUDGET` over `RANK_BUDGET_DIVISOR`."""
+    return max(1, lite.RANK_BUDGET // RANK_BUDGET_DIVISOR)
+
+
 def common_threshold(total: int) -> int:
     """The most rows a term may match in an index of `total` and not be common."""
     return int(total * lite.COMMON_FRACTION)
@@ -218,7 +230,7 @@ def frequency_cap(total: int) -> int:
     """How far a term's rows are counted where the common-term rules apply: one past the
     larger of the common threshold and the rank budget, so that "common" and "even the
     rarest term is over the budget" are decided as exact counts would decide them."""
-    return max(common_threshold(total), lite.RANK_BUDGET) + 1
+    return max(common_threshold(total), rank_budget()) + 1
 
 
 def prunes(plan: MatchPlan, query: PgQuery, total: int) -> bool:
@@ -297,14 +309,14 @@ def capped_frequency(conn: Connection, agent: str, tsquery: str, cap: int | None
 
 
 def newest_match(conn: Connection, agent: str, tsquery: str) -> int:
-    """The start of a term's window: the event id of the `RANK_BUDGET`-th newest row of
+    """The start of a term's window: the event id of the `rank_budget()`-th newest row of
     the agent holding it (0 if fewer hold it); storage/search.py `newest_match`. Sorted
     from the term's postings (`+ 0`, as the AND step): it is not common, so they are few."""
     row = execute_custom(
         conn,
         f"SELECT event_id FROM {_S}.message_index WHERE agent = %s AND terms @@ %s::tsquery"
         " ORDER BY event_id + 0 DESC OFFSET %s LIMIT 1",
-        (agent, tsquery, lite.RANK_BUDGET - 1),
+        (agent, tsquery, rank_budget() - 1),
     ).fetchone()
     return 0 if row is None else int(row[0])
 
@@ -348,11 +360,13 @@ def _ranking(
         return [Step(query.match, _BY_RANK, _bm25_params(query, total, avgdl, df))]
     terms = query.parts[query.has_phrase :]
     docs = df[query.has_phrase :]
-    ranked, rarest, windowed = rankable(docs, common_threshold(total), bounded=bounded)
+    ranked, rarest, windowed = rankable(
+        docs, common_threshold(total), bounded=bounded, budget=rank_budget()
+    )
     any_term = PgQuery(terms, False).match
     by_recency = [Step(any_term, _BY_RECENCY, {})]
     every = " & ".join(f"({part.tsquery})" for part in terms)
-    if len(terms) > 1 and docs[rarest] > lite.RANK_BUDGET:  # even the rarest is long
+    if len(terms) > 1 and docs[rarest] > rank_budget():  # even the rarest is long
         by_recency = [Step(any_term, _EVERY_TERM_FIRST, {"every": every}, wide=lite.RECENCY_WIDE)]
     elif len(terms) > 1:  # an AND led by a short posting list: cheap
         by_recency.insert(0, Step(every, _BY_RECENCY_ALL_TERMS, {}))
