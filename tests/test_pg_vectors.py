@@ -411,6 +411,22 @@ def test_the_store_records_its_vector_path_and_every_worker_keeps_it(
         pg_db.connect(pg_db.PgSettings(dsn=pg_dsn, pgvector=other, readonly=True))
 
 
+def test_the_recorded_path_is_read_once_per_connection(pg_dsn: str) -> None:
+    # Every vector read and write asks which path the store took; the answer never changes
+    # once recorded, so a connection reads it once (the row hidden afterwards changes nothing).
+    conn = pg_db.connect(pg_db.PgSettings(dsn=pg_dsn))
+    try:
+        first = pg_vectors.uses_pgvector(conn)
+        with conn.transaction(force_rollback=True):
+            conn.execute(
+                f"DELETE FROM {pg_db.SCHEMA}.activememory_meta WHERE key = %s",
+                (pg_db.VECTOR_SEARCH_KEY,),
+            )
+            assert pg_vectors.uses_pgvector(conn) == first
+    finally:
+        conn.close()
+
+
 def test_a_bad_pgvector_setting_names_the_key() -> None:
     with pytest.raises(
         InvalidInputError, match="storage.pgvector: expected auto, on or off, got 'yes'"

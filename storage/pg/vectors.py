@@ -42,6 +42,7 @@ Search takes the path the store recorded when it was created (storage/pg/db.py
 from __future__ import annotations
 
 import struct
+import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, cast
 
@@ -184,12 +185,26 @@ def pgvector_ddl() -> str:
     return _PGVECTOR_DDL.replace("@S@", _S).replace("@KEY@", VECTOR_SEARCH_KEY)
 
 
+# The recorded path of each connection's store, once read: it never changes once recorded
+# (a contradicting setting is refused, docs/design.md §11), and every vector read and write
+# asks. Not remembered while nothing is recorded (a store another process has not upgraded).
+_recorded_paths: weakref.WeakKeyDictionary[Connection, bool] = weakref.WeakKeyDictionary()
+
+
 def uses_pgvector(conn: Connection) -> bool:
-    """Whether this store ranks vectors with pgvector (its recorded choice, one row)."""
+    """Whether this store ranks vectors with pgvector (its recorded choice, one row, read
+    once per connection)."""
+    known = _recorded_paths.get(conn)
+    if known is not None:
+        return known
     row = conn.execute(
         f"SELECT value FROM {_S}.activememory_meta WHERE key = %s", (VECTOR_SEARCH_KEY,)
     ).fetchone()
-    return row is not None and row[0] == "pgvector"
+    if row is None:
+        return False
+    recorded: bool = row[0] == "pgvector"
+    _recorded_paths[conn] = recorded
+    return recorded
 
 
 class Embedding(bytes):
