@@ -173,7 +173,11 @@ class BulkRows:
     def committed(self, conn: Connection) -> None:
         """Count the committed transaction's rows; ANALYZE the tables they grew enough.
         Outside any transaction. A failure is left to autovacuum: statistics only ever
-        make plans better, never answers different."""
+        make plans better, never answers different. Only a commit that added bulk rows
+        looks: the others leave the counts as they were, so the catalog is not read on
+        every append after a bulk load."""
+        if not self.pending:
+            return
         for table, rows in self.pending.items():
             self.added[table] = self.added.get(table, 0) + rows
         self.pending.clear()
