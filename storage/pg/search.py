@@ -167,7 +167,9 @@ def ranking_steps(
     return _ranking(
         plan, query, total, avgdl, df, bounded=bounded,
         newest=lambda i: newest_match(conn, agent, _term(query, i).tsquery),
-        phrase_frequency=lambda: capped_frequency(conn, agent, query.parts[0].tsquery, None),
+        phrase_frequency=lambda: capped_frequencies(
+            conn, agent, PgQuery(query.parts[:1], False), None
+        )[0],
     )  # fmt: skip
 
 
@@ -245,14 +247,15 @@ def capped_frequencies(
     conn: Connection,
     agent: str,
     query: PgQuery,
-    cap: int,
+    cap: int | None,
     *,
     table: str = "message_index",
     phrase: bool = False,
 ) -> list[int]:
     """Each part's document frequency over the agent's rows of `table` (its `terms`),
-    counted up to `cap` (min(exact, cap)); the whole-query phrase's only with `phrase`
-    (else 0: pruning reads it only when it ranks it). One statement, planned for its terms."""
+    counted up to `cap` (min(exact, cap); None: every row); the whole-query phrase's only
+    with `phrase` (else 0: pruning reads it only when it ranks it). One statement, planned
+    for its terms."""
     first = 0 if phrase else query.has_phrase
     counts = ", ".join(
         f"(SELECT count(*) FROM (SELECT 1 FROM {_S}.{table} WHERE agent = %(agent)s"
@@ -295,17 +298,6 @@ def cached_frequencies(
             found[i] = count if count < cap else total + 1
             stats.remember(terms[i].tsquery, found[i] or 0, total)
     return [0] * query.has_phrase + [count or 0 for count in found]
-
-
-def capped_frequency(conn: Connection, agent: str, tsquery: str, cap: int | None) -> int:
-    """How many of the agent's rows match `tsquery`, counted up to `cap` (None: all)."""
-    row = execute_custom(
-        conn,
-        f"SELECT count(*) FROM (SELECT 1 FROM {_S}.message_index WHERE agent = %s"
-        " AND terms @@ %s::tsquery LIMIT %s) c",
-        (agent, tsquery, cap),
-    ).fetchone()
-    return int(row[0]) if row else 0
 
 
 def newest_match(conn: Connection, agent: str, tsquery: str) -> int:
