@@ -34,6 +34,7 @@ from .vectors import (
     Embedding,
     _top_k,
     embedding_cursor,
+    embedding_sql,
     ranked_rows,
     uses_pgvector,
 )
@@ -128,6 +129,7 @@ def apply_store_record_vectors(
     vector of that record is replaced (storage/record_vectors.py's rule)."""
     stored = skipped = 0
     pgvector = uses_pgvector(conn)
+    column, value, update = embedding_sql(pgvector)
     with embedding_cursor(conn) as cur:
         for row in rows:
             found = cur.execute(
@@ -139,21 +141,14 @@ def apply_store_record_vectors(
                 continue
             values: tuple[object, ...] = (tenant, row.id, name, row.digest, row.vector)
             if pgvector:
-                cur.execute(
-                    f"INSERT INTO {_S}.record_vectors(agent, seq, name, digest, vector,"
-                    " embedding) VALUES (%s, %s, %s, %s, %s, %s::vector)"
-                    " ON CONFLICT (agent, seq) DO UPDATE SET name = excluded.name,"
-                    " digest = excluded.digest, vector = excluded.vector,"
-                    " embedding = excluded.embedding",
-                    (*values, Embedding.of(row.vector)),
-                )
-            else:
-                cur.execute(
-                    f"INSERT INTO {_S}.record_vectors(agent, seq, name, digest, vector)"
-                    " VALUES (%s, %s, %s, %s, %s) ON CONFLICT (agent, seq) DO UPDATE SET"
-                    " name = excluded.name, digest = excluded.digest, vector = excluded.vector",
-                    values,
-                )
+                values += (Embedding.of(row.vector),)
+            cur.execute(
+                f"INSERT INTO {_S}.record_vectors(agent, seq, name, digest, vector{column})"
+                f" VALUES (%s, %s, %s, %s, %s{value}) ON CONFLICT (agent, seq) DO UPDATE SET"
+                " name = excluded.name, digest = excluded.digest, vector = excluded.vector"
+                f"{update}",
+                values,
+            )
             stored += 1
     return RecordVectorsStored(stored=stored, skipped=skipped)
 

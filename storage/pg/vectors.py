@@ -227,6 +227,14 @@ class _EmbeddingDumper(Dumper):
         return bytes(obj)
 
 
+def embedding_sql(pgvector: bool) -> tuple[str, str, str]:
+    """The `embedding` column's parts of a vector upsert (column list, value, update), on
+    the pgvector path; empty on the exact path."""
+    if not pgvector:
+        return "", "", ""
+    return ", embedding", ", %s::vector", ", embedding = excluded.embedding"
+
+
 def embedding_cursor(conn: Connection, *, binary: bool = False) -> psycopg.Cursor[Any]:
     """A cursor that sends `Embedding` parameters as pgvector's binary `vector`."""
     cur = conn.cursor(binary=binary)
@@ -302,8 +310,7 @@ def apply_store_vectors(conn: Connection, agent: str, cmd: StoreVectors) -> Inde
     if pgvector:  # each row's bytes also as pgvector's `vector`
         message_rows = [(*row, Embedding.of(cast(bytes, row[-1]))) for row in message_rows]
         note_rows = [(*row, Embedding.of(cast(bytes, row[-1]))) for row in note_rows]
-    embedding = (", embedding", ", %s::vector", ", embedding = excluded.embedding")
-    column, value, update = embedding if pgvector else ("", "", "")
+    column, value, update = embedding_sql(pgvector)
     with embedding_cursor(conn) as cur:
         cur.executemany(_CACHE, cache)
         # Any other name's vector is replaced: two spaces never coexist for one row.
@@ -538,7 +545,10 @@ def ranked_rows(
                     f"{select} AND {distance} <= %(reach)s",
                     {**bound, "reach": distances[k - 1] + margin},
                 ).fetchall()
-        if len(rows) < limit:  # fewer than asked: are other dimensions hiding rows?
+        # Nothing found: are vectors of other dimensions hiding rows (a query of another
+        # space)? A space has one size, so a found row says no; asked only then, so a
+        # small scope's search is not one more round trip.
+        if not rows:
             other = conn.execute(
                 f"SELECT vector_dims(v.embedding) FROM {source} WHERE {where}"
                 f" AND v.name = %(vector_name)s AND vector_dims(v.embedding) <> {dims} LIMIT 1",
