@@ -25,8 +25,10 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy -p activememory
 
+# One worker process per core (at most 4), each test module on one worker (its fixtures,
+# such as its PostgreSQL database, are made once); `.venv/bin/pytest tests/x.py` runs serially.
 pytest: $(STAMP)
-	$(BIN)/pytest
+	$(BIN)/pytest -n auto --maxprocesses 4 --dist loadfile
 
 bench: $(STAMP)
 	$(BIN)/activememory bench indexing
