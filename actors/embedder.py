@@ -287,6 +287,8 @@ class EmbedderActor(PokedActor, Generic[F]):
         self.batch = batch
         self.timeout = timeout
         self.busy = False
+        # Not the holder, and a row this process knows of may still lack its vector.
+        self.awaiting_holder = False
         self.last_error: str | None = None
         # Counters for tests and benchmarks.
         self.embed_calls = 0
@@ -305,8 +307,9 @@ class EmbedderActor(PokedActor, Generic[F]):
     def working(self) -> bool:
         """Busy or with a poke queued: vectors may be missing for what was acknowledged
         (memory_search says so as `vectorsPending`, docs/design.md §2.3). A field read, never
-        a query: cheap enough for the recall path."""
-        return not self.idle()
+        a query: cheap enough for the recall path. Without the lease: until the holder has
+        embedded what this process knows is missing (`_watch_holder`)."""
+        return not self.idle() or self.awaiting_holder
 
     def holds_lease(self) -> bool | None:
         """Whether this process held the lease at its last claim (for stats and doctor);
@@ -318,15 +321,40 @@ class EmbedderActor(PokedActor, Generic[F]):
         the writer it uses has closed (`PokedActor.run`, with the lease's clock)."""
         async with self.inbox:
             while True:
+                poked = False
                 with anyio.move_on_after(self._next_claim - anyio.current_time()):
                     try:
                         await self.inbox.receive()
+                        poked = True
                     except anyio.EndOfStream:
                         return
+                due = anyio.current_time() >= self._next_claim
                 if not await self._holds_lease():
-                    continue  # another process embeds: its own claims find the rows
+                    # Another process embeds: its own claims find the rows.
+                    if not await self._watch_holder(poked=poked, due=due):
+                        return
+                    continue
+                self.awaiting_holder = False
                 if not await self._round():
                     return
+
+    async def _watch_holder(self, *, poked: bool, due: bool) -> bool:
+        """Not the holder: a poke (this process wrote, or opened the store) means rows may
+        wait for the holder's vectors; `working` says so until a claim's check finds none
+        missing, so memory_search's `vectorsPending` is as honest here as in the holder
+        (docs/design.md §11 "One embedder per agent"). One read a period, only while
+        waiting. False once the store has closed."""
+        if poked:
+            self.awaiting_holder = True
+        if due and self.awaiting_holder:
+            try:
+                batch = await self.feed.pending(self.name, 1)
+            except MemoryClosedError:
+                return False
+            except StorageError:
+                return True  # unknown: stay pending, check again at the next claim
+            self.awaiting_holder = bool(batch.rows)
+        return True
 
     async def _holds_lease(self) -> bool:
         """Claim the lease if a period has passed since the last claim; else the last

@@ -122,3 +122,22 @@ def test_a_lease_lost_mid_backlog_stops_the_work_at_the_next_claim() -> None:
 
     embedder = run_actor(rows, lease, scenario, batch=4)
     assert embedder.calls == 4
+
+
+def test_without_the_lease_a_poke_is_pending_until_a_claim_finds_the_holder_done() -> None:
+    rows, lease = Rows(2), Claims(False)
+
+    async def scenario(actor: EmbedderActor[Rows], send: trio.MemorySendChannel[EmbedPoke]) -> None:
+        await trio.sleep(PERIOD / 2)  # the first claim found the lease taken; nobody poked
+        assert not actor.working()
+        send.send_nowait(EmbedPoke(reason="write"))  # this process wrote: a row waits
+        await trio.sleep(0.1)
+        assert actor.working()  # memory_search says vectorsPending here too
+        await trio.sleep(PERIOD)  # the claim's check: the holder has not embedded them yet
+        assert actor.working() and rows.stored == []
+        rows.missing.clear()  # the holder (another process) stored both vectors
+        await trio.sleep(PERIOD)
+        assert not actor.working()
+        assert lease.claims == 3 and rows.stored == []
+
+    run_actor(rows, lease, scenario)

@@ -252,11 +252,15 @@ async def test_without_the_lease_a_memory_counts_what_waits_and_takes_the_lease_
             detail = await check_of(mem, "index:main")
             assert "3 waiting for a vector of fake/bag-of-words" in detail
             assert "embedded by another process" in detail
+            # memory_search's `vectorsPending` says so here too (the holder is behind).
+            store = await mem._supervisor.agent("main")
+            assert store.vectors_pending()
             other.close()  # the holder goes: its lease with it
             with anyio.fail_after(WAIT):
                 assert await mem.sessions.vectors_ready()
             stats = await stats_of(mem)
             assert (stats.vectors_pending, stats.embedder_lease) == (0, True)
+            assert not store.vectors_pending()
             assert sorted(embedder.texts) == ["hello 0", "hello 1", "hello 2"]
             assert "embedded by this process" in await check_of(mem, "index:main")
     finally:
