@@ -19,7 +19,9 @@ until nothing is missing.
 A failing embedder (error or past its deadline) is retried after a pause that doubles up
 to `MAX_BACKOFF` seconds, on the event loop's clock; the last error is kept for stats and
 doctor. It never takes the memory down: embedding is an optimisation, text search works
-without it.
+without it. A lease holder whose embedder fails `HAND_OVER_AFTER` times in a row gives the
+lease up and claims again only after its pause: another process, whose embedder may work
+(its own model load, its own network path), takes over meanwhile.
 
 The lease (`Lease`, docs/design.md §11 "One embedder per agent"): where several processes
 write one database (PostgreSQL), one process at a time embeds it, the holder of its lease.
@@ -31,6 +33,7 @@ holding it, a poke does nothing and each claim tries to take it over. SQLite's l
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Generic, NamedTuple, Protocol, TypeVar
@@ -73,6 +76,9 @@ BATCH = 64  # texts per embed call and per StoreVectors: a short transaction nex
 EMBED_TIMEOUT = 60.0  # seconds an embed call may take before it counts as a failure
 FIRST_BACKOFF = 1.0
 MAX_BACKOFF = 300.0
+HAND_OVER_AFTER = 3
+"""Embed calls failing in a row after which a lease holder gives its lease up (module
+docstring): another process's embedder may work where this one does not."""
 
 T = TypeVar("T")
 Submit = Callable[[IndexerCommand], Awaitable[IndexerAck]]
@@ -105,6 +111,10 @@ class Lease(Protocol):
         """Take the lease if it is free, or check it is still held; whether it is held."""
         ...
 
+    async def release(self) -> None:
+        """Give the lease up if held, so another process's claim can take it."""
+        ...
+
 
 class AlwaysHeld:
     """The lease of a database only this process writes (SQLite's writer lock sees to it)."""
@@ -113,6 +123,9 @@ class AlwaysHeld:
 
     async def claim(self) -> bool:
         return True
+
+    async def release(self) -> None:
+        pass  # nobody else could embed this database
 
 
 ALWAYS_HELD = AlwaysHeld()
@@ -289,6 +302,7 @@ class EmbedderActor(PokedActor, Generic[F]):
         self.busy = False
         # Not the holder, and a row this process knows of may still lack its vector.
         self.awaiting_holder = False
+        self._backoff = FIRST_BACKOFF  # the next pause after a failure; kept across leases
         self.last_error: str | None = None
         # Counters for tests and benchmarks.
         self.embed_calls = 0
@@ -368,13 +382,24 @@ class EmbedderActor(PokedActor, Generic[F]):
             self.lease_held = await self.lease.claim()
         return self.lease_held
 
+    async def _hand_over(self, pause: float) -> None:
+        """Give the lease up after failing embed calls, and claim again only after `pause`
+        (the wait before the next try it would have made anyway): another process takes the
+        lease at its next claim meanwhile. `working` stays true (the rows still wait) until a
+        claim's check finds them embedded (`_watch_holder`)."""
+        with contextlib.suppress(StorageError):  # its connection is gone: so is the lease
+            await self.lease.release()
+        self.lease_held = False
+        self.awaiting_holder = True
+        self._next_claim = anyio.current_time() + max(pause, self.lease.period or 0.0)
+
     def watermark(self: EmbedderActor[AgentFeed]) -> tuple[int, int | None]:
         """The agent feed's watermark (`AgentFeed.watermark`)."""
         return self.feed.watermark()
 
     async def _work(self) -> None:
-        backoff = FIRST_BACKOFF
         fruitless = 0  # batches in a row whose rows all changed before they were stored
+        failed = 0  # embed calls failing in a row, under this claim of the lease
         while True:
             if not await self._holds_lease():
                 return  # lost mid-backlog: the new holder goes on from what is stored
@@ -383,11 +408,16 @@ class EmbedderActor(PokedActor, Generic[F]):
             except (EmbedderFailed, StorageError) as exc:  # a read can fail too (disk, lock)
                 self.failures += 1
                 self.last_error = str(exc)
-                await anyio.sleep(backoff)
-                backoff = min(backoff * 2, MAX_BACKOFF)
+                pause, self._backoff = self._backoff, min(self._backoff * 2, MAX_BACKOFF)
+                failed += isinstance(exc, EmbedderFailed)
+                if failed >= HAND_OVER_AFTER and self.lease.period is not None:
+                    await self._hand_over(pause)
+                    return
+                await anyio.sleep(pause)
                 continue
             self.last_error = None
-            backoff = FIRST_BACKOFF
+            self._backoff = FIRST_BACKOFF
+            failed = 0
             fruitless = 0 if stored else fruitless + 1
             # Done when nothing is missing. Rows that changed under us (a rewind) are not
             # read again, so other missing rows come next; a third fruitless batch in a row

@@ -367,6 +367,9 @@ class ServerLease:
     async def claim(self) -> bool:
         return await self.executor.run(partial(self.leases.claim, self.key))
 
+    async def release(self) -> None:
+        await self.executor.run(partial(self.leases.release, self.key))
+
 
 def _may_need_vectors(ack: IndexerAck) -> bool:
     """Whether a committed write may have added rows that need a vector (docs/design.md §2.3)."""

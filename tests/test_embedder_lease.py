@@ -14,6 +14,7 @@ import trio.testing
 
 from activememory.actors.embedder import EmbedderActor, FeedBatch, open_inbox
 from activememory.protocol.embedder import EmbedPoke
+from activememory.protocol.errors import EmbeddingError
 from activememory.protocol.indexer import VectorRow
 
 from fake_embedder import FakeEmbedder
@@ -141,3 +142,48 @@ def test_without_the_lease_a_poke_is_pending_until_a_claim_finds_the_holder_done
         assert lease.claims == 3 and rows.stored == []
 
     run_actor(rows, lease, scenario)
+
+
+class Failing(SlowEmbedder):
+    async def embed(self, texts: Sequence[str], *, deadline: float | None = None) -> numpy.ndarray:
+        self.calls += 1
+        await trio.sleep(EMBED_S)
+        raise EmbeddingError("fake: down")
+
+
+class Releases(Claims):
+    """A lease that is free again once released, and counts releases."""
+
+    def __init__(self) -> None:
+        super().__init__(True)
+        self.released: list[float] = []
+
+    async def release(self) -> None:
+        self.released.append(trio.current_time())
+
+
+def test_a_holder_whose_embedder_keeps_failing_hands_the_lease_over() -> None:
+    rows, lease = Rows(3), Releases()
+    embedder = Failing()
+
+    async def main() -> None:
+        send, receive = open_inbox()
+        actor = EmbedderActor(receive, embedder=embedder, feed=rows, lease=lease)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(actor.run)
+            # Claims at 0, 1.3, 3.6 (a period passed, checked between tries); calls fail at
+            # 0.3, 1.6 (after 1 s), 3.9 (after 2 s): the lease is handed over then, and the
+            # next claim comes only after the pause it would have waited anyway (4 s).
+            await trio.sleep(4.0)
+            assert (embedder.calls, lease.released, lease.claims) == (3, [3.9], 3)
+            assert actor.holds_lease() is False and actor.working()  # rows still wait
+            await trio.sleep(3.7)  # 7.7: a poke claims nothing before the pause is over
+            send.send_nowait(EmbedPoke(reason="write"))
+            await trio.sleep(0.1)
+            assert (embedder.calls, lease.claims) == (3, 3)
+            await trio.sleep(0.2)  # 7.9: the claim (free again: this fake) and a new try
+            assert (lease.claims, embedder.calls) == (4, 4)
+            assert actor.last_error == "fake: down" and rows.stored == []
+            nursery.cancel_scope.cancel()
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))

@@ -25,6 +25,7 @@ import psycopg
 import pytest
 
 import activememory as am
+from activememory.actors import embedder as embedder_actor
 from activememory.storage.pg import lease
 from activememory.storage.pg.db import PgSettings
 from activememory.storage.pg.lease import Leases
@@ -197,12 +198,15 @@ def take_lease(dsn: str, tenant: str) -> psycopg.Connection[Any]:
 
 
 def lease_holder(dsn: str, tenant: str) -> int | None:
-    """The server process id of the session holding `tenant`'s embedder lease, if any."""
+    """The server process id of the session holding `tenant`'s embedder lease in this
+    database, if any."""
     key = lease.lease_key("embedder", tenant) & 0xFFFF_FFFF_FFFF_FFFF
     with psycopg.connect(dsn, autocommit=True) as conn:
         row = conn.execute(
             "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted"
-            " AND objsubid = 1 AND classid::bigint = %s AND objid::bigint = %s",
+            " AND objsubid = 1 AND classid::bigint = %s AND objid::bigint = %s"
+            # Advisory locks are per database: other tests' stores have an agent "main" too.
+            " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
             (key >> 32, key & 0xFFFF_FFFF),
         ).fetchone()
     return None if row is None else int(row[0])
@@ -348,3 +352,35 @@ async def test_the_records_embedder_has_a_lease_of_its_own(
             assert embedder.texts == ["hello", "the gate code is 4417"]
     finally:
         other.close()
+
+
+async def test_a_holder_whose_embedder_keeps_failing_hands_the_lease_to_another(
+    tmp_path: Path, dsn: str, short_period: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fake_embedder import FakeEmbedder
+
+    monkeypatch.setattr(embedder_actor, "FIRST_BACKOFF", PERIOD / 2)
+    broken, working = FakeEmbedder(), FakeEmbedder()
+    broken.fail = True  # say, this worker's model failed to load
+    async with am.open_memory(
+        tmp_path / "a", storage=dsn, embedder=broken, config=TEXT_ONLY
+    ) as first:
+        await say(first, "hello 0")
+
+        async def first_holds() -> bool:
+            return (await stats_of(first)).embedder_lease is True
+
+        await eventually(first_holds)
+        async with am.open_memory(
+            tmp_path / "b", storage=dsn, embedder=working, config=TEXT_ONLY
+        ) as second:
+            await say(first, "hello 1", "hello 2")
+            with anyio.fail_after(WAIT):  # the second memory embeds, once the first gave up
+                assert await second.sessions.vectors_ready()
+            assert sorted(working.texts) == ["hello 0", "hello 1", "hello 2"]
+            assert broken.calls >= embedder_actor.HAND_OVER_AFTER
+            assert (
+                (await stats_of(first)).embedder_lease,
+                (await stats_of(second)).embedder_lease,
+            ) == (False, True)
+            assert "the model is unavailable" in await check_of(first, "index:main")

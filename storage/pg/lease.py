@@ -40,8 +40,9 @@ def lease_key(job: str, tenant: str) -> int:
 class Leases:
     """The leases one process holds on a store, on one connection (opened at the first
     claim; autocommit, so it never sits in a transaction). Thread-safe: a claim takes the
-    connection for its statement. Nothing gives one lease back: they all go with the
-    connection, at `close` (the store's close, after every embedder actor stopped)."""
+    connection for its statement. Leases go with the connection, at `close` (the store's
+    close, after every embedder actor stopped); one is given back early only by an actor
+    whose embedder keeps failing (`release`)."""
 
     def __init__(self, settings: PgSettings) -> None:
         self._settings = settings
@@ -82,6 +83,20 @@ class Leases:
             self._held.add(key)
             return True
         return False
+
+    def release(self, key: int) -> None:
+        """Give lease `key` up (`pg_advisory_unlock`), if held: another process's next
+        claim can take it. A connection that fails here is dropped: its leases are gone."""
+        import psycopg
+
+        with self._mutex:
+            if key not in self._held or self._conn is None:
+                return
+            self._held.discard(key)
+            try:
+                self._conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
+            except psycopg.Error:
+                self._drop()
 
     def close(self) -> None:
         """Close the connection: the server releases every lease held on it."""
