@@ -68,7 +68,6 @@ class ShippedModel:
     dim: int
     max_tokens: int
     sha256: Mapping[str, str]
-    prefixes: Prefixes = Prefixes()
 
     @property
     def folder(self) -> Path:
@@ -105,6 +104,7 @@ SHIPPED_MODEL: Final = "all-mpnet-base-v2"
 # Beside a `local.modelPath` model: {"max_tokens": N}, that model's max_seq_length (MPNet 384),
 # and for a model trained with task prefixes "query_prefix" and "document_prefix".
 SETTINGS_FILE: Final = "embedder.json"
+SETTINGS_KEYS: Final = ("max_tokens", "query_prefix", "document_prefix")
 MAX_TOKENS_LIMIT: Final = 8192
 MAX_PREFIX_CHARS: Final = 200
 # What the runtime can feed an encoder; token_type_ids only when the file declares it.
@@ -290,9 +290,6 @@ def _load(onnx_path: Path, tokenizer_path: Path, sha256: Sha256s, max_tokens: in
         return model
 
 
-SETTINGS_KEYS: Final = ("max_tokens", "query_prefix", "document_prefix")
-
-
 def _read_settings(path: Path) -> tuple[int, Prefixes]:
     """The max_tokens and prefixes of `embedder.json` at `path`; (MAX_TOKENS, no prefixes)
     when there is no such file."""
@@ -363,10 +360,10 @@ class LocalEmbedder:
     def from_path(cls, model_path: str | Path, *, model: str | None = None) -> LocalEmbedder:
         """An encoder from `model_path`: a `.onnx` file with `tokenizer.json` beside it, or a
         folder holding `model.onnx` and `tokenizer.json`; an `embedder.json` beside them
-        (`{"max_tokens": 384}`) sets how many tokens of a text it reads (else 256), and for
+        (`{"max_tokens": 384}`) sets how many tokens of a text it reads (else 256) and, for
         a model trained with task prefixes, what goes before a query and before a stored
-        text (`"query_prefix"`, `"document_prefix"`). Its
-        name is `local/<model>`, else `local/` and the file's (or folder's) name. Raises
+        text (`"query_prefix"`, `"document_prefix"`). Its name is `local/<model>`, else
+        `local/` and the file's (or folder's) name. Raises
         EmbeddingError when a file is missing or `embedder.json` is not as above; the model
         itself loads on the first `embed`. Returns at once (no cancellation point)."""
         path = Path(model_path).expanduser()
@@ -499,5 +496,4 @@ def shipped_embedder(model: str = SHIPPED_MODEL) -> LocalEmbedder:
         sha256=tuple(sorted(shipped.sha256.items())),
         dim=shipped.dim,
         max_tokens=shipped.max_tokens,
-        prefixes=shipped.prefixes,
     )
