@@ -19,7 +19,10 @@ until nothing is missing.
 A failing embedder (error or past its deadline) is retried after a pause that doubles up
 to `MAX_BACKOFF` seconds, on the event loop's clock; the last error is kept for stats and
 doctor. It never takes the memory down: embedding is an optimisation, text search works
-without it. A lease holder whose embedder fails `HAND_OVER_AFTER` times in a row gives the
+without it. An embed call that times out is tried again with half as many texts (down to
+one), until the backlog is done: a machine so loaded that the background batch (its thread
+yields the CPU to queries) cannot finish in `timeout` still makes progress, where the same
+batch would time out for ever. A lease holder whose embedder fails `HAND_OVER_AFTER` times in a row gives the
 lease up and claims again only after its pause: another process, whose embedder may work
 (its own model load, its own network path), takes over meanwhile.
 
@@ -138,6 +141,11 @@ def open_inbox() -> tuple[MemoryObjectSendStream[EmbedPoke], MemoryObjectReceive
 
 class EmbedderFailed(Exception):
     """The embedder failed, returned malformed vectors, or the store refused them."""
+
+
+class EmbedderTimedOut(EmbedderFailed):
+    """The embedder gave no answer within the actor's `timeout` (the batch may be too
+    large for the CPU it gets: the next try takes half as many texts)."""
 
 
 class FeedBatch(NamedTuple):
@@ -298,6 +306,9 @@ class EmbedderActor(PokedActor, Generic[F]):
         self.embedder = embedder
         self.name = embedder.name
         self.batch = batch
+        # Texts the next batch asks for: `batch`, halved after each time-out until the
+        # backlog is done (module docstring).
+        self.batch_now = batch
         self.timeout = timeout
         self.busy = False
         # Not the holder, and a row this process knows of may still lack its vector.
@@ -410,6 +421,8 @@ class EmbedderActor(PokedActor, Generic[F]):
                 self.last_error = str(exc)
                 pause, self._backoff = self._backoff, min(self._backoff * 2, MAX_BACKOFF)
                 failed += isinstance(exc, EmbedderFailed)
+                if isinstance(exc, EmbedderTimedOut):
+                    self.batch_now = max(1, self.batch_now // 2)
                 if failed >= HAND_OVER_AFTER and self.lease.period is not None:
                     await self._hand_over(pause)
                     return
@@ -423,12 +436,13 @@ class EmbedderActor(PokedActor, Generic[F]):
             # read again, so other missing rows come next; a third fruitless batch in a row
             # waits for the next poke rather than spin against a writer.
             if not read or fruitless >= 3:
+                self.batch_now = self.batch
                 return
 
     async def _one_batch(self) -> tuple[int, int]:
         """Embed and store one batch; (rows read, rows stored)."""
         name = self.name
-        batch = await self.feed.pending(name, self.batch)
+        batch = await self.feed.pending(name, self.batch_now)
         if not batch.rows:
             return 0, 0
         texts = [t for _, t in batch.rows]
@@ -457,7 +471,7 @@ class EmbedderActor(PokedActor, Generic[F]):
                 deadline = anyio.current_time() + self.timeout
                 matrix = await self.embedder.embed(texts, deadline=deadline)
         except TimeoutError:
-            raise EmbedderFailed(f"{self.name}: no answer within {self.timeout:g} s") from None
+            raise EmbedderTimedOut(f"{self.name}: no answer within {self.timeout:g} s") from None
         except EmbeddingError as exc:
             raise EmbedderFailed(str(exc)) from exc
         except Exception as exc:  # fail-open: a broken embedder never takes the memory down

@@ -2,7 +2,8 @@
 virtual time with a feed and a lease of the test's: a process without the lease embeds
 nothing whatever pokes it, takes over at the claim that gets the lease, and stops within a
 period and a batch when it loses it mid-backlog; the holder finds rows nobody poked it
-about at its next claim. (The PostgreSQL lease itself: tests/test_pg_embedder_lease.py.)"""
+about at its next claim; a failing holder hands the lease over; a batch that times out is
+tried again smaller. (The PostgreSQL lease itself: tests/test_pg_embedder_lease.py.)"""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import numpy
 import trio
 import trio.testing
 
-from activememory.actors.embedder import EmbedderActor, FeedBatch, open_inbox
+from activememory.actors.embedder import ALWAYS_HELD, EmbedderActor, FeedBatch, open_inbox
 from activememory.protocol.embedder import EmbedPoke
 from activememory.protocol.errors import EmbeddingError
 from activememory.protocol.indexer import VectorRow
@@ -184,6 +185,50 @@ def test_a_holder_whose_embedder_keeps_failing_hands_the_lease_over() -> None:
             await trio.sleep(0.2)  # 7.9: the claim (free again: this fake) and a new try
             assert (lease.claims, embedder.calls) == (4, 4)
             assert actor.last_error == "fake: down" and rows.stored == []
+            nursery.cancel_scope.cancel()
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+class PerText(FakeEmbedder):
+    """One virtual second a text, as a starved background thread might take."""
+
+    async def embed(self, texts: Sequence[str], *, deadline: float | None = None) -> numpy.ndarray:
+        self.tried = getattr(self, "tried", 0) + 1
+        await trio.sleep(len(texts))
+        return await super().embed(texts, deadline=deadline)
+
+
+class TimedRows(Rows):
+    """Rows that note when each batch was stored, and how many rows it held."""
+
+    def __init__(self, count: int) -> None:
+        super().__init__(count)
+        self.batches: list[tuple[float, int]] = []
+
+    async def store(self, name: str, batch: FeedBatch, rows: list[VectorRow]) -> tuple[int, int]:
+        self.batches.append((trio.current_time(), len(rows)))
+        return await super().store(name, batch, rows)
+
+
+def test_a_batch_that_times_out_is_tried_again_with_half_the_texts() -> None:
+    rows, embedder = TimedRows(20), PerText()
+
+    async def main() -> None:
+        send, receive = open_inbox()
+        actor = EmbedderActor(
+            receive, embedder=embedder, feed=rows, lease=ALWAYS_HELD, batch=16, timeout=10.0
+        )
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(actor.run)
+            send.send_nowait(EmbedPoke())
+            await trio.sleep(12.0)
+            assert actor.batch_now == 8  # 16 texts timed out at 10 s
+            await trio.sleep(30.0)
+            # After the 1 s pause: 8 texts (11-19), 8 (19-27), the last 4 (27-31).
+            assert rows.batches == [(19.0, 8), (27.0, 8), (31.0, 4)]
+            assert (embedder.tried, embedder.calls, actor.failures) == (4, 3, 1)
+            assert actor.batch_now == 16  # the backlog is done: full batches again
             nursery.cancel_scope.cancel()
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
