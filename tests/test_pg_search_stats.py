@@ -288,3 +288,27 @@ def test_postgresql_ranks_a_smaller_budget_of_rows_than_sqlite() -> None:
         )  # fmt: skip
         assert (steps[0].ordering, steps[0].since) == (pg_search._BY_RANK, since)
     assert pg_search.frequency_cap(total) == max(pg_search.common_threshold(total), budget) + 1
+
+
+def test_a_rows_terms_are_unnested_once_per_query_part(
+    indexed: tuple[psycopg.Connection[Any], str, list[str]],
+) -> None:
+    # BM25 reads a part's frequency twice (f * 2.2 / (f + ...)); pulled up into the sum,
+    # the subquery computing it ran twice a row, each time unnesting the row's terms: the
+    # ranking step's cost nearly doubled (docs/design.md §11 "Latency").
+    conn, agent, _ = indexed
+    for query, parts in [("aisle", 1), ("aisle seats", 3)]:
+        plan = plan_match(query)
+        found = None if plan is None else pg_query(plan)
+        assert found is not None and len(found.parts) == parts
+        params = pg_search._bm25_params(found, 100, 12.5, [1] * parts)
+        sql = pg_search._MATCH.format(where="true", **pg_search._BY_RANK)
+        bindings = params | {"agent": agent, "query": found.match, "since": 0, "limit": 50}
+        plan_text = "\n".join(
+            str(row[0])
+            for row in conn.execute(
+                "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) " + sql, bindings, prepare=False
+            )
+        )
+        # One lateral part per row of the parts' unnest, one unnest of the row's terms in it.
+        assert plan_text.count("Function Scan on unnest u") == 1, plan_text

@@ -88,7 +88,9 @@ def bm25_sql(row: str) -> str:
     parts (`_bm25_params`): the body of `activememory.bm25` (storage/pg/db.py) written into
     the query itself, where PostgreSQL plans it once as a subquery instead of calling an
     SQL function that cannot be inlined once per row: the same value, ~3 x cheaper a row
-    (docs/design.md §11 "Latency")."""
+    (docs/design.md §11 "Latency"). `OFFSET 0` keeps a part's frequency `f` one value: a
+    subquery the planner may pull up is written out wherever `f` is read (twice), and each
+    copy unnested the row's terms again."""
     return (
         "(SELECT coalesce(sum(q.idf * f.f * 2.2 / (f.f + 1.2 * (0.25 + 0.75 *"
         f" {row}.tokens / %(avgdl)s::float8))), 0)"
@@ -100,7 +102,7 @@ def bm25_sql(row: str) -> str:
         " ELSE coalesce((SELECT sum(cardinality(array_positions(u.weights, 'A'))"
         " + 0.4 * cardinality(array_positions(u.weights, 'B')))"
         f" FROM unnest({row}.terms) u WHERE u.lexeme = q.lexeme"
-        " OR (q.prefix AND starts_with(u.lexeme, q.lexeme))), 0.0) END AS f) f)"
+        " OR (q.prefix AND starts_with(u.lexeme, q.lexeme))), 0.0) END AS f OFFSET 0) f)"
     )
 
 
