@@ -312,3 +312,27 @@ def test_a_rows_terms_are_unnested_once_per_query_part(
         )
         # One lateral part per row of the parts' unnest, one unnest of the row's terms in it.
         assert plan_text.count("Function Scan on unnest u") == 1, plan_text
+
+
+def test_bm25_unnests_only_the_query_lexemes_of_a_row(
+    indexed: tuple[psycopg.Connection[Any], str, list[str]],
+) -> None:
+    # Unnesting a tsvector builds two arrays per lexeme; a row's other lexemes are cut away
+    # first (two ts_delete), unless a prefix part must see them all (docs/design.md §11
+    # "Latency").
+    conn, agent, _ = indexed
+    for query, match, removed in [("aisle", "phrase", False), ("ais", "prefix", True)]:
+        plan = plan_match(query, match)
+        found = None if plan is None else pg_query(plan)
+        assert found is not None
+        params = pg_search._bm25_params(found, 100, 12.5, [1] * len(found.parts))
+        sql = pg_search._MATCH.format(where="true", **pg_search._BY_RANK)
+        bindings = params | {"agent": agent, "query": found.match, "since": 0, "limit": 50}
+        plan_text = "\n".join(
+            str(row[0])
+            for row in conn.execute(
+                "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) " + sql, bindings, prepare=False
+            )
+        )
+        unnest = plan_text[plan_text.index("Function Scan on unnest u") :]
+        assert ("Rows Removed by Filter" in unnest.split("\n")[2]) == removed, plan_text

@@ -90,18 +90,23 @@ def bm25_sql(row: str) -> str:
     SQL function that cannot be inlined once per row: the same value, ~3 x cheaper a row
     (docs/design.md §11 "Latency"). `OFFSET 0` keeps a part's frequency `f` one value: a
     subquery the planner may pull up is written out wherever `f` is read (twice), and each
-    copy unnested the row's terms again."""
+    copy unnested the row's terms again. Unnesting builds two arrays per lexeme, so the
+    row's terms are first cut to the query's lexemes (`%(only)s`: its lexemes, or NULL
+    when a prefix part must see them all): every other lexeme deleted (`ts_delete`)."""
     return (
         "(SELECT coalesce(sum(q.idf * f.f * 2.2 / (f.f + 1.2 * (0.25 + 0.75 *"
         f" {row}.tokens / %(avgdl)s::float8))), 0)"
-        " FROM unnest(%(lexemes)s::text[], %(prefixes)s::boolean[],"
+        f" FROM (SELECT CASE WHEN %(only)s::text[] IS NULL THEN {row}.terms"
+        f" ELSE ts_delete({row}.terms, tsvector_to_array(ts_delete({row}.terms,"
+        " %(only)s::text[]))) END AS terms OFFSET 0) k"
+        " CROSS JOIN unnest(%(lexemes)s::text[], %(prefixes)s::boolean[],"
         " %(phrases)s::text[]::tsquery[], %(idf)s::float8[]) AS q(lexeme, prefix, phrase, idf)"
         " CROSS JOIN LATERAL (SELECT CASE WHEN q.phrase IS NOT NULL THEN"
         f" CASE WHEN ts_filter({row}.terms, '{{a}}') @@ q.phrase THEN 1.0"
         f" WHEN {row}.terms @@ q.phrase THEN 0.4 ELSE 0.0 END"
         " ELSE coalesce((SELECT sum(cardinality(array_positions(u.weights, 'A'))"
         " + 0.4 * cardinality(array_positions(u.weights, 'B')))"
-        f" FROM unnest({row}.terms) u WHERE u.lexeme = q.lexeme"
+        " FROM unnest(k.terms) u WHERE u.lexeme = q.lexeme"
         " OR (q.prefix AND starts_with(u.lexeme, q.lexeme))), 0.0) END AS f OFFSET 0) f)"
     )
 
@@ -325,7 +330,10 @@ def _idf(total: int, frequency: int) -> float:
 
 
 def _bm25_params(query: PgQuery, total: int, avgdl: float, df: list[int]) -> dict[str, Any]:
+    prefixed = any(part.prefix for part in query.parts)
+    only = None if prefixed else [part.lexeme for part in query.parts if part.lexeme is not None]
     return {
+        "only": only,
         "lexemes": [part.lexeme for part in query.parts],
         "prefixes": [part.prefix for part in query.parts],
         "phrases": [part.phrase for part in query.parts],
