@@ -336,3 +336,23 @@ def test_bm25_unnests_only_the_query_lexemes_of_a_row(
         )
         unnest = plan_text[plan_text.index("Function Scan on unnest u") :]
         assert ("Rows Removed by Filter" in unnest.split("\n")[2]) == removed, plan_text
+
+
+def test_readers_plan_without_parallel_workers_or_jit(pg_dsn: str) -> None:
+    # A parallel plan's workers took longer to start than the scan they shared (a search's
+    # "newest rows holding any term" step: 26 ms, of which the scan 6), and JIT compiles
+    # for longer than a search runs (docs/design.md §11 "Latency").
+    from activememory.storage.pg.transcripts import PgTranscriptReader
+
+    readers = [
+        PgTranscriptReader(pg_db.connect(pg_db.PgSettings(dsn=pg_dsn)), fresh_agent()),
+        PgRecordReader(pg_db.connect(pg_db.PgSettings(dsn=pg_dsn)), fresh_agent()),
+    ]
+    for reader in readers:
+        with reader.conn.transaction():  # as each read runs
+            shown = [
+                reader.conn.execute(f"SHOW {name}").fetchone()
+                for name in ("max_parallel_workers_per_gather", "jit")
+            ]
+        assert shown == [("0",), ("off",)]
+        reader.conn.close()
