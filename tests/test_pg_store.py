@@ -616,7 +616,12 @@ def test_the_full_text_indexes_keep_a_short_pending_list() -> None:
         writer = PgTranscriptWriter(pg_db.connect(pg_db.PgSettings(dsn=dsn)), fresh_agent())
         key = am.parse_session_key(KEYS[0])
         texts = [f"aisle seat {i} of the kite" for i in range(40)]
-        writer.apply([AppendMessage(key=key, message=am.Message(role="user", content=t), at=1.0) for t in texts])
+        writer.apply(
+            [
+                AppendMessage(key=key, message=am.Message(role="user", content=t), at=1.0)
+                for t in texts
+            ]
+        )
         writer.conn.close()
         patch.undo()
         conn = pg_db.connect(pg_db.PgSettings(dsn=dsn))
