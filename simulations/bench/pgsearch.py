@@ -272,7 +272,7 @@ class RawSearch:
         self.execute = pg_search.execute_custom  # as the store runs them: planned each time
         self.steps = [
             (
-                pg_search._MATCH.format(where="true", **step.ordering),
+                pg_search._MATCH.format(where="true", agent=step.agent, **step.ordering),
                 {"agent": AGENT, "query": step.match, "since": step.since} | step.bindings,
                 step.wide,
             )
