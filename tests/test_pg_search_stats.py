@@ -425,3 +425,42 @@ def test_an_agent_that_is_the_whole_table_is_not_looked_up_by_its_index_key() ->
         for writer in writers.values():
             writer.conn.close()
         conn.close()
+
+
+def test_terms_the_table_statistics_put_far_over_the_cap_are_common_without_a_count(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Counting a common term reads `frequency_cap` rows (5,001 at 1M, 20-60 ms): a lexeme
+    # ANALYZE's sample puts in twice that many rows of an agent that is the whole table is
+    # remembered as common at once; a rarer one is still counted (docs/design.md §11).
+    from activememory.storage.search import TermStats
+    from pg_server import scratch_database
+
+    monkeypatch.setattr(pg_search, "frequency_cap", lambda total: 20)
+    with scratch_database() as dsn:
+        conn = pg_db.connect(pg_db.PgSettings(dsn=dsn))
+        conn.autocommit = True
+        writer = PgTranscriptWriter(pg_db.connect(pg_db.PgSettings(dsn=dsn)), "solo")
+        key = parse_session_key("agent:solo:direct:alice")
+        # A row is indexed with the one before it: "aisle" in all 300 rows, "kite" in 60
+        # (over 2 x 20), "zeta" in 6.
+        texts = [
+            "aisle" + (" kite" if i % 10 == 0 else "") + (" zeta" if i % 100 == 0 else "")
+            for i in range(300)
+        ]
+        writer.apply(
+            [AppendMessage(key=key, message=Message(role="user", content=t), at=1.0) for t in texts]
+        )
+        conn.execute(f"ANALYZE {pg_db.SCHEMA}.message_index")
+
+        def seeded(total: int, table: float) -> list[int | None]:
+            stats = TermStats()
+            with conn.transaction():
+                pg_search.seed_common_terms(conn, total, table, stats)
+            return [stats.cached(term, total) for term in ("'aisl'", "'kite'", "'zeta'")]
+
+        assert seeded(300, 300.0) == [301, 301, None]  # more than the index holds: common
+        # 50 rows of other agents, which may all hold "kite": 60 - 50 is not 2 x 20.
+        assert seeded(250, 300.0) == [251, None, None]
+        writer.conn.close()
+        conn.close()

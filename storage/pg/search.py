@@ -21,7 +21,7 @@ from .. import search as lite
 from ..fts_query import MatchPlan
 from ..search import Candidate, DbScope, ScopePage, TermStats, rankable, rerank
 from .db import SCHEMA
-from .terms import PgQuery, QueryPhrase, pg_query
+from .terms import PgQuery, QueryPhrase, pg_query, quote
 from .transcripts import Connection, _text
 
 _S = SCHEMA
@@ -225,6 +225,8 @@ def _statistics(
     avgdl = tokens / total if total else 1.0
     whole = table > 0 and total >= WHOLE_TABLE_SHARE * table
     if prunes(plan, query, total):
+        if whole and stats is not None:
+            seed_common_terms(conn, total, table, stats)
         return total, avgdl, cached_frequencies(conn, agent, query, total, stats, whole), whole
     counts = ", ".join(
         f"count(*) FILTER (WHERE terms @@ %(p{i})s::tsquery)" for i in range(len(query.parts))
@@ -336,6 +338,41 @@ def cached_frequencies(
             found[i] = count if count < cap else total + 1
             stats.remember(terms[i].tsquery, found[i] or 0, total)
     return [0] * query.has_phrase + [count or 0 for count in found]
+
+
+# A lexeme the table's statistics put in this many times the rows a count stops at (or
+# more) is remembered as common without counting it (`seed_common_terms`).
+COMMON_BY_STATISTICS = 2
+_SEEDED = "\0seeded"  # no tsquery: the TermStats entry saying when the seeding was done
+
+
+def seed_common_terms(conn: Connection, total: int, table: float, stats: TermStats) -> None:
+    """Remember in `stats` as common (`cached_frequencies`' "more than the index holds")
+    the lexemes that ANALYZE's sample of `message_index` (`pg_stats.most_common_elems`:
+    the ~1,000 most frequent, each with the share of rows holding it) puts in at least
+    `COMMON_BY_STATISTICS` x `frequency_cap(total)` of the agent's `total` rows: those
+    counts, each reading `frequency_cap` rows (5,001 at 1M, 20-60 ms), were the first
+    searches' tail. For an agent that is nearly the whole table (`agent_condition`): the
+    rows of other agents (`table` - `total`) are taken as all holding the lexeme. The
+    sample's error at the common threshold is a few percent: a lexeme twice over the cap
+    by the estimate is over it by count. Once per agent and process, again when the index
+    has grown or shrunk by a quarter (`TermStats`' rule); docs/design.md §11 "Latency"."""
+    if stats.cached(_SEEDED, total) is not None:
+        return
+    stats.remember(_SEEDED, 1, total)
+    row = execute_custom(
+        conn,
+        "SELECT most_common_elems::text::text[], most_common_elem_freqs"
+        " FROM pg_catalog.pg_stats WHERE schemaname = %s AND tablename = 'message_index'"
+        " AND attname = 'terms'",
+        (SCHEMA,),
+    ).fetchone()
+    if row is None or row[0] is None or row[1] is None:
+        return
+    floor = COMMON_BY_STATISTICS * frequency_cap(total) + max(0.0, table - total)
+    for lexeme, share in zip(row[0], row[1], strict=False):  # the shares end with 3 more
+        if share * table >= floor:
+            stats.remember(quote(str(lexeme)), total + 1, total)
 
 
 def newest_match(conn: Connection, agent: str, tsquery: str, *, whole: bool = False) -> int:
