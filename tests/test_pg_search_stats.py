@@ -434,6 +434,7 @@ def test_terms_the_table_statistics_put_far_over_the_cap_are_common_without_a_co
     # ANALYZE's sample puts in twice that many rows of an agent that is the whole table is
     # remembered as common at once; a rarer one is still counted (docs/design.md §11).
     from activememory.storage.search import TermStats
+
     from pg_server import scratch_database
 
     monkeypatch.setattr(pg_search, "frequency_cap", lambda total: 20)
