@@ -76,6 +76,13 @@ def test_capped_frequencies_run_the_queries_exact_ones_run(
         )  # fmt: skip
 
     assert steps(capped) == steps(exact)
+    # Reading the whole agent, while one term is within the rank budget the others are
+    # counted only past it (`cached_frequencies`).
+    budget_ = pg_search.rank_budget()
+    terms_exact = exact[found.has_phrase :]
+    if bounded and min(terms_exact) <= budget_:
+        short = [n if n <= budget_ else budget_ + 1 for n in terms_exact]
+        assert steps([0] * found.has_phrase + short) == steps(exact)
 
 
 @pytest.fixture(scope="module")
@@ -465,3 +472,42 @@ def test_terms_the_table_statistics_put_far_over_the_cap_are_common_without_a_co
         assert seeded(250, 300.0) == [251, None, None]
         writer.conn.close()
         conn.close()
+
+
+def test_reading_the_whole_agent_a_term_within_the_budget_stops_the_others_counts(
+    indexed: tuple[psycopg.Connection[Any], str, list[str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # While one term is within the rank budget, no term over it is ranked or the rarest:
+    # the others are counted to the budget + 1 only (501 rows a term at 1M, not 5,001).
+    from activememory.storage import search as sqlite_search
+    from activememory.storage.search import TermStats
+
+    conn, agent, _ = indexed
+    monkeypatch.setattr(sqlite_search, "RANK_BUDGET", 2)
+    monkeypatch.setattr(pg_search, "RANK_BUDGET_DIVISOR", 1)
+    monkeypatch.setattr(sqlite_search, "COMMON_FRACTION", 0.5)  # 40 rows: the cap is 21
+    caps: list[int | None] = []
+    capped = pg_search.capped_frequencies
+
+    def counting(*args: Any, **kwargs: Any) -> list[int]:
+        caps.append(args[3])
+        return capped(*args, **kwargs)
+
+    monkeypatch.setattr(pg_search, "capped_frequencies", counting)
+    total = 40
+    for query, bounded, expected_caps in [
+        ("aisle kite", True, [3]),  # "kite" is in no row
+        ("aisle kite", False, [21]),
+        ("aisle zeta", True, [3, 21]),  # both over the budget: counted on
+    ]:
+        plan = plan_match(query)
+        found = None if plan is None else pg_query(plan)
+        assert found is not None
+        exact = capped(conn, agent, found, 1000)[found.has_phrase :]
+        caps.clear()
+        df = pg_search.cached_frequencies(conn, agent, found, total, TermStats(), False, bounded)
+        assert caps == expected_caps, query
+        if expected_caps == [3]:
+            assert df[found.has_phrase :] == [n if n <= 2 else 3 for n in exact]
+        else:
+            assert df[found.has_phrase :] == [n if n < 21 else total + 1 for n in exact]

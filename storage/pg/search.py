@@ -188,7 +188,7 @@ def ranking_steps(
     query = pg_query(plan)
     if query is None:
         return []
-    total, avgdl, df, whole = _statistics(conn, agent, plan, query, stats)
+    total, avgdl, df, whole = _statistics(conn, agent, plan, query, stats, bounded)
     return _ranking(
         plan, query, total, avgdl, df, bounded=bounded, whole=whole,
         newest=lambda i: newest_match(conn, agent, _term(query, i).tsquery, whole=whole),
@@ -204,7 +204,12 @@ def _term(query: PgQuery, i: int) -> QueryPhrase:
 
 
 def _statistics(
-    conn: Connection, agent: str, plan: MatchPlan, query: PgQuery, stats: TermStats | None = None
+    conn: Connection,
+    agent: str,
+    plan: MatchPlan,
+    query: PgQuery,
+    stats: TermStats | None = None,
+    bounded: bool = False,
 ) -> tuple[int, float, list[int], bool]:
     """(N, average tokens per row, each part's document frequency) of the agent's index,
     and whether the agent is nearly the whole table (`agent_condition`).
@@ -227,7 +232,8 @@ def _statistics(
     if prunes(plan, query, total):
         if whole and stats is not None:
             seed_common_terms(conn, total, table, stats)
-        return total, avgdl, cached_frequencies(conn, agent, query, total, stats, whole), whole
+        df = cached_frequencies(conn, agent, query, total, stats, whole, bounded)
+        return total, avgdl, df, whole
     counts = ", ".join(
         f"count(*) FILTER (WHERE terms @@ %(p{i})s::tsquery)" for i in range(len(query.parts))
     )
@@ -316,6 +322,7 @@ def cached_frequencies(
     total: int,
     stats: TermStats | None,
     whole: bool = False,
+    bounded: bool = False,
 ) -> list[int]:
     """`capped_frequencies` at `frequency_cap(total)`, each term's count remembered in
     `stats` (storage/search.py `TermStats`, one per agent and process) and reused until
@@ -323,13 +330,31 @@ def cached_frequencies(
     to 5,001 rows at 1M, most of a search's time there (docs/design.md §11 "Latency").
     A count that reached the cap is remembered as more than the index holds, so it stays
     common however the threshold moves meanwhile; a rarer term's may be off by what
-    other processes wrote since (its IDF with it), as SQLite's `TermStats` decisions are."""
+    other processes wrote since (its IDF with it), as SQLite's `TermStats` decisions are.
+
+    `bounded` (the search reads the whole agent): the terms are first counted only up to
+    `rank_budget()` + 1. While one term is within the budget, `rankable` never ranks a term
+    over it (the rows would not fit), nor is one the rarest, so "over the budget" decides
+    as its exact count would: those are given as `rank_budget()` + 1 (and not remembered),
+    and only when every term is over it are they counted on to the cap (the rarest's
+    window and IDF, and which is common) — 501 rows read a term, not 5,001, at 1M."""
     cap = frequency_cap(total)
     if stats is None:
         return capped_frequencies(conn, agent, query, cap, whole=whole)
     terms = query.parts[query.has_phrase :]
     found = [stats.cached(part.tsquery, total) for part in terms]
     missing = [i for i, count in enumerate(found) if count is None]
+    short = rank_budget() + 1
+    if bounded and missing and short < cap:
+        wanted = PgQuery(tuple(terms[i] for i in missing), False)
+        counted = capped_frequencies(conn, agent, wanted, short, whole=whole)
+        for i, count in zip(missing, counted, strict=True):
+            if count < short:  # the exact count
+                found[i] = count
+                stats.remember(terms[i].tsquery, count, total)
+        if any(count is not None and count < short for count in found):
+            return [0] * query.has_phrase + [short if n is None else n for n in found]
+        missing = [i for i, count in enumerate(found) if count is None]
     if missing:
         wanted = PgQuery(tuple(terms[i] for i in missing), False)
         for i, count in zip(
