@@ -76,6 +76,13 @@ def test_capped_frequencies_run_the_queries_exact_ones_run(
         )  # fmt: skip
 
     assert steps(capped) == steps(exact)
+    # Reading the whole agent, while one term is within the rank budget the others are
+    # counted only past it (`cached_frequencies`).
+    budget_ = pg_search.rank_budget()
+    terms_exact = exact[found.has_phrase :]
+    if bounded and min(terms_exact) <= budget_:
+        short = [n if n <= budget_ else budget_ + 1 for n in terms_exact]
+        assert steps([0] * found.has_phrase + short) == steps(exact)
 
 
 @pytest.fixture(scope="module")
@@ -246,8 +253,8 @@ def test_term_counts_are_remembered_until_the_index_grows_by_a_quarter(
     counted: list[int] = []
     capped = pg_search.capped_frequencies
 
-    def counting(*args: Any) -> list[int]:
-        found = capped(*args)
+    def counting(*args: Any, **kwargs: Any) -> list[int]:
+        found = capped(*args, **kwargs)
         counted.append(len(found))
         return found
 
@@ -288,3 +295,219 @@ def test_postgresql_ranks_a_smaller_budget_of_rows_than_sqlite() -> None:
         )  # fmt: skip
         assert (steps[0].ordering, steps[0].since) == (pg_search._BY_RANK, since)
     assert pg_search.frequency_cap(total) == max(pg_search.common_threshold(total), budget) + 1
+
+
+def test_a_rows_terms_are_unnested_once_per_query_part(
+    indexed: tuple[psycopg.Connection[Any], str, list[str]],
+) -> None:
+    # BM25 reads a part's frequency twice (f * 2.2 / (f + ...)); pulled up into the sum,
+    # the subquery computing it ran twice a row, each time unnesting the row's terms: the
+    # ranking step's cost nearly doubled (docs/design.md §11 "Latency").
+    conn, agent, _ = indexed
+    for query, parts in [("aisle", 1), ("aisle seats", 3)]:
+        plan = plan_match(query)
+        found = None if plan is None else pg_query(plan)
+        assert found is not None and len(found.parts) == parts
+        params = pg_search._bm25_params(found, 100, 12.5, [1] * parts)
+        sql = pg_search._MATCH.format(
+            where="true", agent=pg_search.agent_condition("i.agent", False), **pg_search._BY_RANK
+        )
+        bindings = params | {"agent": agent, "query": found.match, "since": 0, "limit": 50}
+        plan_text = "\n".join(
+            str(row[0])
+            for row in conn.execute(
+                "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) " + sql, bindings, prepare=False
+            )
+        )
+        # One lateral part per row of the parts' unnest, one unnest of the row's terms in it.
+        assert plan_text.count("Function Scan on unnest u") == 1, plan_text
+
+
+def test_bm25_unnests_only_the_query_lexemes_of_a_row(
+    indexed: tuple[psycopg.Connection[Any], str, list[str]],
+) -> None:
+    # Unnesting a tsvector builds two arrays per lexeme; a row's other lexemes are cut away
+    # first (two ts_delete), unless a prefix part must see them all (docs/design.md §11
+    # "Latency").
+    conn, agent, _ = indexed
+    for query, match, removed in [("aisle", "phrase", False), ("ais", "prefix", True)]:
+        plan = plan_match(query, match)
+        found = None if plan is None else pg_query(plan)
+        assert found is not None
+        params = pg_search._bm25_params(found, 100, 12.5, [1] * len(found.parts))
+        sql = pg_search._MATCH.format(
+            where="true", agent=pg_search.agent_condition("i.agent", False), **pg_search._BY_RANK
+        )
+        bindings = params | {"agent": agent, "query": found.match, "since": 0, "limit": 50}
+        plan_text = "\n".join(
+            str(row[0])
+            for row in conn.execute(
+                "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) " + sql, bindings, prepare=False
+            )
+        )
+        unnest = plan_text[plan_text.index("Function Scan on unnest u") :]
+        assert ("Rows Removed by Filter" in unnest.split("\n")[2]) == removed, plan_text
+
+
+def test_readers_plan_without_parallel_workers_or_jit(pg_dsn: str) -> None:
+    # A parallel plan's workers took longer to start than the scan they shared (a search's
+    # "newest rows holding any term" step: 26 ms, of which the scan 6), and JIT compiles
+    # for longer than a search runs (docs/design.md §11 "Latency").
+    from activememory.storage.pg.transcripts import PgTranscriptReader
+
+    readers = [
+        PgTranscriptReader(pg_db.connect(pg_db.PgSettings(dsn=pg_dsn)), fresh_agent()),
+        PgRecordReader(pg_db.connect(pg_db.PgSettings(dsn=pg_dsn)), fresh_agent()),
+    ]
+    for reader in readers:
+        with reader.conn.transaction():  # as each read runs
+            shown = [
+                reader.conn.execute(f"SHOW {name}").fetchone()
+                for name in ("max_parallel_workers_per_gather", "jit")
+            ]
+        assert shown == [("0",), ("off",)]
+        reader.conn.close()
+
+
+def test_an_agent_that_is_the_whole_table_is_not_looked_up_by_its_index_key() -> None:
+    # The full-text index is (agent, terms): for an agent holding every row its key selects
+    # nothing, yet each lookup intersected a term's postings with all of the agent's (4-10
+    # ms at 1M). There its condition is checked on the rows read; with another agent's rows
+    # in the table the index keeps it. The answers are the same (docs/design.md §11).
+    from pg_server import scratch_database
+
+    def statements(conn: psycopg.Connection[Any], agent: str, query: str) -> list[str]:
+        plan = plan_match(query)
+        assert plan is not None
+        with conn.transaction():
+            steps = pg_search.ranking_steps(conn, agent, plan, bounded=True)
+        return [
+            "\n".join(
+                str(row[0])
+                for row in conn.execute(
+                    "EXPLAIN (COSTS OFF) "
+                    + pg_search._MATCH.format(where="true", agent=step.agent, **step.ordering),
+                    {"agent": agent, "query": step.match, "since": step.since, "limit": 50}
+                    | step.bindings,
+                    prepare=False,
+                )
+            )
+            for step in steps
+            if step.ordering is pg_search._BY_RANK
+        ]
+
+    def search(conn: psycopg.Connection[Any], agent: str, query: str) -> list[int]:
+        plan = plan_match(query)
+        assert plan is not None
+        page = pg_search.search_scope(
+            conn, agent, plan, scope="all", caller=f"agent:{agent}:direct:alice",
+            session_key=None, keep=11,
+        )  # fmt: skip
+        return [c.event_id for c in page.candidates]
+
+    with scratch_database() as dsn:
+        conn = pg_db.connect(pg_db.PgSettings(dsn=dsn))
+        conn.autocommit = True
+        conn.execute("SET enable_seqscan = off")  # a few hundred rows: as a large table would
+        writers = {}
+        for agent, rows in [("solo", 30), ("other", 300)]:
+            writers[agent] = PgTranscriptWriter(pg_db.connect(pg_db.PgSettings(dsn=dsn)), agent)
+            key = parse_session_key(f"agent:{agent}:direct:alice")
+            texts = [f"aisle seat {i} zeta" if i % 3 else f"kite {i}" for i in range(rows)]
+            writers[agent].apply(
+                [
+                    AppendMessage(key=key, message=Message(role="user", content=t), at=1.0)
+                    for t in texts
+                ]
+            )
+            conn.execute(f"ANALYZE {pg_db.SCHEMA}.message_index")
+            plans = statements(conn, "solo", "aisle")
+            assert plans, "a ranked step"
+            index_cond = [line for p in plans for line in p.split("\n") if "Index Cond" in line]
+            alone = agent == "solo"
+            assert index_cond and all(("agent" in line) != alone for line in index_cond), plans
+            if alone:
+                whole = search(conn, "solo", "aisle kite")
+        assert search(conn, "solo", "aisle kite") == whole  # the same answer either way
+        for writer in writers.values():
+            writer.conn.close()
+        conn.close()
+
+
+def test_terms_the_table_statistics_put_far_over_the_cap_are_common_without_a_count(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Counting a common term reads `frequency_cap` rows (5,001 at 1M, 20-60 ms): a lexeme
+    # ANALYZE's sample puts in twice that many rows of an agent that is the whole table is
+    # remembered as common at once; a rarer one is still counted (docs/design.md §11).
+    from activememory.storage.search import TermStats
+
+    from pg_server import scratch_database
+
+    monkeypatch.setattr(pg_search, "frequency_cap", lambda total: 20)
+    with scratch_database() as dsn:
+        conn = pg_db.connect(pg_db.PgSettings(dsn=dsn))
+        conn.autocommit = True
+        writer = PgTranscriptWriter(pg_db.connect(pg_db.PgSettings(dsn=dsn)), "solo")
+        key = parse_session_key("agent:solo:direct:alice")
+        # A row is indexed with the one before it: "aisle" in all 300 rows, "kite" in 60
+        # (over 2 x 20), "zeta" in 6.
+        texts = [
+            "aisle" + (" kite" if i % 10 == 0 else "") + (" zeta" if i % 100 == 0 else "")
+            for i in range(300)
+        ]
+        writer.apply(
+            [AppendMessage(key=key, message=Message(role="user", content=t), at=1.0) for t in texts]
+        )
+        conn.execute(f"ANALYZE {pg_db.SCHEMA}.message_index")
+
+        def seeded(total: int, table: float) -> list[int | None]:
+            stats = TermStats()
+            with conn.transaction():
+                pg_search.seed_common_terms(conn, total, table, stats)
+            return [stats.cached(term, total) for term in ("'aisl'", "'kite'", "'zeta'")]
+
+        assert seeded(300, 300.0) == [301, 301, None]  # more than the index holds: common
+        # 50 rows of other agents, which may all hold "kite": 60 - 50 is not 2 x 20.
+        assert seeded(250, 300.0) == [251, None, None]
+        writer.conn.close()
+        conn.close()
+
+
+def test_reading_the_whole_agent_a_term_within_the_budget_stops_the_others_counts(
+    indexed: tuple[psycopg.Connection[Any], str, list[str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # While one term is within the rank budget, no term over it is ranked or the rarest:
+    # the others are counted to the budget + 1 only (501 rows a term at 1M, not 5,001).
+    from activememory.storage import search as sqlite_search
+    from activememory.storage.search import TermStats
+
+    conn, agent, _ = indexed
+    monkeypatch.setattr(sqlite_search, "RANK_BUDGET", 2)
+    monkeypatch.setattr(pg_search, "RANK_BUDGET_DIVISOR", 1)
+    monkeypatch.setattr(sqlite_search, "COMMON_FRACTION", 0.5)  # 40 rows: the cap is 21
+    caps: list[int | None] = []
+    capped = pg_search.capped_frequencies
+
+    def counting(*args: Any, **kwargs: Any) -> list[int]:
+        caps.append(args[3])
+        return capped(*args, **kwargs)
+
+    monkeypatch.setattr(pg_search, "capped_frequencies", counting)
+    total = 40
+    for query, bounded, expected_caps in [
+        ("aisle kite", True, [3]),  # "kite" is in no row
+        ("aisle kite", False, [21]),
+        ("aisle zeta", True, [3, 21]),  # both over the budget: counted on
+    ]:
+        plan = plan_match(query)
+        found = None if plan is None else pg_query(plan)
+        assert found is not None
+        exact = capped(conn, agent, found, 1000)[found.has_phrase :]
+        caps.clear()
+        df = pg_search.cached_frequencies(conn, agent, found, total, TermStats(), False, bounded)
+        assert caps == expected_caps, query
+        if expected_caps == [3]:
+            assert df[found.has_phrase :] == [n if n <= 2 else 3 for n in exact]
+        else:
+            assert df[found.has_phrase :] == [n if n < 21 else total + 1 for n in exact]

@@ -605,6 +605,42 @@ def test_two_processes_creating_the_schema_at_once_both_succeed() -> None:
             conn.close()
 
 
+def test_the_full_text_indexes_keep_a_short_pending_list() -> None:
+    # Every term lookup reads a GIN index's whole pending list; left at PostgreSQL's 4 MB
+    # (autovacuum off or slow) it was the searches' tail (docs/design.md §11 "Latency").
+    # A store made before the step gets the limit, and its lists merged.
+    indexes = ("message_index_terms", "records_terms", "note_chunks_terms")
+    with scratch_database() as dsn, pytest.MonkeyPatch.context() as patch:
+        patch.setattr(pg_db, "STEPS", pg_db.STEPS[:6])
+        patch.setattr(pg_db, "SCHEMA_VERSION", 6)
+        writer = PgTranscriptWriter(pg_db.connect(pg_db.PgSettings(dsn=dsn)), fresh_agent())
+        key = am.parse_session_key(KEYS[0])
+        texts = [f"aisle seat {i} of the kite" for i in range(40)]
+        writer.apply(
+            [
+                AppendMessage(key=key, message=am.Message(role="user", content=t), at=1.0)
+                for t in texts
+            ]
+        )
+        writer.conn.close()
+        patch.undo()
+        conn = pg_db.connect(pg_db.PgSettings(dsn=dsn))
+        try:
+            assert pg_db.schema_version(conn) == pg_db.SCHEMA_VERSION
+            for index in indexes:
+                options = conn.execute(
+                    "SELECT reloptions FROM pg_class WHERE oid = %s::regclass",
+                    (f"{pg_db.SCHEMA}.{index}",),
+                ).fetchone()
+                assert options == ([f"gin_pending_list_limit={pg_db.GIN_PENDING_LIST_KB}"],)
+            merged = conn.execute(
+                f"SELECT gin_clean_pending_list('{pg_db.SCHEMA}.message_index_terms'::regclass)"
+            ).fetchone()
+            assert merged == (0,)  # the rows appended before were merged by the step
+        finally:
+            conn.close()
+
+
 @pytest.mark.parametrize("budget", [1500, 1])
 @pytest.mark.parametrize(
     "query", ["aisle", "aisle x1", "aisle seats", "seats zeta", "kite", "kite x1", "kite aisle"]

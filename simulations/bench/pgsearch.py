@@ -24,8 +24,9 @@ after untimed warm-up queries:
 - search `agent`: `mem.sessions.search(q, caller, limit=10)` with visibility `agent` on
   SQLite and on PostgreSQL, and the raw floor on PostgreSQL: the very ranking queries the
   store runs (`storage/pg/search.py` `ranking_steps`: BM25 from term statistics, the
-  common-term steps and the rank budget), through psycopg on a connection of our own, with the statistics counted untimed
-  beforehand: no visibility, no statistics, no thread hop, no reranking, no details;
+  common-term steps and the rank budget), through psycopg on a connection of our own
+  (planned as the store's readers plan: `READER_SETTINGS`), with the statistics counted
+  untimed beforehand: no visibility, no statistics, no thread hop, no reranking, no details;
 - search `tree`: the same with the default visibility from a caller that spawned two;
 - recall: `mem.recall(turn)` with `bench recall`'s zero-think model (one memory_search,
   then an answer at once; every turn new, so no cache hit) on both stores;
@@ -271,7 +272,7 @@ class RawSearch:
         self.execute = pg_search.execute_custom  # as the store runs them: planned each time
         self.steps = [
             (
-                pg_search._MATCH.format(where="true", **step.ordering),
+                pg_search._MATCH.format(where="true", agent=step.agent, **step.ordering),
                 {"agent": AGENT, "query": step.match, "since": step.since} | step.bindings,
                 step.wide,
             )
@@ -653,6 +654,8 @@ def run_all(args: argparse.Namespace, run_dir: Path, kept: bool) -> dict[str, An
     import psycopg
     import psycopg.conninfo
 
+    from ...storage.pg.transcripts import READER_SETTINGS
+
     zipf = Zipf(args.vocab, args.seed)
     sessions = max(1, args.messages // PER_SESSION)
     params = {
@@ -685,6 +688,7 @@ def run_all(args: argparse.Namespace, run_dir: Path, kept: bool) -> dict[str, An
         record_queries = records_bench.make_queries(zipf, args.seed, count)
         users = records_bench.query_users(record_params(args.messages, args.seed, args.vocab), count)  # fmt: skip
         with psycopg.connect(dsn, autocommit=True) as raw:
+            raw.execute(READER_SETTINGS)  # planned as the store's readers plan
             ops = {
                 "search agent": trio.run(
                     time_search, run_dir, dsn, "agent", queries, anyone, args.warmup, raw

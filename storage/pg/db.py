@@ -286,6 +286,27 @@ def _pgvector_ddl() -> str:
     return pgvector_ddl()
 
 
+# Each full-text index's pending list, in kB (PostgreSQL's least; its default is 4 MB). A
+# GIN index first appends new rows to a pending list, which every search of the index then
+# reads whole, every row of it (the `agent` key of each matches), until an insert finds it
+# over this limit and merges it into the index (or VACUUM does). With autovacuum slow or
+# off a list of up to 4 MB cost each term lookup up to ~20 ms: the searches' tail; at
+# 64 kB a lookup reads at most 8 pages, and an insert costs ~60 µs more a row
+# (docs/design.md §11 "Latency").
+GIN_PENDING_LIST_KB = 64
+_TERMS_INDEXES = ("message_index_terms", "records_terms", "note_chunks_terms")
+
+
+def _gin_pending_ddl() -> str:
+    """The full-text indexes' pending lists bounded (`GIN_PENDING_LIST_KB`), and what a
+    store made before holds in them merged now."""
+    return "".join(
+        f"ALTER INDEX {SCHEMA}.{index} SET (gin_pending_list_limit = {GIN_PENDING_LIST_KB});\n"
+        f"SELECT gin_clean_pending_list('{SCHEMA}.{index}'::regclass);\n"
+        for index in _TERMS_INDEXES
+    )
+
+
 # The schema's steps (SQL text, each run once, in order, in one transaction): a store at
 # version v lacks STEPS[v:]. A new table or index is a new step at the end.
 # Row security comes after the tables it covers.
@@ -296,6 +317,7 @@ STEPS: tuple[Callable[[], str], ...] = (
     _notes_vectors_ddl,
     _record_vectors_ddl,
     _pgvector_ddl,
+    _gin_pending_ddl,
 )
 SCHEMA_VERSION = len(STEPS)
 

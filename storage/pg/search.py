@@ -21,7 +21,7 @@ from .. import search as lite
 from ..fts_query import MatchPlan
 from ..search import Candidate, DbScope, ScopePage, TermStats, rankable, rerank
 from .db import SCHEMA
-from .terms import PgQuery, QueryPhrase, pg_query
+from .terms import PgQuery, QueryPhrase, pg_query, quote
 from .transcripts import Connection, _text
 
 _S = SCHEMA
@@ -75,10 +75,25 @@ def scope_sql(
     return sql, params
 
 
+# A lookup's agent condition where the agent holds (nearly) every indexed row of the table
+# (at least this share of `pg_class.reltuples`). The full-text index is (agent, terms):
+# there the agent key selects nothing, yet the index intersects a term's postings with all
+# of the agent's, 4-10 ms a lookup at 1M (0.4-0.8 without). So the condition is written
+# where the index cannot use it (`|| ''`) and each row read is checked instead; with other
+# agents' rows in the table the index keeps it (docs/design.md §11 "Latency").
+WHOLE_TABLE_SHARE = 0.9
+
+
+def agent_condition(column: str, whole: bool) -> str:
+    """`column = %(agent)s`, or (`whole`: the agent is nearly the whole table) the same
+    condition kept out of the full-text index (`WHOLE_TABLE_SHARE`)."""
+    return f"{column} || '' = %(agent)s" if whole else f"{column} = %(agent)s"
+
+
 _MATCH = (
     "SELECT i.event_id, {rank} AS r, i.session_id, i.depth FROM "
     + f"{_S}.message_index i"
-    + " WHERE i.agent = %(agent)s AND i.terms @@ %(query)s::tsquery"
+    + " WHERE {agent} AND i.terms @@ %(query)s::tsquery"
     " AND i.event_id >= %(since)s AND {where} ORDER BY {order} LIMIT %(limit)s"
 )
 
@@ -88,19 +103,26 @@ def bm25_sql(row: str) -> str:
     parts (`_bm25_params`): the body of `activememory.bm25` (storage/pg/db.py) written into
     the query itself, where PostgreSQL plans it once as a subquery instead of calling an
     SQL function that cannot be inlined once per row: the same value, ~3 x cheaper a row
-    (docs/design.md §11 "Latency")."""
+    (docs/design.md §11 "Latency"). `OFFSET 0` keeps a part's frequency `f` one value: a
+    subquery the planner may pull up is written out wherever `f` is read (twice), and each
+    copy unnested the row's terms again. Unnesting builds two arrays per lexeme, so the
+    row's terms are first cut to the query's lexemes (`%(only)s`: its lexemes, or NULL
+    when a prefix part must see them all): every other lexeme deleted (`ts_delete`)."""
     return (
         "(SELECT coalesce(sum(q.idf * f.f * 2.2 / (f.f + 1.2 * (0.25 + 0.75 *"
         f" {row}.tokens / %(avgdl)s::float8))), 0)"
-        " FROM unnest(%(lexemes)s::text[], %(prefixes)s::boolean[],"
+        f" FROM (SELECT CASE WHEN %(only)s::text[] IS NULL THEN {row}.terms"
+        f" ELSE ts_delete({row}.terms, tsvector_to_array(ts_delete({row}.terms,"
+        " %(only)s::text[]))) END AS terms OFFSET 0) k"
+        " CROSS JOIN unnest(%(lexemes)s::text[], %(prefixes)s::boolean[],"
         " %(phrases)s::text[]::tsquery[], %(idf)s::float8[]) AS q(lexeme, prefix, phrase, idf)"
         " CROSS JOIN LATERAL (SELECT CASE WHEN q.phrase IS NOT NULL THEN"
         f" CASE WHEN ts_filter({row}.terms, '{{a}}') @@ q.phrase THEN 1.0"
         f" WHEN {row}.terms @@ q.phrase THEN 0.4 ELSE 0.0 END"
         " ELSE coalesce((SELECT sum(cardinality(array_positions(u.weights, 'A'))"
         " + 0.4 * cardinality(array_positions(u.weights, 'B')))"
-        f" FROM unnest({row}.terms) u WHERE u.lexeme = q.lexeme"
-        " OR (q.prefix AND starts_with(u.lexeme, q.lexeme))), 0.0) END AS f) f)"
+        " FROM unnest(k.terms) u WHERE u.lexeme = q.lexeme"
+        " OR (q.prefix AND starts_with(u.lexeme, q.lexeme))), 0.0) END AS f OFFSET 0) f)"
     )
 
 
@@ -137,14 +159,17 @@ def execute_custom(conn: Connection, sql: str, params: Any = None) -> Any:
 class Step(NamedTuple):
     """One matching query of a search (storage/search.py `Step` on PostgreSQL): its tsquery,
     its ordering (`_BY_RANK`, `_BY_RECENCY`...), the bindings that ordering reads (BM25's,
-    or `every`), its window (the lowest event id it reads; 0: all) and `wide`: read that
-    many rows and reorder them by rank (`_EVERY_TERM_FIRST`)."""
+    or `every`), its window (the lowest event id it reads; 0: all), `wide`: read that
+    many rows and reorder them by rank (`_EVERY_TERM_FIRST`), and its agent condition
+    (`agent_condition`: the recency steps keep the indexable one, which lets the planner
+    walk the primary key newest first)."""
 
     match: str
     ordering: dict[str, str]
     bindings: dict[str, Any]
     since: int = 0
     wide: int = 0
+    agent: str = agent_condition("i.agent", False)
 
 
 def ranking_steps(
@@ -163,12 +188,12 @@ def ranking_steps(
     query = pg_query(plan)
     if query is None:
         return []
-    total, avgdl, df = _statistics(conn, agent, plan, query, stats)
+    total, avgdl, df, whole = _statistics(conn, agent, plan, query, stats, bounded)
     return _ranking(
-        plan, query, total, avgdl, df, bounded=bounded,
-        newest=lambda i: newest_match(conn, agent, _term(query, i).tsquery),
+        plan, query, total, avgdl, df, bounded=bounded, whole=whole,
+        newest=lambda i: newest_match(conn, agent, _term(query, i).tsquery, whole=whole),
         phrase_frequency=lambda: capped_frequencies(
-            conn, agent, PgQuery(query.parts[:1], False), None
+            conn, agent, PgQuery(query.parts[:1], False), None, whole=whole
         )[0],
     )  # fmt: skip
 
@@ -179,9 +204,15 @@ def _term(query: PgQuery, i: int) -> QueryPhrase:
 
 
 def _statistics(
-    conn: Connection, agent: str, plan: MatchPlan, query: PgQuery, stats: TermStats | None = None
-) -> tuple[int, float, list[int]]:
-    """(N, average tokens per row, each part's document frequency) of the agent's index.
+    conn: Connection,
+    agent: str,
+    plan: MatchPlan,
+    query: PgQuery,
+    stats: TermStats | None = None,
+    bounded: bool = False,
+) -> tuple[int, float, list[int], bool]:
+    """(N, average tokens per row, each part's document frequency) of the agent's index,
+    and whether the agent is nearly the whole table (`agent_condition`).
 
     Where the common-term rules apply (`prunes`), a term's frequency is counted only up to
     `frequency_cap` (over it the exact figure is never used, and counting a common term's
@@ -189,14 +220,20 @@ def _statistics(
     when it ranks it): docs/design.md §11 "Latency"."""
     row = execute_custom(
         conn,
-        f"SELECT coalesce(sum(index_rows), 0), coalesce(sum(index_tokens), 0)"
+        f"SELECT coalesce(sum(index_rows), 0), coalesce(sum(index_tokens), 0),"
+        f" (SELECT reltuples FROM pg_catalog.pg_class"
+        f"  WHERE oid = '{_S}.message_index'::regclass)"
         f" FROM {_S}.sessions WHERE agent = %s",
         (agent,),
     ).fetchone()
-    total, tokens = (int(row[0]), int(row[1])) if row else (0, 0)
+    total, tokens, table = (int(row[0]), int(row[1]), float(row[2] or 0)) if row else (0, 0, 0)
     avgdl = tokens / total if total else 1.0
+    whole = table > 0 and total >= WHOLE_TABLE_SHARE * table
     if prunes(plan, query, total):
-        return total, avgdl, cached_frequencies(conn, agent, query, total, stats)
+        if whole and stats is not None:
+            seed_common_terms(conn, total, table, stats)
+        df = cached_frequencies(conn, agent, query, total, stats, whole, bounded)
+        return total, avgdl, df, whole
     counts = ", ".join(
         f"count(*) FILTER (WHERE terms @@ %(p{i})s::tsquery)" for i in range(len(query.parts))
     )
@@ -208,7 +245,7 @@ def _statistics(
         params | {"agent": agent, "query": query.match},
     ).fetchone()
     frequencies = [int(n) for n in found] if found else [0] * len(query.parts)
-    return total, avgdl, frequencies
+    return total, avgdl, frequencies, whole
 
 
 # BM25 from term statistics costs PostgreSQL ≈ 30–50 µs a row against FTS5's ≈ 4 (docs/design.md
@@ -251,14 +288,16 @@ def capped_frequencies(
     *,
     table: str = "message_index",
     phrase: bool = False,
+    whole: bool = False,
 ) -> list[int]:
     """Each part's document frequency over the agent's rows of `table` (its `terms`),
     counted up to `cap` (min(exact, cap); None: every row); the whole-query phrase's only
-    with `phrase` (else 0: pruning reads it only when it ranks it). One statement, planned
-    for its terms."""
+    with `phrase` (else 0: pruning reads it only when it ranks it); `whole`: the agent is
+    nearly the whole table (`agent_condition`). One statement, planned for its terms."""
     first = 0 if phrase else query.has_phrase
     counts = ", ".join(
-        f"(SELECT count(*) FROM (SELECT 1 FROM {_S}.{table} WHERE agent = %(agent)s"
+        f"(SELECT count(*) FROM (SELECT 1 FROM {_S}.{table}"
+        f" WHERE {agent_condition('agent', whole)}"
         f" AND terms @@ %(p{i})s::tsquery LIMIT %(cap)s) c{i})"
         for i in range(first, len(query.parts))
     )
@@ -277,7 +316,13 @@ def idf_cap(total: int) -> int:
 
 
 def cached_frequencies(
-    conn: Connection, agent: str, query: PgQuery, total: int, stats: TermStats | None
+    conn: Connection,
+    agent: str,
+    query: PgQuery,
+    total: int,
+    stats: TermStats | None,
+    whole: bool = False,
+    bounded: bool = False,
 ) -> list[int]:
     """`capped_frequencies` at `frequency_cap(total)`, each term's count remembered in
     `stats` (storage/search.py `TermStats`, one per agent and process) and reused until
@@ -285,30 +330,86 @@ def cached_frequencies(
     to 5,001 rows at 1M, most of a search's time there (docs/design.md §11 "Latency").
     A count that reached the cap is remembered as more than the index holds, so it stays
     common however the threshold moves meanwhile; a rarer term's may be off by what
-    other processes wrote since (its IDF with it), as SQLite's `TermStats` decisions are."""
+    other processes wrote since (its IDF with it), as SQLite's `TermStats` decisions are.
+
+    `bounded` (the search reads the whole agent): the terms are first counted only up to
+    `rank_budget()` + 1. While one term is within the budget, `rankable` never ranks a term
+    over it (the rows would not fit), nor is one the rarest, so "over the budget" decides
+    as its exact count would: those are given as `rank_budget()` + 1 (and not remembered),
+    and only when every term is over it are they counted on to the cap (the rarest's
+    window and IDF, and which is common) — 501 rows read a term, not 5,001, at 1M."""
     cap = frequency_cap(total)
     if stats is None:
-        return capped_frequencies(conn, agent, query, cap)
+        return capped_frequencies(conn, agent, query, cap, whole=whole)
     terms = query.parts[query.has_phrase :]
     found = [stats.cached(part.tsquery, total) for part in terms]
     missing = [i for i, count in enumerate(found) if count is None]
+    short = rank_budget() + 1
+    if bounded and missing and short < cap:
+        wanted = PgQuery(tuple(terms[i] for i in missing), False)
+        counted = capped_frequencies(conn, agent, wanted, short, whole=whole)
+        for i, count in zip(missing, counted, strict=True):
+            if count < short:  # the exact count
+                found[i] = count
+                stats.remember(terms[i].tsquery, count, total)
+        if any(count is not None and count < short for count in found):
+            return [0] * query.has_phrase + [short if n is None else n for n in found]
+        missing = [i for i, count in enumerate(found) if count is None]
     if missing:
         wanted = PgQuery(tuple(terms[i] for i in missing), False)
-        for i, count in zip(missing, capped_frequencies(conn, agent, wanted, cap), strict=True):
+        for i, count in zip(
+            missing, capped_frequencies(conn, agent, wanted, cap, whole=whole), strict=True
+        ):
             found[i] = count if count < cap else total + 1
             stats.remember(terms[i].tsquery, found[i] or 0, total)
     return [0] * query.has_phrase + [count or 0 for count in found]
 
 
-def newest_match(conn: Connection, agent: str, tsquery: str) -> int:
-    """The start of a term's window: the event id of the `rank_budget()`-th newest row of
-    the agent holding it (0 if fewer hold it); storage/search.py `newest_match`. Sorted
-    from the term's postings (`+ 0`, as the AND step): it is not common, so they are few."""
+# A lexeme the table's statistics put in this many times the rows a count stops at (or
+# more) is remembered as common without counting it (`seed_common_terms`).
+COMMON_BY_STATISTICS = 2
+_SEEDED = "\0seeded"  # no tsquery: the TermStats entry saying when the seeding was done
+
+
+def seed_common_terms(conn: Connection, total: int, table: float, stats: TermStats) -> None:
+    """Remember in `stats` as common (`cached_frequencies`' "more than the index holds")
+    the lexemes that ANALYZE's sample of `message_index` (`pg_stats.most_common_elems`:
+    the ~1,000 most frequent, each with the share of rows holding it) puts in at least
+    `COMMON_BY_STATISTICS` x `frequency_cap(total)` of the agent's `total` rows: those
+    counts, each reading `frequency_cap` rows (5,001 at 1M, 20-60 ms), were the first
+    searches' tail. For an agent that is nearly the whole table (`agent_condition`): the
+    rows of other agents (`table` - `total`) are taken as all holding the lexeme. The
+    sample's error at the common threshold is a few percent: a lexeme twice over the cap
+    by the estimate is over it by count. Once per agent and process, again when the index
+    has grown or shrunk by a quarter (`TermStats`' rule); docs/design.md §11 "Latency"."""
+    if stats.cached(_SEEDED, total) is not None:
+        return
+    stats.remember(_SEEDED, 1, total)
     row = execute_custom(
         conn,
-        f"SELECT event_id FROM {_S}.message_index WHERE agent = %s AND terms @@ %s::tsquery"
-        " ORDER BY event_id + 0 DESC OFFSET %s LIMIT 1",
-        (agent, tsquery, rank_budget() - 1),
+        "SELECT most_common_elems::text::text[], most_common_elem_freqs"
+        " FROM pg_catalog.pg_stats WHERE schemaname = %s AND tablename = 'message_index'"
+        " AND attname = 'terms'",
+        (SCHEMA,),
+    ).fetchone()
+    if row is None or row[0] is None or row[1] is None:
+        return
+    floor = COMMON_BY_STATISTICS * frequency_cap(total) + max(0.0, table - total)
+    for lexeme, share in zip(row[0], row[1], strict=False):  # the shares end with 3 more
+        if share * table >= floor:
+            stats.remember(quote(str(lexeme)), total + 1, total)
+
+
+def newest_match(conn: Connection, agent: str, tsquery: str, *, whole: bool = False) -> int:
+    """The start of a term's window: the event id of the `rank_budget()`-th newest row of
+    the agent holding it (0 if fewer hold it); storage/search.py `newest_match`. Sorted
+    from the term's postings (`+ 0`, as the AND step): it is not common, so they are few.
+    `whole`: `agent_condition`'s."""
+    row = execute_custom(
+        conn,
+        f"SELECT event_id FROM {_S}.message_index WHERE {agent_condition('agent', whole)}"
+        " AND terms @@ %(term)s::tsquery ORDER BY event_id + 0 DESC OFFSET %(skip)s LIMIT 1",
+        {"agent": agent, "term": tsquery, "skip": rank_budget() - 1},
     ).fetchone()
     return 0 if row is None else int(row[0])
 
@@ -323,7 +424,10 @@ def _idf(total: int, frequency: int) -> float:
 
 
 def _bm25_params(query: PgQuery, total: int, avgdl: float, df: list[int]) -> dict[str, Any]:
+    prefixed = any(part.prefix for part in query.parts)
+    only = None if prefixed else [part.lexeme for part in query.parts if part.lexeme is not None]
     return {
+        "only": only,
         "lexemes": [part.lexeme for part in query.parts],
         "prefixes": [part.prefix for part in query.parts],
         "phrases": [part.phrase for part in query.parts],
@@ -342,14 +446,17 @@ def _ranking(
     bounded: bool,
     newest: Callable[[int], int],
     phrase_frequency: Callable[[], int],
+    whole: bool = False,
 ) -> list[Step]:
     """The steps of storage/search.py `ranking_steps` for `query` (`pg_query(plan)`), `df`
     as `_statistics` counts it: exact, or (`prunes`) capped at `frequency_cap`, which
     decides the same. `newest(i)`: the window of term i (`newest_match`); `phrase_frequency()`:
     the whole-query phrase's, read only when every term is ranked (as SQLite, the phrase is
-    ranked then, and never in a recency step)."""
+    ranked then, and never in a recency step). `whole`: the ranked and AND steps' agent
+    condition is kept out of the full-text index (`agent_condition`)."""
+    agent = agent_condition("i.agent", whole)
     if not prunes(plan, query, total):
-        return [Step(query.match, _BY_RANK, _bm25_params(query, total, avgdl, df))]
+        return [Step(query.match, _BY_RANK, _bm25_params(query, total, avgdl, df), agent=agent)]
     terms = query.parts[query.has_phrase :]
     docs = df[query.has_phrase :]
     ranked, rarest, windowed = rankable(
@@ -361,7 +468,7 @@ def _ranking(
     if len(terms) > 1 and docs[rarest] > rank_budget():  # even the rarest is long
         by_recency = [Step(any_term, _EVERY_TERM_FIRST, {"every": every}, wide=lite.RECENCY_WIDE)]
     elif len(terms) > 1:  # an AND led by a short posting list: cheap
-        by_recency.insert(0, Step(every, _BY_RECENCY_ALL_TERMS, {}))
+        by_recency.insert(0, Step(every, _BY_RECENCY_ALL_TERMS, {}, agent=agent))
     if not any(ranked):
         return by_recency
     # The rarer terms ranked first; when they match too few rows (a name or id found
@@ -373,7 +480,7 @@ def _ranking(
     if kept.has_phrase:
         kept_df.insert(0, phrase_frequency())
     bm25 = _bm25_params(kept, total, avgdl, kept_df)
-    return [Step(kept.match, _BY_RANK, bm25, window), *by_recency]
+    return [Step(kept.match, _BY_RANK, bm25, window, agent=agent), *by_recency]
 
 
 def search_scope(
@@ -423,7 +530,7 @@ def search_scope(
         pooled: list[tuple[int, float, int, int]] = []
         seen: set[int] = set()
         for step in ranking_steps(conn, agent, plan, bounded=bounded, stats=stats):
-            sql = _MATCH.format(where=where, **step.ordering)
+            sql = _MATCH.format(where=where, agent=step.agent, **step.ordering)
             limit = step.wide or pool_size - len(pooled)
             bindings = params | step.bindings | {"query": step.match, "since": step.since}
             rows = [

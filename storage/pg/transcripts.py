@@ -201,11 +201,19 @@ class BulkRows:
             return
 
 
+# A reader's statements are short: a parallel plan's workers take longer to start than
+# the scan they share (20+ ms on a busy server, for a 6 ms scan), and JIT compiles for
+# tens of ms what runs in a few (docs/design.md §11 "Latency").
+READER_SETTINGS = "SET max_parallel_workers_per_gather = 0; SET jit = off"
+
+
 def configure_reader(conn: Connection) -> Connection:
-    """Each read is one REPEATABLE READ, read-only transaction: one consistent snapshot."""
+    """Each read is one REPEATABLE READ, read-only transaction: one consistent snapshot;
+    planned without parallel workers or JIT (`READER_SETTINGS`)."""
     conn.autocommit = True
     conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
     conn.read_only = True
+    conn.execute(READER_SETTINGS)
     return conn
 
 
