@@ -16,15 +16,16 @@ embedded (for messages: still on an active branch of a clean session), so a rewi
 delete or an erase between the read and the write never leaves a stale vector. Repeat
 until nothing is missing.
 
-A failing embedder (error or past its deadline) is retried after a pause that doubles up
-to `MAX_BACKOFF` seconds, on the event loop's clock; the last error is kept for stats and
-doctor. It never takes the memory down: embedding is an optimisation, text search works
-without it. An embed call that times out is tried again with half as many texts (down to
-one), until the backlog is done: a machine so loaded that the background batch (its thread
-yields the CPU to queries) cannot finish in `timeout` still makes progress, where the same
-batch would time out for ever. A lease holder whose embedder fails `HAND_OVER_AFTER` times in a row gives the
-lease up and claims again only after its pause: another process, whose embedder may work
-(its own model load, its own network path), takes over meanwhile.
+A failing embedder (an error, or one text past its deadline) is retried after a pause that
+doubles up to `MAX_BACKOFF` seconds, on the event loop's clock; the last error is kept for
+stats and doctor. It never takes the memory down: embedding is an optimisation, text search
+works without it. A call of several texts past the deadline is slowness, not failure: it is
+tried again at once with half as many texts, until the backlog is done (no error, no pause;
+`timeouts` counts it), so a machine so loaded that the background batch (its thread yields
+the CPU to queries) cannot finish in `timeout` still makes progress, where the same batch
+would time out for ever. A lease holder whose embedder fails `HAND_OVER_AFTER` times in a
+row gives the lease up and claims again only after its pause: another process, whose
+embedder may work (its own model load, its own network path), takes over meanwhile.
 
 The lease (`Lease`, docs/design.md §11 "One embedder per agent"): where several processes
 write one database (PostgreSQL), one process at a time embeds it, the holder of its lease.
@@ -144,8 +145,12 @@ class EmbedderFailed(Exception):
 
 
 class EmbedderTimedOut(EmbedderFailed):
-    """The embedder gave no answer within the actor's `timeout` (the batch may be too
-    large for the CPU it gets: the next try takes half as many texts)."""
+    """The embedder gave no answer for `texts` texts within the actor's `timeout` (the
+    batch may be too large for the CPU it gets: the next try takes half as many)."""
+
+    def __init__(self, message: str, texts: int) -> None:
+        super().__init__(message)
+        self.texts = texts
 
 
 class FeedBatch(NamedTuple):
@@ -322,6 +327,7 @@ class EmbedderActor(PokedActor, Generic[F]):
         self.stored = 0
         self.skipped = 0
         self.failures = 0
+        self.timeouts = 0  # embed calls past `timeout` tried again smaller (not failures)
 
     def idle(self) -> bool:
         """Waiting for a poke, with none queued (a poke handed straight to a waiting
@@ -417,12 +423,15 @@ class EmbedderActor(PokedActor, Generic[F]):
             try:
                 read, stored = await self._one_batch()
             except (EmbedderFailed, StorageError) as exc:  # a read can fail too (disk, lock)
+                if isinstance(exc, EmbedderTimedOut) and exc.texts > 1:
+                    # Slow, not failing: the same texts in smaller batches, at once.
+                    self.timeouts += 1
+                    self.batch_now = max(1, min(self.batch_now, exc.texts) // 2)
+                    continue
                 self.failures += 1
                 self.last_error = str(exc)
                 pause, self._backoff = self._backoff, min(self._backoff * 2, MAX_BACKOFF)
                 failed += isinstance(exc, EmbedderFailed)
-                if isinstance(exc, EmbedderTimedOut):
-                    self.batch_now = max(1, self.batch_now // 2)
                 if failed >= HAND_OVER_AFTER and self.lease.period is not None:
                     await self._hand_over(pause)
                     return
@@ -471,7 +480,9 @@ class EmbedderActor(PokedActor, Generic[F]):
                 deadline = anyio.current_time() + self.timeout
                 matrix = await self.embedder.embed(texts, deadline=deadline)
         except TimeoutError:
-            raise EmbedderTimedOut(f"{self.name}: no answer within {self.timeout:g} s") from None
+            raise EmbedderTimedOut(
+                f"{self.name}: no answer within {self.timeout:g} s", len(texts)
+            ) from None
         except EmbeddingError as exc:
             raise EmbedderFailed(str(exc)) from exc
         except Exception as exc:  # fail-open: a broken embedder never takes the memory down

@@ -222,13 +222,33 @@ def test_a_batch_that_times_out_is_tried_again_with_half_the_texts() -> None:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(actor.run)
             send.send_nowait(EmbedPoke())
-            await trio.sleep(12.0)
-            assert actor.batch_now == 8  # 16 texts timed out at 10 s
+            await trio.sleep(11.0)
+            assert actor.batch_now == 8  # 16 texts timed out at 10 s: slow, not failing
+            assert (actor.timeouts, actor.failures, actor.last_error) == (1, 0, None)
             await trio.sleep(30.0)
-            # After the 1 s pause: 8 texts (11-19), 8 (19-27), the last 4 (27-31).
-            assert rows.batches == [(19.0, 8), (27.0, 8), (31.0, 4)]
-            assert (embedder.tried, embedder.calls, actor.failures) == (4, 3, 1)
+            # At once: 8 texts (10-18), 8 (18-26), the last 4 (26-30).
+            assert rows.batches == [(18.0, 8), (26.0, 8), (30.0, 4)]
+            assert (embedder.tried, embedder.calls, actor.failures) == (4, 3, 0)
             assert actor.batch_now == 16  # the backlog is done: full batches again
+            nursery.cancel_scope.cancel()
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+def test_one_text_past_the_deadline_is_a_failure() -> None:
+    rows, embedder = TimedRows(1), PerText()
+
+    async def main() -> None:
+        send, receive = open_inbox()
+        actor = EmbedderActor(
+            receive, embedder=embedder, feed=rows, lease=ALWAYS_HELD, batch=16, timeout=0.5
+        )
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(actor.run)
+            send.send_nowait(EmbedPoke())
+            await trio.sleep(0.6)
+            assert (actor.timeouts, actor.failures) == (0, 1)
+            assert actor.last_error == "fake/bag-of-words: no answer within 0.5 s"
             nursery.cancel_scope.cancel()
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
