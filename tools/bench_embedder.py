@@ -24,6 +24,8 @@ import sys
 import time
 from pathlib import Path
 
+from activememory.embed.local import SHIPPED_MODEL
+
 COLD = """
 import sys, time
 t0 = time.perf_counter()
@@ -37,7 +39,8 @@ print(f"{(t1 - t0) * 1000:.0f} {(t2 - t1) * 1000:.0f}")
 """
 # onnxruntime and its own dependencies; tokenizers and huggingface-hub (a dependency of
 # tokenizers that the embedder never imports) with what it pulls in.
-SHIPPED = Path(__file__).resolve().parent.parent / "activememory/embed/models/all-MiniLM-L6-v2"
+# The default model's folder (what `shipped_embedder()` loads): its files are the sizes printed.
+SHIPPED = Path(__file__).resolve().parent.parent / "activememory/embed/models" / SHIPPED_MODEL
 NEW_PACKAGES = [
     "onnxruntime",
     "flatbuffers",
