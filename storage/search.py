@@ -125,6 +125,8 @@ class TermStats:
         self.table = table
         self.threshold = threshold
         self._docs: dict[str, tuple[int, int]] = {}
+        # Terms found over a shorter count's cap (`docs_up_to`): (cap, rows indexed then).
+        self._over: dict[str, tuple[int, int]] = {}
 
     def docs(self, conn: apsw.Connection, term_expr: str, total: int) -> int:
         """How many of the `total` indexed rows hold the term, counted up to one more than
@@ -140,6 +142,30 @@ class TermStats:
         ).fetchone()
         count = int(row[0]) if row is not None else 0
         self.remember(term_expr, count, total)
+        return count
+
+    def docs_up_to(self, conn: apsw.Connection, term_expr: str, total: int, cap: int) -> int:
+        """`docs`, but counted only up to `cap` (at most the threshold + 1): min(count, cap).
+        An exact count is remembered as `docs` remembers it; "at least `cap`" apart, by the
+        same quarter rule, so a common term is not walked again each time it is asked."""
+        cached = self.cached(term_expr, total)
+        if cached is not None:
+            return min(cached, cap)
+        over = self._over.get(term_expr)
+        if over is not None and over[0] >= cap and abs(total - over[1]) * 4 <= over[1]:
+            return cap
+        row = conn.execute(
+            f"SELECT count(*) FROM (SELECT rowid FROM {self.table} WHERE {self.table} MATCH ?"
+            " LIMIT ?)",
+            (term_expr, cap),
+        ).fetchone()
+        count = int(row[0]) if row is not None else 0
+        if count < cap:
+            self.remember(term_expr, count, total)
+        else:
+            if len(self._over) >= _TERM_CACHE_SIZE:
+                self._over.clear()
+            self._over[term_expr] = (cap, total)
         return count
 
     def cached(self, term: str, total: int) -> int | None:
@@ -233,7 +259,7 @@ def ranking_steps(
     total = indexed_rows(conn, stats.table)
     if total < MIN_ROWS_TO_PRUNE:
         return [Step(plan.expression(), _BY_RANK)]
-    docs = [stats.docs(conn, expr, total) for expr in plan.term_exprs]
+    docs = term_docs(conn, plan, stats, total, bounded=bounded)
     ranked, rarest, windowed = rankable(docs, stats.threshold(total), bounded=bounded)
     window = newest_match(conn, stats.table, plan.term_exprs[rarest]) if windowed else 0
     # Then the newest messages holding all the terms, then any of them. Not the phrase: it
@@ -250,6 +276,26 @@ def ranking_steps(
         # nowhere), the others still answer, newest first, as if asked alone.
         return [Step(plan.expression(ranked), _BY_RANK, window), *by_recency]
     return by_recency
+
+
+def term_docs(
+    conn: apsw.Connection, plan: MatchPlan, stats: TermStats, total: int, *, bounded: bool
+) -> list[int]:
+    """Each term's `TermStats.docs`, as `rankable` needs them. Reading the whole table
+    (`bounded`), the terms are first counted only to `RANK_BUDGET` + 1: while one term is
+    within the budget, `rankable` ranks none over it and none is the rarest, so "over the
+    budget" decides as its exact count would; only when every term is over it are they
+    counted on to the threshold (the rarest's window, and which is common). A common term
+    beside a rare one then walks 1,501 doclist entries, not 5,001 at 1M: the first sight of
+    such a term was the agent-wide search's CPU tail (docs/design.md §3). The PostgreSQL
+    store does the same (storage/pg/search.py `cached_frequencies`)."""
+    exprs = plan.term_exprs
+    short = RANK_BUDGET + 1
+    if bounded and short <= stats.threshold(total):
+        counted = [stats.docs_up_to(conn, expr, total, short) for expr in exprs]
+        if any(n < short for n in counted):
+            return counted
+    return [stats.docs(conn, expr, total) for expr in exprs]
 
 
 Row = TypeVar("Row", bound=tuple[Any, ...])
