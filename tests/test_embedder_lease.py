@@ -13,7 +13,14 @@ import numpy
 import trio
 import trio.testing
 
-from activememory.actors.embedder import ALWAYS_HELD, EmbedderActor, FeedBatch, open_inbox
+from activememory.actors.embedder import (
+    ALWAYS_HELD,
+    EMBED_TIMEOUT,
+    EmbedderActor,
+    FeedBatch,
+    Lease,
+    open_inbox,
+)
 from activememory.protocol.embedder import EmbedPoke
 from activememory.protocol.errors import EmbeddingError
 from activememory.protocol.indexer import VectorRow
@@ -68,12 +75,23 @@ class SlowEmbedder(FakeEmbedder):
         return await super().embed(texts, deadline=deadline)
 
 
-def run_actor(rows: Rows, lease: Claims, scenario: object, *, batch: int = 64) -> SlowEmbedder:
-    embedder = SlowEmbedder()
+def run_actor(
+    rows: Rows,
+    lease: Lease,
+    scenario: object,
+    *,
+    batch: int = 64,
+    embedder: FakeEmbedder | None = None,
+    timeout: float = EMBED_TIMEOUT,
+) -> FakeEmbedder:
+    """Run an actor over `rows` on virtual time until `scenario(actor, send)` returns."""
+    embedder = SlowEmbedder() if embedder is None else embedder
 
     async def main() -> None:
         send, receive = open_inbox()
-        actor = EmbedderActor(receive, embedder=embedder, feed=rows, lease=lease, batch=batch)
+        actor = EmbedderActor(
+            receive, embedder=embedder, feed=rows, lease=lease, batch=batch, timeout=timeout
+        )
         async with trio.open_nursery() as nursery:
             nursery.start_soon(actor.run)
             await scenario(actor, send)  # type: ignore[operator]
@@ -165,29 +183,24 @@ class Releases(Claims):
 
 def test_a_holder_whose_embedder_keeps_failing_hands_the_lease_over() -> None:
     rows, lease = Rows(3), Releases()
+
+    async def scenario(actor: EmbedderActor[Rows], send: trio.MemorySendChannel[EmbedPoke]) -> None:
+        # Claims at 0, 1.3, 3.6 (a period passed, checked between tries); calls fail at
+        # 0.3, 1.6 (after 1 s), 3.9 (after 2 s): the lease is handed over then, and the
+        # next claim comes only after the pause it would have waited anyway (4 s).
+        await trio.sleep(4.0)
+        assert (embedder.calls, lease.released, lease.claims) == (3, [3.9], 3)
+        assert actor.holds_lease() is False and actor.working()  # rows still wait
+        await trio.sleep(3.7)  # 7.7: a poke claims nothing before the pause is over
+        send.send_nowait(EmbedPoke(reason="write"))
+        await trio.sleep(0.1)
+        assert (embedder.calls, lease.claims) == (3, 3)
+        await trio.sleep(0.2)  # 7.9: the claim (free again: this fake) and a new try
+        assert (lease.claims, embedder.calls) == (4, 4)
+        assert actor.last_error == "fake: down" and rows.stored == []
+
     embedder = Failing()
-
-    async def main() -> None:
-        send, receive = open_inbox()
-        actor = EmbedderActor(receive, embedder=embedder, feed=rows, lease=lease)
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(actor.run)
-            # Claims at 0, 1.3, 3.6 (a period passed, checked between tries); calls fail at
-            # 0.3, 1.6 (after 1 s), 3.9 (after 2 s): the lease is handed over then, and the
-            # next claim comes only after the pause it would have waited anyway (4 s).
-            await trio.sleep(4.0)
-            assert (embedder.calls, lease.released, lease.claims) == (3, [3.9], 3)
-            assert actor.holds_lease() is False and actor.working()  # rows still wait
-            await trio.sleep(3.7)  # 7.7: a poke claims nothing before the pause is over
-            send.send_nowait(EmbedPoke(reason="write"))
-            await trio.sleep(0.1)
-            assert (embedder.calls, lease.claims) == (3, 3)
-            await trio.sleep(0.2)  # 7.9: the claim (free again: this fake) and a new try
-            assert (lease.claims, embedder.calls) == (4, 4)
-            assert actor.last_error == "fake: down" and rows.stored == []
-            nursery.cancel_scope.cancel()
-
-    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    run_actor(rows, lease, scenario, embedder=embedder)
 
 
 class PerText(FakeEmbedder):
@@ -212,43 +225,28 @@ class TimedRows(Rows):
 
 
 def test_a_batch_that_times_out_is_tried_again_with_half_the_texts() -> None:
-    rows, embedder = TimedRows(20), PerText()
+    rows = TimedRows(20)
 
-    async def main() -> None:
-        send, receive = open_inbox()
-        actor = EmbedderActor(
-            receive, embedder=embedder, feed=rows, lease=ALWAYS_HELD, batch=16, timeout=10.0
-        )
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(actor.run)
-            send.send_nowait(EmbedPoke())
-            await trio.sleep(11.0)
-            assert actor.batch_now == 8  # 16 texts timed out at 10 s: slow, not failing
-            assert (actor.timeouts, actor.failures, actor.last_error) == (1, 0, None)
-            await trio.sleep(30.0)
-            # At once: 8 texts (10-18), 8 (18-26), the last 4 (26-30).
-            assert rows.batches == [(18.0, 8), (26.0, 8), (30.0, 4)]
-            assert (embedder.tried, embedder.calls, actor.failures) == (4, 3, 0)
-            assert actor.batch_now == 16  # the backlog is done: full batches again
-            nursery.cancel_scope.cancel()
+    async def scenario(actor: EmbedderActor[Rows], send: trio.MemorySendChannel[EmbedPoke]) -> None:
+        send.send_nowait(EmbedPoke())
+        await trio.sleep(11.0)
+        assert actor.batch_now == 8  # 16 texts timed out at 10 s: slow, not failing
+        assert (actor.timeouts, actor.failures, actor.last_error) == (1, 0, None)
+        await trio.sleep(30.0)
+        # At once: 8 texts (10-18), 8 (18-26), the last 4 (26-30).
+        assert rows.batches == [(18.0, 8), (26.0, 8), (30.0, 4)]
+        assert (embedder.tried, embedder.calls, actor.failures) == (4, 3, 0)
+        assert actor.batch_now == 16  # the backlog is done: full batches again
 
-    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    embedder = PerText()
+    run_actor(rows, ALWAYS_HELD, scenario, batch=16, embedder=embedder, timeout=10.0)
 
 
 def test_one_text_past_the_deadline_is_a_failure() -> None:
-    rows, embedder = TimedRows(1), PerText()
+    async def scenario(actor: EmbedderActor[Rows], send: trio.MemorySendChannel[EmbedPoke]) -> None:
+        send.send_nowait(EmbedPoke())
+        await trio.sleep(0.6)
+        assert (actor.timeouts, actor.failures) == (0, 1)
+        assert actor.last_error == "fake/bag-of-words: no answer within 0.5 s"
 
-    async def main() -> None:
-        send, receive = open_inbox()
-        actor = EmbedderActor(
-            receive, embedder=embedder, feed=rows, lease=ALWAYS_HELD, batch=16, timeout=0.5
-        )
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(actor.run)
-            send.send_nowait(EmbedPoke())
-            await trio.sleep(0.6)
-            assert (actor.timeouts, actor.failures) == (0, 1)
-            assert actor.last_error == "fake/bag-of-words: no answer within 0.5 s"
-            nursery.cancel_scope.cancel()
-
-    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    run_actor(TimedRows(1), ALWAYS_HELD, scenario, batch=16, embedder=PerText(), timeout=0.5)
