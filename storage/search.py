@@ -134,13 +134,7 @@ class TermStats:
         cached = self.cached(term_expr, total)
         if cached is not None:
             return cached
-        # Walks at most threshold + 1 entries of the doclist: no ranking, no IDF.
-        row = conn.execute(
-            f"SELECT count(*) FROM (SELECT rowid FROM {self.table} WHERE {self.table} MATCH ?"
-            " LIMIT ?)",
-            (term_expr, self.threshold(total) + 1),
-        ).fetchone()
-        count = int(row[0]) if row is not None else 0
+        count = self._count(conn, term_expr, self.threshold(total) + 1)
         self.remember(term_expr, count, total)
         return count
 
@@ -152,39 +146,53 @@ class TermStats:
         if cached is not None:
             return min(cached, cap)
         over = self._over.get(term_expr)
-        if over is not None and over[0] >= cap and abs(total - over[1]) * 4 <= over[1]:
+        if over is not None and over[0] >= cap and _still_holds(over[1], total):
             return cap
+        count = self._count(conn, term_expr, cap)
+        if count < cap:
+            self.remember(term_expr, count, total)
+        else:
+            _put(self._over, term_expr, (cap, total))
+        return count
+
+    def _count(self, conn: apsw.Connection, term_expr: str, cap: int) -> int:
+        """min(rows holding the term, `cap`): walks at most `cap` doclist entries, no
+        ranking, no IDF."""
         row = conn.execute(
             f"SELECT count(*) FROM (SELECT rowid FROM {self.table} WHERE {self.table} MATCH ?"
             " LIMIT ?)",
             (term_expr, cap),
         ).fetchone()
-        count = int(row[0]) if row is not None else 0
-        if count < cap:
-            self.remember(term_expr, count, total)
-        else:
-            if len(self._over) >= _TERM_CACHE_SIZE:
-                self._over.clear()
-            self._over[term_expr] = (cap, total)
-        return count
+        return int(row[0]) if row is not None else 0
 
     def cached(self, term: str, total: int) -> int | None:
         """The count remembered for `term`, unless the index has grown or shrunk by a
         quarter since (`total` indexed rows now)."""
         cached = self._docs.get(term)
-        if cached is not None and abs(total - cached[1]) * 4 <= cached[1]:
+        if cached is not None and _still_holds(cached[1], total):
             return cached[0]
         return None
 
     def remember(self, term: str, count: int, total: int) -> None:
         """`count`, found for `term` in an index of `total` rows."""
-        if len(self._docs) >= _TERM_CACHE_SIZE:
-            self._docs.clear()
-        self._docs[term] = (count, total)
+        _put(self._docs, term, (count, total))
 
     def is_common(self, conn: apsw.Connection, term_expr: str, total: int) -> bool:
         """Whether more than the threshold of the `total` indexed rows hold the term."""
         return self.docs(conn, term_expr, total) > self.threshold(total)
+
+
+def _still_holds(found_at: int, total: int) -> bool:
+    """Whether a count found when the index held `found_at` rows is still used at `total`:
+    until the index has grown or shrunk by a quarter (`TermStats`)."""
+    return abs(total - found_at) * 4 <= found_at
+
+
+def _put(cache: dict[str, tuple[int, int]], term: str, entry: tuple[int, int]) -> None:
+    """`cache[term] = entry`, the cache emptied first when full (`_TERM_CACHE_SIZE`)."""
+    if len(cache) >= _TERM_CACHE_SIZE:
+        cache.clear()
+    cache[term] = entry
 
 
 def indexed_rows(conn: apsw.Connection, table: str = "message_fts") -> int:
