@@ -157,6 +157,14 @@ def pg_pgvector_memory_dsn() -> Iterator[str]:
         yield dsn
 
 
+@pytest.fixture(name="dsn")
+def emptied_memory_dsn(pg_memory_dsn: str) -> str:
+    """`pg_memory_dsn`, every row of its store deleted first: each test starts empty
+    (a test module imports it with `pg_memory_dsn`; its tests ask for `dsn`)."""
+    empty_store(pg_memory_dsn)
+    return pg_memory_dsn
+
+
 def empty_store(dsn: str) -> None:
     """Delete every row of the store's tables (the schema, once made, stays)."""
     import psycopg

@@ -24,21 +24,15 @@ from activememory._cli import main
 from activememory._importers import Transcript
 from activememory._migrate import _every_record, _transcripts
 
-from pg_server import empty_store, pg_memory_dsn
+from pg_server import emptied_memory_dsn, empty_store, pg_memory_dsn
 
-__all__ = ["pg_memory_dsn"]
+__all__ = ["emptied_memory_dsn", "pg_memory_dsn"]
 pytestmark = pytest.mark.anyio
 
 
 @pytest.fixture
 def anyio_backend() -> str:
     return "trio"
-
-
-@pytest.fixture
-def dsn(pg_memory_dsn: str) -> str:
-    empty_store(pg_memory_dsn)
-    return pg_memory_dsn
 
 
 async def make_source(path: Path) -> None:

@@ -31,9 +31,9 @@ from activememory.storage.pg.db import PgSettings
 from activememory.storage.pg.lease import Leases
 from activememory.storage.pg.store import RECORDS_TENANT
 
-from pg_server import empty_store, pg_memory_dsn
+from pg_server import emptied_memory_dsn, pg_memory_dsn
 
-__all__ = ["pg_memory_dsn"]
+__all__ = ["emptied_memory_dsn", "pg_memory_dsn"]
 
 pytestmark = pytest.mark.anyio
 
@@ -46,12 +46,6 @@ WAIT = 60.0  # seconds: a generous bound on what must happen within a few period
 @pytest.fixture
 def anyio_backend() -> str:
     return "trio"
-
-
-@pytest.fixture
-def dsn(pg_memory_dsn: str) -> str:
-    empty_store(pg_memory_dsn)
-    return pg_memory_dsn
 
 
 @pytest.fixture

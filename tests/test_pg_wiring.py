@@ -22,9 +22,9 @@ from hypothesis import strategies as st
 
 import activememory as am
 
-from pg_server import empty_store, pg_memory_dsn, scratch_database
+from pg_server import emptied_memory_dsn, empty_store, pg_memory_dsn, scratch_database
 
-__all__ = ["pg_memory_dsn"]
+__all__ = ["emptied_memory_dsn", "pg_memory_dsn"]
 
 pytestmark = pytest.mark.anyio
 
@@ -42,12 +42,6 @@ def anyio_backend() -> str:
     """trio: the store runs on executor threads, the same under either loop (the suites
     that run on both stores use both loops; the sharing test below does too)."""
     return "trio"
-
-
-@pytest.fixture
-def dsn(pg_memory_dsn: str) -> str:
-    empty_store(pg_memory_dsn)
-    return pg_memory_dsn
 
 
 @pytest.mark.parametrize("anyio_backend", ["trio", "asyncio"])
