@@ -47,15 +47,18 @@ class StorageWriter(Protocol[C_contra, A]):
 class Call(Generic[C, A]):
     """One command in flight and the slot its acknowledgement is delivered to.
 
-    No event per call: callers wait on the writer's per-batch `committed` event and check
-    their slot, which keeps a 64-way batch to one event instead of 64.
+    Most callers share one event: they wait on the writer's per-batch `committed` event and
+    check their slot, which keeps a 64-way batch to one event instead of 64. A call queued
+    behind `max_batch` others gets an event of its own (`answered`): on the shared one it
+    would wake, and wait again, at every commit before its own.
     """
 
-    __slots__ = ("ack", "command")
+    __slots__ = ("ack", "answered", "command")
 
-    def __init__(self, command: C) -> None:
+    def __init__(self, command: C, answered: anyio.Event | None = None) -> None:
         self.command = command
         self.ack: A | None = None
+        self.answered = answered
 
 
 class GroupCommit(Generic[C, A]):
@@ -77,6 +80,7 @@ class GroupCommit(Generic[C, A]):
         self.max_batch = max_batch
         self.batches = 0
         self.commands = 0
+        self._queued = 0  # calls queued and not yet answered
         self._committed = anyio.Event()
         # Bounded: senders wait when the writer falls behind (backpressure).
         self._send, self._inbox = anyio.create_memory_object_stream[Call[C, A]](inbox_size)
@@ -91,7 +95,8 @@ class GroupCommit(Generic[C, A]):
         Cancellation: if cancelled while waiting for room in the inbox, nothing was queued;
         if cancelled after, the command may still commit.
         """
-        call: Call[C, A] = Call(command)
+        behind = self._queued >= self.max_batch
+        call: Call[C, A] = Call(command, anyio.Event() if behind else None)
         try:
             try:
                 self._send.send_nowait(call)  # the common case: no checkpoint before queuing
@@ -99,6 +104,9 @@ class GroupCommit(Generic[C, A]):
                 await self._send.send(call)
         except (anyio.ClosedResourceError, anyio.BrokenResourceError):
             raise MemoryClosedError("the memory is closed") from None
+        self._queued += 1
+        if call.answered is not None:
+            await call.answered.wait()
         while call.ack is None:
             await self._committed.wait()
         return call.ack
@@ -110,6 +118,9 @@ class GroupCommit(Generic[C, A]):
     def _acknowledge(self, batch: list[Call[C, A]], acks: list[A]) -> None:
         for call, ack in zip(batch, acks, strict=True):
             call.ack = ack
+            if call.answered is not None:
+                call.answered.set()
+        self._queued -= len(batch)
         committed, self._committed = self._committed, anyio.Event()
         committed.set()
 

@@ -11,6 +11,7 @@ import anyio.abc
 import anyio.lowlevel
 import apsw
 import pytest
+import trio.lowlevel
 
 import activememory as am
 from activememory.actors.group_commit import CLOSED, GroupCommit
@@ -142,9 +143,53 @@ async def test_the_group_commit_acks_each_call_after_its_batch(executor: str) ->
         await actor.submit(8)
 
 
-async def test_the_group_commit_rejects_what_it_never_applied(executor: str) -> None:
+class _Wakes:
+    """A trio instrument: how many times each task was scheduled to run."""
+
+    def __init__(self) -> None:
+        self.by_task: dict[object, int] = {}
+
+    def task_scheduled(self, task: object) -> None:
+        self.by_task[task] = self.by_task.get(task, 0) + 1
+
+
+@pytest.mark.parametrize("anyio_backend", ["trio"])
+async def test_a_caller_queued_behind_full_batches_wakes_only_for_its_own(executor: str) -> None:
+    # Queued behind `max_batch` others, a caller would wake (and wait again) at every
+    # commit before its own on the shared event: 50 calls in batches of 5 made the last
+    # one run 10 times and the whole loop quadratic in what is queued.
+    actor = _TenfoldWriter(_Tenfold(), make_executor(executor), max_batch=5)
+    wakes = _Wakes()
+    callers: dict[int, object] = {}
+    acks: dict[int, int] = {}
+
+    async def submit(n: int) -> None:
+        callers[n] = trio.lowlevel.current_task()
+        acks[n] = await actor.submit(n)
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(actor.run)
+            trio.lowlevel.add_instrument(wakes)
+            try:
+                async with anyio.create_task_group() as submitters:
+                    for n in range(50):
+                        submitters.start_soon(submit, n)
+            finally:
+                trio.lowlevel.remove_instrument(wakes)
+            await actor.close_inbox()
+    assert acks == {n: n * 10 for n in range(50)} and actor.batches >= 10
+    # started, woken once to take its ack (with a thread executor maybe once more, at
+    # the send's checkpoint): never once a commit
+    assert max(wakes.by_task[task] for task in callers.values()) <= 3
+
+
+@pytest.mark.parametrize("max_batch", [512, 2])  # 2: three calls wait on events of their own
+async def test_the_group_commit_rejects_what_it_never_applied(
+    executor: str, max_batch: int
+) -> None:
     writer = _Tenfold()
-    actor = _TenfoldWriter(writer, make_executor(executor))
+    actor = _TenfoldWriter(writer, make_executor(executor), max_batch=max_batch)
     acks: dict[int, int] = {}
 
     async def submit(n: int) -> None:
