@@ -20,6 +20,7 @@ import anyio
 import apsw
 
 from ..protocol.errors import MemoryClosedError
+from ..storage.checkpoints import Checkpointer
 from ..storage.executor import Executor, Job, WriterThread, dedicated
 
 INBOX_SIZE = 1024
@@ -81,6 +82,8 @@ class GroupCommit(Generic[C, A]):
         self.batches = 0
         self.commands = 0
         self._queued = 0  # calls queued and not yet answered
+        # While running on a writer thread: the thread that checkpoints the WAL.
+        self.checkpointer: Checkpointer | None = None
         self._committed = anyio.Event()
         # Bounded: senders wait when the writer falls behind (backpressure).
         self._send, self._inbox = anyio.create_memory_object_stream[Call[C, A]](inbox_size)
@@ -135,12 +138,10 @@ class GroupCommit(Generic[C, A]):
         """
         # The inbox closes first: between the last rejection of what it holds and its
         # close there must be no checkpoint, or a call sent then would never be answered.
-        async with (
-            dedicated(self.executor, f"activememory-{type(self).__name__}") as executor,
-            self._inbox,
-        ):
+        name = f"activememory-{type(self).__name__}"
+        async with dedicated(self.executor, name) as executor, self._inbox:
             if isinstance(executor, WriterThread):
-                await self._run_pipelined(executor)
+                await self._run_pipelined(executor, Checkpointer(f"{name}-checkpoints"))
             else:
                 await self._run_serial(executor)
 
@@ -181,9 +182,14 @@ class GroupCommit(Generic[C, A]):
         finally:
             self._reject_unapplied(batch)
 
-    async def _run_pipelined(self, thread: WriterThread) -> None:
+    async def _run_pipelined(self, thread: WriterThread, checkpointer: Checkpointer) -> None:
         # Up to PIPELINE_DEPTH batches posted to the thread, answered in `_landed` on the
         # loop's thread as each commits: the loop never waits on the thread to hand over.
+        # The WAL's checkpoint thread starts before the first batch and stops after the
+        # last, as jobs of the writer thread: posted, never awaited, so nothing here waits
+        # between the last rejection and the inbox's close (`run`).
+        self.checkpointer = checkpointer
+        thread.post(partial(checkpointer.start, self.writer.conn), _ignore)
         pipeline = _Pipeline[C, A]()
         batch: list[Call[C, A]] = []
         try:
@@ -207,6 +213,7 @@ class GroupCommit(Generic[C, A]):
                 while pipeline.flying:
                     await pipeline.landed.wait()
             self._reject_unapplied(batch + pipeline.unapplied)
+            thread.post(partial(checkpointer.stop, self.writer.conn), _ignore)
         if pipeline.failure is not None:
             raise pipeline.failure
 
@@ -247,6 +254,10 @@ class GroupCommit(Generic[C, A]):
                 break
         unapplied = [call for call in batch if call.ack is None]
         self._acknowledge(unapplied, [self.rejected(CLOSED)] * len(unapplied))
+
+
+def _ignore(job: Job[None]) -> None:
+    """The answer to a job nobody waits for (its function never raises)."""
 
 
 class _NotApplied(Exception):

@@ -351,7 +351,12 @@ async def test_closing_the_memory_leaves_no_writer_thread(tmp_path: Path) -> Non
     async with am.open_memory(tmp_path / "state", executor="thread", config=config) as mem:
         await mem.sessions.append("agent:main:main", am.Message(role="user", content="hi"))
         await mem.records.add("a record", user_id="u1")
-        assert sorted(_writer_threads()) == ["activememory-Indexer", "activememory-RecordKeeper"]
+        assert sorted(_writer_threads()) == [
+            "activememory-Indexer",
+            "activememory-Indexer-checkpoints",  # storage/checkpoints.py
+            "activememory-RecordKeeper",
+            "activememory-RecordKeeper-checkpoints",
+        ]
     assert _writer_threads() == []
 
 
