@@ -99,6 +99,7 @@ import trio
 import activememory as am
 from activememory.embed import SHIPPED_MODELS
 from activememory.storage.fts_query import index_row, index_tokens
+from activememory.storage.memstatus import MEMSTATUS_ENV
 from activememory.storage.transcripts import agent_db_path
 
 from .adversaries import Grounded, HangForever, IgnoresCancellation, LateAnswer, Raises
@@ -927,7 +928,11 @@ def drive(
     next_kill = begin + rng.uniform(kill_low, kill_high) if args.faults else float("inf")
     busy: Process | None = None
     workers = [Worker(index) for index in range(args.workers)]
-    env = None if storage is None else {**os.environ, STORAGE_ENV: storage}
+    # The workers keep SQLite's memory statistics (off by default, storage/memstatus.py):
+    # the soak reports SQLite's own heap beside the resident size, to tell a leak's home.
+    env = {**os.environ, MEMSTATUS_ENV: "on"}
+    if storage is not None:
+        env[STORAGE_ENV] = storage
 
     def launch(worker: Worker) -> None:
         """Start the worker's next run."""

@@ -15,6 +15,7 @@ import apsw.bestpractice
 
 from ..protocol.errors import InvalidInputError, StorageError
 from .fts_query import RANK, TOKENIZE
+from .memstatus import sqlite_memory_statistics
 
 # Each entry migrates from version i to i + 1; `PRAGMA user_version` holds the version.
 Migration = Callable[[apsw.Connection], None]
@@ -401,6 +402,7 @@ def open_connection(
     the schema checked, never migrated; a database that does not exist reads as an empty
     one (a migrated in-memory database), and nothing is created on disk.
     """
+    sqlite_memory_statistics()
     try:
         if readonly and not path.exists():
             conn = apsw.Connection(":memory:")

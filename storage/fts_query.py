@@ -38,6 +38,7 @@ from ..protocol.content import check_nonblank
 from ..protocol.search import MATCH_MODES as MATCH_MODES
 from ..protocol.search import MAX_QUERY_CHARS
 from ..protocol.search import MatchMode as MatchMode
+from .memstatus import sqlite_memory_statistics
 
 # One constant for the schema, the query side and the tests' index probe.
 TOKENIZER_ARGS = ("unicode61", "remove_diacritics", "2")
@@ -222,13 +223,22 @@ class _Tokenizers(threading.local):
     (apsw.fts5 has no connection-free one)."""
 
     def __init__(self) -> None:
+        sqlite_memory_statistics()  # before this process's first connection of ours
         self.conn = apsw.Connection(":memory:")
         self.unicode61 = self.conn.fts5_tokenizer(TOKENIZER_ARGS[0], list(TOKENIZER_ARGS[1:]))
         name, *args = TOKENIZE.split()
         self.index = self.conn.fts5_tokenizer(name, args)  # Porter stems, as the index holds
 
 
-_tokenizers = _Tokenizers()
+_tokenizers: _Tokenizers | None = None
+
+
+def _thread_tokenizers() -> _Tokenizers:
+    # Made at first use, not at import: an import opens no connection (storage/memstatus.py).
+    global _tokenizers
+    if _tokenizers is None:
+        _tokenizers = _Tokenizers()
+    return _tokenizers
 
 
 def tokens(
@@ -245,7 +255,7 @@ def index_tokens(
     data: bytes, reason: int = apsw.FTS5_TOKENIZE_DOCUMENT
 ) -> Iterator[tuple[int, int, str]]:
     """(start byte, end byte, stem) for each token of `data` as the index (`TOKENIZE`) has it."""
-    return tokens(_tokenizers.index, data, reason)
+    return tokens(_thread_tokenizers().index, data, reason)
 
 
 def check_query(query: object) -> str:
@@ -259,7 +269,7 @@ def query_terms(query: str) -> list[str]:
 
     CJK runs come back as separate terms; duplicates are dropped.
     """
-    found = tokens(_tokenizers.unicode61, query.encode("utf-8"), apsw.FTS5_TOKENIZE_QUERY)
+    found = tokens(_thread_tokenizers().unicode61, query.encode("utf-8"), apsw.FTS5_TOKENIZE_QUERY)
     terms: list[str] = []
     seen: set[str] = set()
     for _start, _end, token in found:
