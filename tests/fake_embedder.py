@@ -43,6 +43,7 @@ class FakeEmbedder:
         self.hang = False
         self.calls = 0
         self.texts: list[str] = []
+        self.sizes: list[int] = []  # texts per call, hanging ones included
         self.started = anyio.Event()  # set at the first call (even a hanging one)
 
     @property
@@ -55,6 +56,7 @@ class FakeEmbedder:
 
     async def embed(self, texts: Sequence[str], *, deadline: float | None = None) -> numpy.ndarray:
         self.calls += 1
+        self.sizes.append(len(texts))
         self.started.set()
         if self.hang:
             await anyio.sleep_forever()
