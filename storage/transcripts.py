@@ -623,9 +623,13 @@ class TranscriptWriter:
             return Rejected(reason="not_found", message=f"session_key: no session {key!r}")
         if state.revision != cmd.revision or not state.dirty:
             return Reindexed(stale=True)
+        last = min(state.leaf_depth, cmd.after_depth + cmd.max_rows)
         if cmd.after_depth == 0:
             self._drop_index_rows(state)
-        last = min(state.leaf_depth, cmd.after_depth + cmd.max_rows)
+        elif self._indexed_between(state.id, cmd.after_depth, last):
+            # A chunk that continues no rebuild (the reconciler always starts at 0, which
+            # drops the rows): its rows are indexed already, and FTS5 would take them twice.
+            return Reindexed(stale=True)
         rows = self._index_branch(state.id, cmd.after_depth, last)
         if rows:
             state.indexed_seq = _PARTIAL
@@ -663,6 +667,16 @@ class TranscriptWriter:
             row = self.conn.execute(_TEXT_AT_OR_ABOVE, (state.id, state.leaf_depth)).fetchone()
             state.last_text = None if row is None else str(row[0])
         return cast(str | None, state.last_text)
+
+    def _indexed_between(self, session_id: int, after_depth: int, last_depth: int) -> bool:
+        """Whether an active-branch message at depths (after_depth, last_depth] has an index
+        row (FTS5's `_docsize` holds one per indexed rowid)."""
+        row = self.conn.execute(
+            "SELECT 1 FROM active_branch a JOIN message_fts_docsize d ON d.id = a.event_id"
+            " WHERE a.session_id = ? AND a.depth > ? AND a.depth <= ? LIMIT 1",
+            (session_id, after_depth, last_depth),
+        ).fetchone()
+        return row is not None
 
     def _index_branch(self, session_id: int, after_depth: int, last_depth: int) -> int:
         """Index the active-branch messages at depths (after_depth, last_depth]."""

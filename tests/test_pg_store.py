@@ -359,6 +359,28 @@ def run_both(
             stores.close()
 
 
+def test_a_chunk_that_continues_no_rebuild_is_stale_on_both_stores(pair: Any) -> None:
+    # Found by the differential test above: a chunk past depth 0 that no chunk at 0 began
+    # (the reconciler never sends one) met rows still indexed. PostgreSQL rejected the whole
+    # batch (duplicate key) and its per-command retry then drew the next event id; SQLite's
+    # FTS5 took the same rowid twice. Both now answer it stale, indexing nothing.
+    group, alice = "agent:main:group:g", KEYS[0]
+    entries = tuple(
+        am.ImportEntry(
+            id=str(i + 1), parent_id=None if i == 0 else str(i), timestamp=float(i),
+            message=am.Message(role="user", content=text),
+        )
+        for i, text in enumerate(["aisle", "aisle aisle"])
+    )  # fmt: skip
+    batches = [
+        [("import", group, (entries, None, False), False)],
+        [("rebuild", None), ("mark_dirty", group)],
+        [("append", alice, "user", "aisle"), ("reindex", group, 1, 1, True)],
+    ]
+    searches = [("aisle", "phrase", "all", alice, None)]
+    run_both(pair, batches, searches)
+
+
 def test_appends_to_several_sessions_in_one_batch_index_each_ones_previous_text(
     pair: Any,
 ) -> None:

@@ -875,9 +875,13 @@ class PgTranscriptWriter:
             return Rejected(reason="not_found", message=f"session_key: no session {key!r}")
         if state.revision != cmd.revision or not state.dirty:
             return Reindexed(stale=True)
+        last = min(state.leaf_depth, cmd.after_depth + cmd.max_rows)
         if cmd.after_depth == 0:
             self._drop_index_rows(state)
-        last = min(state.leaf_depth, cmd.after_depth + cmd.max_rows)
+        elif self._indexed_between(state, cmd.after_depth, last):
+            # A chunk that continues no rebuild (the reconciler always starts at 0, which
+            # drops the rows): its rows are indexed already (as on SQLite, storage/transcripts.py).
+            return Reindexed(stale=True)
         rows = self._index_branch(state, cmd.after_depth, last)
         self._touched[key] = state
         if rows:
@@ -906,6 +910,17 @@ class PgTranscriptWriter:
             ).fetchone()
             state.last_text = None if row is None else _text(row[0])
         return cast(str | None, state.last_text)
+
+    def _indexed_between(self, state: _SessionState, after_depth: int, last_depth: int) -> bool:
+        """Whether an active-branch message at depths (after_depth, last_depth] has an
+        index row."""
+        row = self.conn.execute(
+            f"SELECT 1 FROM {_S}.active_branch a JOIN {_S}.message_index m"
+            " ON m.agent = a.agent AND m.event_id = a.event_id"
+            " WHERE a.agent = %s AND a.session_id = %s AND a.depth > %s AND a.depth <= %s LIMIT 1",
+            (self.agent, state.id, after_depth, last_depth),
+        ).fetchone()
+        return row is not None
 
     def _index_branch(self, state: _SessionState, after_depth: int, last_depth: int) -> int:
         """Index the active-branch messages at depths (after_depth, last_depth]."""
