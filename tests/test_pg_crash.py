@@ -21,6 +21,7 @@ import os
 import random
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -456,13 +457,30 @@ def test_the_checks_see_a_broken_tree_and_index(pg_dsn: str) -> None:
 PG_BIN = Path(os.environ.get("ACTIVEMEMORY_TEST_PG_BIN", "/usr/lib/postgresql/15/bin"))
 
 
+def _listenable_port() -> int:
+    """A port nothing listens on, below the kernel's ephemeral range: an outgoing connection
+    (another test's, to the shared server) never takes it, not even between the cluster's
+    stop and start. (55000 + pid once met such a connection: "could not bind".)"""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    candidates = list(range(20000, max(20001, min(low, 32768))))
+    random.Random(os.getpid()).shuffle(candidates)
+    for port in candidates[:200]:
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port below the ephemeral range for a private cluster")
+
+
 class PrivateCluster:
     """A throw-away cluster in a temporary directory on its own port, which a test may stop
     and start (the shared server stays up for the other test files)."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        self.port = 55000 + os.getpid() % 5000
+        self.port = _listenable_port()
         self.dsn = f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
         # initdb refuses to run as root: then the cluster is the postgres user's
         self._as = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
