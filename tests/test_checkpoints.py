@@ -45,7 +45,9 @@ async def test_a_writer_thread_leaves_checkpoints_to_its_checkpoint_thread(
 ) -> None:
     monkeypatch.setattr(checkpoints, "PAGES", 16)
     state = tmp_path / "state"
-    async with am.open_memory(state, executor="thread") as mem:
+    # Text only: the embedder's reads would hold snapshots that keep the WAL from restarting.
+    config = {"agents": {"defaults": {"memorySearch": {"provider": "none"}}}}
+    async with am.open_memory(state, executor="thread", config=config) as mem:
         await mem.sessions.append("agent:main:direct:u0", _message(0))  # the writer is running
         indexer = (await mem._supervisor.agent("main")).writer()
         checkpointer = indexer.checkpointer
@@ -104,7 +106,11 @@ def test_the_writer_checkpoints_itself_when_the_thread_falls_behind(
     configure(writer)
     checkpointer = Checkpointer("test-checkpoints")
     checkpointer.start(writer)
-    checkpointer._stopping = True  # the thread ends at its next signal; the hook stays
+    # The thread is gone (as if it had died), its connection closed; the hook stays.
+    checkpointer._stopping = True
+    checkpointer._due.set()
+    assert checkpointer._thread is not None
+    checkpointer._thread.join()
     writer.execute("CREATE TABLE t(x)")
     for _ in range(200):
         with writer:
