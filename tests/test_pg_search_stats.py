@@ -5,7 +5,7 @@ one past the common threshold, and the queries run are those of exact counts.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import psycopg
@@ -240,42 +240,55 @@ def test_the_inlined_bm25_is_the_stored_function(
     assert inlined == stored
 
 
-def test_term_counts_are_remembered_until_the_index_grows_by_a_quarter(
-    indexed: tuple[psycopg.Connection[Any], str, list[str]], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from activememory.storage import search as sqlite_search
-    from activememory.storage.search import TermStats
+CappedFrequencies = Callable[..., list[int]]
 
-    conn, agent, _ = indexed
+
+def _count_calls(
+    monkeypatch: pytest.MonkeyPatch, *, common_fraction: float
+) -> tuple[list[tuple[int | None, list[int]]], CappedFrequencies]:
+    """A rank budget of 2 rows and `common_fraction`; every later `capped_frequencies`
+    call recorded as (its cap, the counts it found). Also returns the function unspied."""
+    from activememory.storage import search as sqlite_search
+
     monkeypatch.setattr(sqlite_search, "RANK_BUDGET", 2)
     monkeypatch.setattr(pg_search, "RANK_BUDGET_DIVISOR", 1)
-    monkeypatch.setattr(sqlite_search, "COMMON_FRACTION", 0.0)  # the cap: 3 rows
-    counted: list[int] = []
+    monkeypatch.setattr(sqlite_search, "COMMON_FRACTION", common_fraction)
+    calls: list[tuple[int | None, list[int]]] = []
     capped = pg_search.capped_frequencies
 
     def counting(*args: Any, **kwargs: Any) -> list[int]:
         found = capped(*args, **kwargs)
-        counted.append(len(found))
+        calls.append((args[3], found))
         return found
 
     monkeypatch.setattr(pg_search, "capped_frequencies", counting)
+    return calls, capped
+
+
+def test_term_counts_are_remembered_until_the_index_grows_by_a_quarter(
+    indexed: tuple[psycopg.Connection[Any], str, list[str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from activememory.storage.search import TermStats
+
+    conn, agent, _ = indexed
+    calls, _capped = _count_calls(monkeypatch, common_fraction=0.0)  # the cap: 3 rows
     stats = TermStats()
     plan = plan_match("zeta x1")
     found = None if plan is None else pg_query(plan)
     assert found is not None and found.has_phrase
     total = 40
     first = pg_search.cached_frequencies(conn, agent, found, total, stats)
-    assert counted == [2] and first[0] == 0  # the phrase's is never counted here
+    assert [len(counts) for _, counts in calls] == [2] and first[0] == 0  # the phrase's: never
     # A count that reached the cap reads as more rows than the index holds: it stays
     # common whatever the threshold becomes while it is remembered.
     exact = pg_search.capped_frequencies(conn, agent, found, 1000)
     assert first[1:] == [n if n < 3 else total + 1 for n in exact[1:]]
     assert total + 1 in first  # the fixture's texts hold "zeta" or "x1" more than 3 times
-    counted.clear()
+    calls.clear()
     again = pg_search.cached_frequencies(conn, agent, found, total + 10, stats)
-    assert again == first and counted == []  # within a quarter: nothing counted
+    assert again == first and calls == []  # within a quarter: nothing counted
     pg_search.cached_frequencies(conn, agent, found, total * 2, stats)
-    assert counted == [2]  # grown by more than a quarter: counted again
+    assert [len(counts) for _, counts in calls] == [2]  # grown by over a quarter: counted again
 
 
 def test_postgresql_ranks_a_smaller_budget_of_rows_than_sqlite() -> None:
@@ -479,21 +492,10 @@ def test_reading_the_whole_agent_a_term_within_the_budget_stops_the_others_count
 ) -> None:
     # While one term is within the rank budget, no term over it is ranked or the rarest:
     # the others are counted to the budget + 1 only (501 rows a term at 1M, not 5,001).
-    from activememory.storage import search as sqlite_search
     from activememory.storage.search import TermStats
 
     conn, agent, _ = indexed
-    monkeypatch.setattr(sqlite_search, "RANK_BUDGET", 2)
-    monkeypatch.setattr(pg_search, "RANK_BUDGET_DIVISOR", 1)
-    monkeypatch.setattr(sqlite_search, "COMMON_FRACTION", 0.5)  # 40 rows: the cap is 21
-    caps: list[int | None] = []
-    capped = pg_search.capped_frequencies
-
-    def counting(*args: Any, **kwargs: Any) -> list[int]:
-        caps.append(args[3])
-        return capped(*args, **kwargs)
-
-    monkeypatch.setattr(pg_search, "capped_frequencies", counting)
+    calls, capped = _count_calls(monkeypatch, common_fraction=0.5)  # 40 rows: the cap is 21
     total = 40
     for query, bounded, expected_caps in [
         ("aisle kite", True, [3]),  # "kite" is in no row
@@ -504,9 +506,9 @@ def test_reading_the_whole_agent_a_term_within_the_budget_stops_the_others_count
         found = None if plan is None else pg_query(plan)
         assert found is not None
         exact = capped(conn, agent, found, 1000)[found.has_phrase :]
-        caps.clear()
+        calls.clear()
         df = pg_search.cached_frequencies(conn, agent, found, total, TermStats(), False, bounded)
-        assert caps == expected_caps, query
+        assert [cap for cap, _ in calls] == expected_caps, query
         if expected_caps == [3]:
             assert df[found.has_phrase :] == [n if n <= 2 else 3 for n in exact]
         else:
