@@ -22,6 +22,8 @@ import threading
 
 import apsw
 
+from .db import describe
+
 # SQLite's default autocheckpoint threshold, in WAL pages.
 PAGES = 1000
 # The writer checkpoints inline once the WAL holds this many times `PAGES`.
@@ -58,12 +60,11 @@ class Checkpointer:
                 return
             if writer.pragma("journal_mode") != "wal":
                 return
-            self.pages = PAGES
             # A checkpoint syncs by its own connection's setting: the writer's durability.
             self.synchronous = int(writer.pragma("synchronous"))
             writer.set_wal_hook(self._committed)
         except apsw.Error as exc:
-            self.last_error = f"{type(exc).__name__}: {exc}"
+            self.last_error = describe(exc)
             return
         self._thread = threading.Thread(
             target=self._serve,
@@ -106,7 +107,7 @@ class Checkpointer:
             conn = apsw.Connection(path, flags=apsw.SQLITE_OPEN_READWRITE)
             conn.pragma("synchronous", synchronous)
         except apsw.Error as exc:  # the writer steps in at BEHIND x PAGES
-            self.last_error = f"{type(exc).__name__}: {exc}"
+            self.last_error = describe(exc)
             return
         try:
             while True:
@@ -123,6 +124,6 @@ class Checkpointer:
                 except apsw.BusyError:
                     pass  # another checkpoint is running; the next commit signals again
                 except apsw.Error as exc:  # the writer steps in at BEHIND x PAGES
-                    self.last_error = f"{type(exc).__name__}: {exc}"
+                    self.last_error = describe(exc)
         finally:
             conn.close()

@@ -27,6 +27,7 @@ above messages holding the same words scattered. English function words ("the", 
 
 from __future__ import annotations
 
+import functools
 import re
 import threading
 from collections.abc import Iterator, Sequence
@@ -230,15 +231,10 @@ class _Tokenizers(threading.local):
         self.index = self.conn.fts5_tokenizer(name, args)  # Porter stems, as the index holds
 
 
-_tokenizers: _Tokenizers | None = None
-
-
+@functools.cache
 def _thread_tokenizers() -> _Tokenizers:
     # Made at first use, not at import: an import opens no connection (storage/memstatus.py).
-    global _tokenizers
-    if _tokenizers is None:
-        _tokenizers = _Tokenizers()
-    return _tokenizers
+    return _Tokenizers()
 
 
 def tokens(
