@@ -5,8 +5,8 @@ already waiting (up to `max_batch`), apply the whole batch in one transaction th
 storage writer, then acknowledge each call. An ack is only ever sent after the commit that
 holds its command. `actors/indexer.py` and `actors/records.py` are its two writers.
 
-With the thread executor the batches run on a writer thread of the loop's own
-(`storage/executor.WriterThread`) and two are in flight: the thread applies the next batch
+With the thread executor the batches run on the writer connection's thread
+(`storage/executor.ThreadExecutor`) and two are in flight: the thread applies the next batch
 while the loop answers the callers of the last one and collects their next commands.
 """
 
@@ -21,7 +21,7 @@ import apsw
 
 from ..protocol.errors import MemoryClosedError
 from ..storage.checkpoints import Checkpointer
-from ..storage.executor import Executor, Job, WriterThread, dedicated
+from ..storage.executor import Executor, Job, ThreadExecutor, dedicated
 
 INBOX_SIZE = 1024
 MAX_BATCH = 512
@@ -140,7 +140,7 @@ class GroupCommit(Generic[C, A]):
         # close there must be no checkpoint, or a call sent then would never be answered.
         name = f"activememory-{type(self).__name__}"
         async with dedicated(self.executor, name) as executor, self._inbox:
-            if isinstance(executor, WriterThread):
+            if isinstance(executor, ThreadExecutor):
                 await self._run_pipelined(executor, Checkpointer(f"{name}-checkpoints"))
             else:
                 await self._run_serial(executor)
@@ -182,7 +182,7 @@ class GroupCommit(Generic[C, A]):
         finally:
             self._reject_unapplied(batch)
 
-    async def _run_pipelined(self, thread: WriterThread, checkpointer: Checkpointer) -> None:
+    async def _run_pipelined(self, thread: ThreadExecutor, checkpointer: Checkpointer) -> None:
         # Up to PIPELINE_DEPTH batches posted to the thread, answered in `_landed` on the
         # loop's thread as each commits: the loop never waits on the thread to hand over.
         # The WAL's checkpoint thread starts before the first batch and stops after the

@@ -53,7 +53,7 @@ from ..storage.db import (
     readonly_error,
     translate_errors,
 )
-from ..storage.executor import Executor, ExecutorKind, make_executor
+from ..storage.executor import Executor, ExecutorKind, end_threads, make_executor, run_once
 from ..storage.records import (
     RECORDS_DB,
     RecordReader,
@@ -193,6 +193,12 @@ class Database(Generic[R, C, A]):
             await pooled.executor.run(pooled.reader.conn.close)
         if self.lock is not None:
             self.lock.release()
+        await end_threads(self.executors())
+
+    def executors(self) -> list[Executor]:
+        """Every executor of this database (each connection's thread), for `close`."""
+        own = [] if self.actor is None else [self.actor.executor]
+        return own + [pooled.executor for pooled in self.readers]
 
 
 @dataclass(kw_only=True)
@@ -231,6 +237,10 @@ class VectorDatabase(Database[R, C, A]):
         for pooled in self.readers:  # the shared vector index goes now, not when collected
             detach(pooled.reader.conn)
         await super().close()
+
+    def executors(self) -> list[Executor]:
+        own = self.embedder_read_executor
+        return super().executors() + ([] if own is None else [own])
 
     def poke_embedder(self, reason: Literal["start", "write"]) -> None:
         """Tell the embedder actor vectors may be missing; never blocks (one slot)."""
@@ -341,6 +351,9 @@ class PgAgentStore(AgentStore):
         """The first read executor (for reads of files, not of the store)."""
         return self.slots[0].executor
 
+    def executors(self) -> list[Executor]:
+        return super().executors() + [slot.executor for slot in self.slots]
+
     async def read(self, fn: Callable[[TranscriptReader], T]) -> T:
         """Run `fn` with a reader of this agent on the least busy executor; a pool
         connection for its length; errors become `StorageError` (the server's answer).
@@ -422,6 +435,9 @@ class PgRecordsDatabase(RecordsDatabase):
     def read_executor(self) -> Executor:
         """The first read executor (for reads of files, not of the store)."""
         return self.slots[0].executor
+
+    def executors(self) -> list[Executor]:
+        return super().executors() + [slot.executor for slot in self.slots]
 
     async def read(self, fn: Callable[[RecordReader], T]) -> T:
         """Run `fn` with a records reader on the least busy executor; a pool connection
@@ -572,7 +588,7 @@ class Supervisor:
         embedder_reader: RecordReader | None = None
         embedder_executor: Executor | None = None
         if actor is not None and self.embedder is not None:  # before any task starts
-            embedder_executor = make_executor(self.executor_kind)
+            embedder_executor = make_executor(self.executor_kind, "embedder-reader")
             try:
                 conn = await embedder_executor.run(
                     lambda: open_records_connection(path, writer=False)
@@ -632,7 +648,7 @@ class Supervisor:
         from ..storage.pg import lease
 
         if self._lease_executor is None:
-            self._lease_executor = make_executor(self.executor_kind)
+            self._lease_executor = make_executor(self.executor_kind, "leases")
         return ServerLease(
             leases=pg.leases,
             key=lease.lease_key("embedder", tenant),
@@ -649,7 +665,7 @@ class Supervisor:
 
         actor = None
         if not self.readonly:
-            write_executor = make_executor(self.executor_kind)
+            write_executor = make_executor(self.executor_kind, "writer")
             writer = await write_executor.run(pg.record_writer)
             actor = RecordKeeper(
                 cast(StorageWriter[RecordCommand, RecordAck], writer),
@@ -666,12 +682,13 @@ class Supervisor:
             # `READERS`, not SQLite's one reader (kept to one for its page cache): here the
             # pool holds the connections, so concurrent recalls' searches read side by side.
             slots=tuple(
-                ReadSlot(executor=make_executor(self.executor_kind)) for _ in range(READERS)
+                ReadSlot(executor=make_executor(self.executor_kind, "reader"))
+                for _ in range(READERS)
             ),
         )
         if actor is not None:
             self._tg.start_soon(records.run_writer, name="records-keeper")
-        own = (ReadSlot(executor=make_executor(self.executor_kind)),)
+        own = (ReadSlot(executor=make_executor(self.executor_kind, "embedder-reader")),)
         feed = RecordFeed(
             submit=records.submit,
             read=lambda fn: _on_least_busy(own, partial(pg.read_records, cast(Any, fn))),
@@ -695,7 +712,7 @@ class Supervisor:
         writer's. Read-only: the readers alone (docs/design.md §1.6), no writer and no lock."""
         if self.readonly:
             return None, await self._open_readers(path, connect, readers, readonly=True), None
-        write_executor = make_executor(self.executor_kind)
+        write_executor = make_executor(self.executor_kind, "writer")
         lock = WriterLock(path)
 
         def open_writer() -> StorageWriter[C, A]:
@@ -728,7 +745,7 @@ class Supervisor:
         readers: list[tuple[apsw.Connection, Executor]] = []
         try:
             for _ in range(count):
-                executor = make_executor(self.executor_kind)
+                executor = make_executor(self.executor_kind, "reader")
                 if readonly:
                     conn = await executor.run(lambda: connect(path, writer=False, readonly=True))
                 else:
@@ -748,7 +765,7 @@ class Supervisor:
         only; an agent with no database reads as empty and is not listed). On PostgreSQL:
         the agents with a session in the store, and those open here."""
         if self.pg is not None:
-            stored = await make_executor(self.executor_kind).run(self.pg.agents)
+            stored = await run_once(self.executor_kind, self.pg.agents)
             return sorted(set(stored) | set(self._agents))
         if self.readonly:
             return agents_on_disk(self.state_dir)
@@ -790,7 +807,7 @@ class Supervisor:
         embedder_reader: TranscriptReader | None = None
         embedder_executor: Executor | None = None
         if self.embedder is not None:  # before any task starts: a failure leaves nothing
-            embedder_executor = make_executor(self.executor_kind)
+            embedder_executor = make_executor(self.executor_kind, "embedder-reader")
             try:
                 conn = await embedder_executor.run(lambda: open_connection(path, writer=False))
             except BaseException:
@@ -828,7 +845,9 @@ class Supervisor:
         "Several processes"), reconciler and, with an embedder, embedder actor (it embeds
         while this process holds the agent's lease: §11 "One embedder per agent").
         Read-only: its reads alone (docs/design.md §11 "Read-only")."""
-        slots = tuple(ReadSlot(executor=make_executor(self.executor_kind)) for _ in range(READERS))
+        slots = tuple(
+            ReadSlot(executor=make_executor(self.executor_kind, "reader")) for _ in range(READERS)
+        )
         if self.readonly:
             store = PgAgentStore(
                 agent=agent,
@@ -844,7 +863,7 @@ class Supervisor:
             )
             store.embedder_stopped.set()
             return store
-        write_executor = make_executor(self.executor_kind)
+        write_executor = make_executor(self.executor_kind, "writer")
         writer = await write_executor.run(lambda: pg.writer(agent))
         actor = Indexer(
             cast(StorageWriter[IndexerCommand, IndexerAck], writer),
@@ -870,7 +889,7 @@ class Supervisor:
         self._tg.start_soon(self._run_reconciler, store, name=f"reconciler:{agent}")
         # The embedder actor's scans read on an executor of their own, as on SQLite, so
         # they never queue a recall's read behind them.
-        own = (ReadSlot(executor=make_executor(self.executor_kind)),)
+        own = (ReadSlot(executor=make_executor(self.executor_kind, "embedder-reader")),)
         feed = AgentFeed(
             agent=agent,
             submit=self._submit_for(agent),
@@ -980,7 +999,7 @@ async def open_supervisor(
     if pg is not None:  # first: a server that cannot be used leaves no state directory
         from ..storage.pg.store import PgStore
 
-        store = await make_executor(executor).run(lambda: PgStore.open(pg))
+        store = await run_once(executor, lambda: PgStore.open(pg))
     try:
         if not readonly:
             ensure_state_dir(state_dir)
@@ -999,7 +1018,7 @@ async def open_supervisor(
     finally:
         if store is not None:
             with anyio.CancelScope(shield=True):
-                await make_executor(executor).run(store.close)
+                await run_once(executor, store.close)
 
 
 @contextlib.asynccontextmanager

@@ -194,7 +194,8 @@ class MemoryCore:
         agent = store.agent
         if agent in self.watchers:
             return
-        executor = make_executor(self._supervisor.executor_kind)  # never a reader's: no queue
+        # Never a reader's: a listing never queues in front of a search.
+        executor = make_executor(self._supervisor.executor_kind, "notes")
 
         async def listing() -> tuple[tuple[str, int, int, int], ...]:
             root = self._current().workspace(agent)
