@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import apsw
 import psycopg
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -17,7 +18,7 @@ from activememory.protocol.content import Message
 from activememory.protocol.indexer import AppendMessage
 from activememory.protocol.records import AddRecord, Record, SearchScope
 from activememory.protocol.session_key import parse_session_key
-from activememory.storage.fts_query import plan_match
+from activememory.storage.fts_query import RANK, TOKENIZE, index_row, plan_match
 from activememory.storage.pg import db as pg_db
 from activememory.storage.pg import search as pg_search
 from activememory.storage.pg.records import PgRecordReader, PgRecordWriter
@@ -198,46 +199,69 @@ def test_records_search_statements_are_never_prepared(pg_dsn: str) -> None:
 TEXT_WORDS = ["aisle", "seats", "seat", "running", "東京", "x1", "zeta", "café", "naïve"]
 
 
+# Other rows of the index beside the one scored, so that N, the document frequencies and
+# the average length vary with it.
+OTHER_ROWS = [("aisle seats 東京", None), ("running café", "aisle"), ("zeta x1 naïve seat", "x1")]
+
+
 @settings(
     max_examples=60,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(
-    text=st.lists(st.sampled_from(TEXT_WORDS), min_size=0, max_size=12).map(" ".join),
+    text=st.lists(st.sampled_from(TEXT_WORDS), min_size=1, max_size=12).map(" ".join),
     previous=st.one_of(st.none(), st.lists(st.sampled_from(TEXT_WORDS), max_size=6).map(" ".join)),
-    query=queries,
+    query=st.lists(st.sampled_from(TEXT_WORDS), min_size=1, max_size=4).map(" ".join),
     match=st.sampled_from(["phrase", "prefix"]),
-    idf=st.floats(1e-6, 12.0),
-    avgdl=st.floats(0.5, 60.0),
 )
-def test_the_inlined_bm25_is_the_stored_function(
+def test_the_bm25_of_a_row_is_fts5s(
     indexed: tuple[psycopg.Connection[Any], str, list[str]],
     text: str,
     previous: str | None,
     query: str,
     match: Any,
-    idf: float,
-    avgdl: float,
 ) -> None:
+    """PostgreSQL's BM25 of a message (`bm25_sql`) is FTS5's `bm25(1.0, 1.0, 0.4)` of the
+    same row among the same rows: a term counted in each column by its weight, a phrase
+    (a CJK word's bigrams, the whole query) once per place it occurs."""
     conn, _, _ = indexed
     plan = plan_match(query, match)
     found = None if plan is None else pg_query(plan)
-    if found is None:
+    if plan is None or found is None:
         return
-    terms = index_terms(text, previous)
-    params = pg_search._bm25_params(found, 100, avgdl, [0] * len(found.parts))
-    params["idf"] = [idf / (i + 1) for i in range(len(found.parts))]
-    params |= {"terms": terms.terms, "tokens": terms.tokens}
-    stored, inlined = conn.execute(
-        f"SELECT {pg_db.SCHEMA}.bm25(i.terms, i.tokens, %(lexemes)s::text[],"
-        " %(prefixes)s::boolean[], %(phrases)s::text[]::tsquery[], %(idf)s::float8[],"
-        f" %(avgdl)s), {pg_search.bm25_sql('i')}"
+    rows = [(text, previous), *OTHER_ROWS]
+    fts = apsw.Connection(":memory:")
+    fts.execute(f"CREATE VIRTUAL TABLE t USING fts5(words, grams, context, tokenize='{TOKENIZE}')")
+    for rowid, (body, before) in enumerate(rows, 1):
+        fts.execute("INSERT INTO t(rowid, words, grams, context) VALUES (?, ?, ?, ?)",
+                    index_row(rowid, body, before))  # fmt: skip
+    expected = fts.execute(
+        f"SELECT -{RANK.replace('bm25(', 'bm25(t, ')} FROM t WHERE t MATCH ? AND rowid = 1",
+        (plan.expression(),),
+    ).fetchall()
+    terms = [index_terms(body, before) for body, before in rows]
+    frequencies = [
+        sum(
+            bool(conn.execute("SELECT %s::tsvector @@ %s::tsquery", (row.terms, part.tsquery))
+                 .fetchone()[0])  # type: ignore[index]
+            for row in terms
+        )
+        for part in found.parts
+    ]  # fmt: skip
+    avgdl = sum(row.tokens for row in terms) / len(rows)
+    params = pg_search._bm25_params(found, len(rows), avgdl, frequencies)
+    params |= {"terms": terms[0].terms, "tokens": terms[0].tokens}
+    (score,) = conn.execute(
+        f"SELECT {pg_search.bm25_sql('i')}"
         " FROM (SELECT %(terms)s::tsvector AS terms, %(tokens)s::integer AS tokens) i",
         params,
         prepare=False,
-    ).fetchone() or (None, None)
-    assert inlined == stored
+    ).fetchone() or (None,)
+    if not expected:  # the row does not match: nothing on either side
+        assert score == 0
+        return
+    assert score == pytest.approx(expected[0][0], rel=1e-9)
 
 
 CappedFrequencies = Callable[..., list[int]]

@@ -126,29 +126,6 @@ CREATE TABLE {SCHEMA}.session_switches(
     trace text NOT NULL DEFAULT 'off' CHECK (trace IN ('off', 'on', 'raw')),
     PRIMARY KEY (agent, key)
 );
--- FTS5's bm25 (k1 1.2, b 0.75) over one message's term frequencies: a term's frequency is
--- its A positions plus 0.4 x its B positions (the context column's weight on SQLite); a
--- phrase counts once, 1 in the message itself, 0.4 in the context only.
-CREATE FUNCTION {SCHEMA}.bm25(
-    terms tsvector, tokens integer, lexemes text[], prefixes boolean[], phrases tsquery[],
-    idf double precision[], avgdl double precision
-) RETURNS double precision LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-    SELECT coalesce(sum(q.idf * f.f * 2.2 / (f.f + 1.2 * (0.25 + 0.75 * tokens / avgdl))), 0)
-    FROM unnest(lexemes, prefixes, phrases, idf) AS q(lexeme, prefix, phrase, idf)
-    CROSS JOIN LATERAL (
-        SELECT CASE
-            WHEN q.phrase IS NOT NULL THEN
-                CASE WHEN ts_filter(terms, '{{a}}') @@ q.phrase THEN 1.0
-                     WHEN terms @@ q.phrase THEN 0.4 ELSE 0.0 END
-            ELSE coalesce((
-                SELECT sum(cardinality(array_positions(u.weights, 'A'))
-                           + 0.4 * cardinality(array_positions(u.weights, 'B')))
-                FROM unnest(terms) u
-                WHERE u.lexeme = q.lexeme OR (q.prefix AND starts_with(u.lexeme, q.lexeme))
-            ), 0.0)
-        END AS f
-    ) f
-$$;
 """
 
 
@@ -307,6 +284,16 @@ def _gin_pending_ddl() -> str:
     )
 
 
+def _drop_bm25_function_ddl() -> str:
+    """A store made before kept BM25 also as an SQL function, which no query called (the
+    searches write it into the query: storage/pg/search.py `bm25_sql`, the one definition)
+    and which counted a phrase once per message, unlike FTS5."""
+    return (
+        f"DROP FUNCTION IF EXISTS {SCHEMA}.bm25(tsvector, integer, text[], boolean[],"
+        " tsquery[], double precision[], double precision);\n"
+    )
+
+
 # The schema's steps (SQL text, each run once, in order, in one transaction): a store at
 # version v lacks STEPS[v:]. A new table or index is a new step at the end.
 # Row security comes after the tables it covers.
@@ -318,6 +305,7 @@ STEPS: tuple[Callable[[], str], ...] = (
     _record_vectors_ddl,
     _pgvector_ddl,
     _gin_pending_ddl,
+    _drop_bm25_function_ddl,
 )
 SCHEMA_VERSION = len(STEPS)
 

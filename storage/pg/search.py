@@ -99,15 +99,19 @@ _MATCH = (
 
 
 def bm25_sql(row: str) -> str:
-    """BM25 of the index row aliased `row` (its `terms` and `tokens`) for the bound query
-    parts (`_bm25_params`): the body of `activememory.bm25` (storage/pg/db.py) written into
-    the query itself, where PostgreSQL plans it once as a subquery instead of calling an
-    SQL function that cannot be inlined once per row: the same value, ~3 x cheaper a row
-    (docs/design.md §11 "Latency"). `OFFSET 0` keeps a part's frequency `f` one value: a
-    subquery the planner may pull up is written out wherever `f` is read (twice), and each
-    copy unnested the row's terms again. Unnesting builds two arrays per lexeme, so the
-    row's terms are first cut to the query's lexemes (`%(only)s`: its lexemes, or NULL
-    when a prefix part must see them all): every other lexeme deleted (`ts_delete`)."""
+    """FTS5's BM25 (k1 1.2, b 0.75, IDF floored at 1e-6) of the index row aliased `row`
+    (its `terms` and `tokens`) for the bound query parts (`_bm25_params`), written into the
+    query itself, where PostgreSQL plans it once as a subquery (an SQL function that cannot
+    be inlined costs ~3 x as much a row; docs/design.md §11 "Latency").
+
+    A part's frequency is FTS5's: a lexeme's A positions (the message's words and bigrams)
+    plus 0.4 x its B positions (the context column); a phrase's places, each 1 or 0.4 by
+    the column of its first word (no phrase spans two columns: terms.py). `OFFSET 0` keeps
+    a part's frequency `f` one value: a subquery the planner may pull up is written out
+    wherever `f` is read (twice), and each copy unnested the row's terms again. Unnesting
+    builds two arrays per lexeme, so the row's terms are first cut to the query's lexemes
+    (`%(only)s`: its lexemes, or NULL when a prefix part must see them all): every other
+    lexeme deleted (`ts_delete`)."""
     return (
         "(SELECT coalesce(sum(q.idf * f.f * 2.2 / (f.f + 1.2 * (0.25 + 0.75 *"
         f" {row}.tokens / %(avgdl)s::float8))), 0)"
@@ -115,15 +119,30 @@ def bm25_sql(row: str) -> str:
         f" ELSE ts_delete({row}.terms, tsvector_to_array(ts_delete({row}.terms,"
         " %(only)s::text[]))) END AS terms OFFSET 0) k"
         " CROSS JOIN unnest(%(lexemes)s::text[], %(prefixes)s::boolean[],"
-        " %(phrases)s::text[]::tsquery[], %(idf)s::float8[]) AS q(lexeme, prefix, phrase, idf)"
+        " %(phrases)s::text[]::tsquery[], %(words)s::text[], %(idf)s::float8[])"
+        " AS q(lexeme, prefix, phrase, words, idf)"
         " CROSS JOIN LATERAL (SELECT CASE WHEN q.phrase IS NOT NULL THEN"
-        f" CASE WHEN ts_filter({row}.terms, '{{a}}') @@ q.phrase THEN 1.0"
-        f" WHEN {row}.terms @@ q.phrase THEN 0.4 ELSE 0.0 END"
+        f" CASE WHEN {row}.terms @@ q.phrase THEN {_PHRASE_PLACES} ELSE 0.0 END"
         " ELSE coalesce((SELECT sum(cardinality(array_positions(u.weights, 'A'))"
         " + 0.4 * cardinality(array_positions(u.weights, 'B')))"
         " FROM unnest(k.terms) u WHERE u.lexeme = q.lexeme"
         " OR (q.prefix AND starts_with(u.lexeme, q.lexeme))), 0.0) END AS f OFFSET 0) f)"
     )
+
+
+# The places of phrase `q` (its lexemes space-separated in `q.words`, the last a prefix
+# when `q.prefix`) in the cut terms `k`: every position of its first word at which each
+# later word stands as many positions on, weighted by the first word's column.
+_PHRASE_PLACES = (
+    "(SELECT coalesce(sum(CASE WHEN s.weight = 'A' THEN 1.0 ELSE 0.4 END), 0.0)"
+    " FROM (SELECT string_to_array(q.words, ' ') AS w) p"
+    " CROSS JOIN unnest(k.terms) h CROSS JOIN LATERAL unnest(h.positions, h.weights)"
+    " AS s(at, weight)"
+    " WHERE h.lexeme = p.w[1] AND NOT EXISTS (SELECT 1"
+    " FROM generate_series(2, cardinality(p.w)) j WHERE NOT EXISTS (SELECT 1"
+    " FROM unnest(k.terms) t WHERE s.at + j - 1 = ANY(t.positions) AND (t.lexeme = p.w[j]"
+    " OR (q.prefix AND j = cardinality(p.w) AND starts_with(t.lexeme, p.w[j]))))))"
+)
 
 
 _BM25 = "-" + bm25_sql("i")
@@ -425,12 +444,15 @@ def _idf(total: int, frequency: int) -> float:
 
 def _bm25_params(query: PgQuery, total: int, avgdl: float, df: list[int]) -> dict[str, Any]:
     prefixed = any(part.prefix for part in query.parts)
-    only = None if prefixed else [part.lexeme for part in query.parts if part.lexeme is not None]
+    only = None
+    if not prefixed:
+        only = [lexeme for part in query.parts for lexeme in (part.lexeme, *part.words) if lexeme]
     return {
         "only": only,
         "lexemes": [part.lexeme for part in query.parts],
         "prefixes": [part.prefix for part in query.parts],
         "phrases": [part.phrase for part in query.parts],
+        "words": [" ".join(part.words) if part.words else None for part in query.parts],
         "idf": [_idf(total, n) for n in df],
         "avgdl": max(avgdl, 1e-9),
     }

@@ -107,11 +107,13 @@ def _fit(positions: dict[str, list[str]]) -> dict[str, list[str]]:
 
 class QueryPhrase(NamedTuple):
     """One OR-ed part of a query, as BM25 scores it: a lexeme (maybe a prefix), or a
-    phrase of several (`phrase`, a tsquery) that counts once per message."""
+    phrase of several (`phrase`, a tsquery; `words`, its lexemes in order) that counts once
+    per place it occurs, as FTS5 counts a phrase."""
 
     lexeme: str | None
     prefix: bool
     phrase: str | None
+    words: tuple[str, ...] = ()
 
     @property
     def tsquery(self) -> str:
@@ -145,7 +147,7 @@ def _part(lexemes: list[str], *, prefix: bool) -> QueryPhrase | None:
     quoted = [quote(lexeme) for lexeme in lexemes]
     if prefix:
         quoted[-1] += ":*"
-    return QueryPhrase(None, prefix, " <-> ".join(quoted))
+    return QueryPhrase(None, prefix, " <-> ".join(quoted), tuple(lexemes))
 
 
 def pg_query(plan: MatchPlan, keep: Iterable[bool] | None = None) -> PgQuery | None:
