@@ -9,6 +9,7 @@ import msgspec
 
 from .protocol.config import PLUGIN_ID, SLOT_TOOLS, Config
 from .protocol.session_key import parse_session_key
+from .storage.checkpoints import BEHIND, Checkpointer
 from .storage.footprint import DiskUsage, resident_bytes
 
 if TYPE_CHECKING:
@@ -119,6 +120,11 @@ async def diagnose(memory: Memory) -> DoctorReport:
         add(f"index:{stats.agent}", level, detail, fix)
         store = await memory._supervisor.agent(stats.agent)
         add(f"disk:{stats.agent}", "ok", _disk_detail(await store.read(_disk_usage)))
+        if store.actor is not None and store.actor.checkpointer is not None:
+            add(f"wal:{stats.agent}", *_wal_check(store.actor.checkpointer))
+    stored = await memory._supervisor.stored_records()
+    if stored is not None and stored.actor is not None and stored.actor.checkpointer is not None:
+        add("wal:records", *_wal_check(stored.actor.checkpointer))
     records = await memory._supervisor.records_with_vectors()
     if records is not None and records.embedder is not None:  # docs/design.md §5.7
         pending, error = await records.vector_lag()
@@ -152,6 +158,33 @@ async def diagnose(memory: Memory) -> DoctorReport:
     fix = "fix the recall model or tool that ignores cancellation; restart to free its tasks"
     add("recall-pool", "warn" if abandoned else "ok", detail, fix)
     return DoctorReport(checks=tuple(checks))
+
+
+def _wal_check(checkpointer: Checkpointer) -> tuple[Level, str, str]:
+    """A writer's WAL checkpoints (docs/design.md §1.3): the thread's counters; a warning
+    when it failed or has ended while its writer runs (the writer then checkpoints alone,
+    at `BEHIND` x `PAGES` frames, so the WAL stays bounded)."""
+    c = checkpointer
+    if not c.started:  # not an SQLite WAL writer, or hooking it failed
+        detail = "SQLite's own autocheckpoint (no checkpoint thread)"
+        if c.last_error is not None:
+            return "warn", f"{detail}: {c.last_error}", _WAL_FIX
+        return "ok", detail, _WAL_FIX
+    detail = (
+        f"{c.checkpoints} checkpoints on their thread, {c.inline} by the writer itself,"
+        f" longest WAL {c.longest} pages (the writer steps in at {BEHIND * c.pages})"
+    )
+    if c.last_error is not None:
+        return "warn", f"{detail}; last error: {c.last_error}", _WAL_FIX
+    if c.running and not c.alive:
+        return "warn", f"{detail}; the checkpoint thread has ended", _WAL_FIX
+    return "ok", detail, _WAL_FIX
+
+
+_WAL_FIX = (
+    "check the disk and the permissions of the database's folder; the writer checkpoints"
+    " alone meanwhile, so the WAL stays bounded"
+)
 
 
 def _disk_usage(reader: TranscriptReads) -> DiskUsage | None:

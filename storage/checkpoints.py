@@ -52,6 +52,18 @@ class Checkpointer:
     def running(self) -> bool:
         return self._thread is not None
 
+    @property
+    def started(self) -> bool:
+        """Whether `start` hooked a writer (an SQLite WAL database): the counters mean
+        something."""
+        return self.synchronous is not None
+
+    @property
+    def alive(self) -> bool:
+        """Whether the thread is checkpointing now (False once it ended: stopped, or its
+        connection failed, when the writer checkpoints alone at `BEHIND` x `PAGES`)."""
+        return self._thread is not None and self._thread.is_alive()
+
     def start(self, writer: object) -> None:
         """Hook `writer`'s commits and start the thread; nothing for a connection that is not
         SQLite's or keeps no WAL (in memory, another journal mode)."""

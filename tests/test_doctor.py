@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import anyio
@@ -89,3 +90,43 @@ async def test_doctor_states_the_disk_and_memory_cost(tmp_path: Path) -> None:
     assert checks["memory"].detail.endswith(
         " MB, 1 agent databases open, of it the in-memory vector index 0.0 MB"
     )
+
+
+@pytest.mark.anyio
+async def test_doctor_shows_the_wal_checkpoints(tmp_path: Path) -> None:
+    """A thread executor's writers checkpoint their WAL on a thread (docs/design.md §1.3):
+    doctor counts them; a thread that has ended while its writer runs is a warning."""
+    config = {"agents": {"defaults": {"memorySearch": {"provider": "none"}}}}
+    async with am.open_memory(tmp_path / "s", config=config, executor="thread") as mem:
+        # ~6 MB of messages: the WAL passes 1,000 pages (4 MB) at least once.
+        for n in range(60):
+            text = f"message {n} " + "word " * 20_000
+            await mem.sessions.append("agent:main:main", am.Message(role="user", content=text))
+        await mem.records.add("a record", user_id="u1")
+        checks = {c.name: c for c in (await mem.doctor()).checks}
+        wal = checks["wal:main"]
+        assert wal.level == "ok" and wal.fix is None
+        found = re.match(r"(\d+) checkpoints on their thread, (\d+) by the writer", wal.detail)
+        assert found is not None and int(found[1]) + int(found[2]) >= 1
+        assert wal.detail.endswith(" pages (the writer steps in at 4000)")
+        assert checks["wal:records"].level == "ok"
+        # The thread ends as if its connection had failed; the writer goes on alone.
+        checkpointer = (await mem._supervisor.agent("main")).actor.checkpointer
+        assert checkpointer is not None and checkpointer.alive
+        checkpointer._stopping = True
+        checkpointer._due.set()
+        with anyio.fail_after(10):
+            while checkpointer.alive:  # noqa: ASYNC110 - a thread's state, no event to await
+                await anyio.sleep(0.01)
+        wal = {c.name: c for c in (await mem.doctor()).checks}["wal:main"]
+        assert wal.level == "warn" and wal.detail.endswith("; the checkpoint thread has ended")
+        assert wal.fix is not None and "permissions" in wal.fix
+
+
+@pytest.mark.anyio
+async def test_doctor_says_when_sqlite_checkpoints_itself(tmp_path: Path) -> None:
+    config = {"agents": {"defaults": {"memorySearch": {"provider": "none"}}}}
+    async with am.open_memory(tmp_path / "s", config=config, executor="inline") as mem:
+        await mem.sessions.append("agent:main:main", am.Message(role="user", content="hi"))
+        checks = {c.name: c for c in (await mem.doctor()).checks}
+    assert "wal:main" not in checks  # the inline executor keeps SQLite's autocheckpoint
