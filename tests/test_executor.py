@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextvars
 import threading
 import time
+from collections.abc import Callable
 
 import anyio
 import anyio.lowlevel
@@ -21,6 +22,16 @@ TIMEOUT_S = 10
 async def _let_tasks_start() -> None:
     for _ in range(10):
         await anyio.lowlevel.checkpoint()
+
+
+def _held(gate: threading.Event, ran: list[str], label: str) -> Callable[[], None]:
+    """A call that waits on the thread until `gate` is set, then records `label`."""
+
+    def call() -> None:
+        gate.wait(TIMEOUT_S)
+        ran.append(label)
+
+    return call
 
 
 def _wait_until(condition: object, timeout: float = TIMEOUT_S) -> bool:
@@ -46,7 +57,7 @@ async def test_the_next_queued_call_starts_without_the_event_loop() -> None:
 
     with anyio.fail_after(TIMEOUT_S):
         async with anyio.create_task_group() as tg:
-            tg.start_soon(executor.run, lambda: (gate.wait(TIMEOUT_S), ran.append("first")))
+            tg.start_soon(executor.run, _held(gate, ran, "first"))
             await _let_tasks_start()
             tg.start_soon(executor.run, second)
             await _let_tasks_start()
@@ -107,7 +118,7 @@ async def test_calls_queued_after_a_close_are_served() -> None:
     ran: list[str] = []
     with anyio.fail_after(TIMEOUT_S):
         async with anyio.create_task_group() as tg:
-            tg.start_soon(executor.run, lambda: (gate.wait(TIMEOUT_S), ran.append("before")))
+            tg.start_soon(executor.run, _held(gate, ran, "before"))
             await _let_tasks_start()
             tg.start_soon(executor.aclose)
             await _let_tasks_start()
@@ -126,7 +137,7 @@ async def test_a_cancelled_caller_of_a_queued_call_drops_it() -> None:
     ran: list[str] = []
     with anyio.fail_after(TIMEOUT_S):
         async with anyio.create_task_group() as tg:
-            tg.start_soon(executor.run, lambda: (gate.wait(TIMEOUT_S), ran.append("first")))
+            tg.start_soon(executor.run, _held(gate, ran, "first"))
             await _let_tasks_start()
             with anyio.move_on_after(0.01):
                 await executor.run(lambda: ran.append("dropped"))
