@@ -8,7 +8,7 @@ ever counts visible rows. Dirty sessions are hidden: their index rows may be sta
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple, TypeAlias, TypeVar, cast
 
@@ -448,7 +448,7 @@ def search_scope(
         ranked = rerank(pooled)[:keep]
         details = {
             row[0]: row
-            for row in conn.execute(_DETAILS, (json.dumps([rowid for rowid, _ in ranked]),))
+            for row in conn.execute(_DETAILS, (_json_ints(rowid for rowid, _ in ranked),))
         }
     candidates = []
     for rowid, score in ranked:
@@ -457,6 +457,11 @@ def search_scope(
             Candidate(rowid, score, int(session_id), str(key), float(ts), str(role), str(text))
         )
     return ScopePage(candidates, visible_dirty, any_dirty)
+
+
+def _json_ints(values: Iterable[int]) -> str:
+    """A JSON array of integers (`json_each` reads it), without the JSON encoder's cost."""
+    return "[" + ",".join(map(str, values)) + "]"
 
 
 def rerank(pooled: list[tuple[int, float, int, int]]) -> list[tuple[int, float]]:
@@ -470,14 +475,16 @@ def rerank(pooled: list[tuple[int, float, int, int]]) -> list[tuple[int, float]]
     per_session: dict[int, float] = {}
     for _, rank, sid, _ in pooled:
         per_session[sid] = per_session.get(sid, 0.0) - rank
+    near = own.get
     scored = []
     for rowid, rank, sid, depth in pooled:
         base = -rank
-        around = own.get((sid, depth - 1), 0.0) + own.get((sid, depth + 1), 0.0)
-        score = base + NEIGHBOUR * around + SESSION * (per_session[sid] - base)
-        scored.append((rowid, score))
-    scored.sort(key=lambda item: (-item[1], -item[0]))
-    return scored
+        around = near((sid, depth - 1), 0.0) + near((sid, depth + 1), 0.0)
+        scored.append((base + NEIGHBOUR * around + SESSION * (per_session[sid] - base), rowid))
+    # Best score first, then the highest rowid: tuples compare in C (a key function costs a
+    # Python call per row, and this runs on a reader thread holding the GIL).
+    scored.sort(reverse=True)
+    return [(rowid, score) for score, rowid in scored]
 
 
 # The privacy boundary of cross-conversation recall, as SQL: only the same agent's other
