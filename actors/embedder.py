@@ -318,6 +318,11 @@ class EmbedderActor(PokedActor, Generic[F]):
         self.busy = False
         # Not the holder, and a row this process knows of may still lack its vector.
         self.awaiting_holder = False
+        # Awake for the periodic claim of the lease alone (no poke), no missing row found.
+        self._checking = False
+        # A poke was sent and not yet received (handed to the waiting actor, which has not
+        # run since): `poke_sent`.
+        self._poke_sent = False
         self._backoff = FIRST_BACKOFF  # the next pause after a failure; kept across leases
         self.last_error: str | None = None
         # Counters for tests and benchmarks.
@@ -339,8 +344,20 @@ class EmbedderActor(PokedActor, Generic[F]):
         """Busy or with a poke queued: vectors may be missing for what was acknowledged
         (memory_search says so as `vectorsPending`, docs/design.md §2.3). A field read, never
         a query: cheap enough for the recall path. Without the lease: until the holder has
-        embedded what this process knows is missing (`_watch_holder`)."""
-        return not self.idle() or self.awaiting_holder
+        embedded what this process knows is missing (`_watch_holder`). Not while the actor
+        is awake only for its periodic claim of the lease and has found no row missing
+        (`_checking`): that is every period on PostgreSQL, and memory_search's flag
+        flickered with it."""
+        if self.awaiting_holder or self._poke_sent or self.inbox.statistics().current_buffer_used:
+            return True
+        if self._checking or (not self.busy and anyio.current_time() >= self._next_claim):
+            return False  # awake, or waking up, for the claim alone
+        return not self.idle()
+
+    def poke_sent(self) -> None:
+        """Called by whoever has just poked the actor (`VectorDatabase.poke_embedder`): until
+        the actor receives the poke, `working` is true even if it was idle or checking."""
+        self._poke_sent = True
 
     def holds_lease(self) -> bool | None:
         """Whether this process held the lease at its last claim (for stats and doctor);
@@ -353,12 +370,16 @@ class EmbedderActor(PokedActor, Generic[F]):
         async with self.inbox:
             while True:
                 poked = False
+                # `_checking` keeps the last round's value into the wait (receiving starts
+                # with a checkpoint, when the actor is neither busy nor waiting yet).
                 with anyio.move_on_after(self._next_claim - anyio.current_time()):
                     try:
                         await self.inbox.receive()
                         poked = True
+                        self._poke_sent = False  # from here the actor is not idle
                     except anyio.EndOfStream:
                         return
+                self._checking = not poked
                 due = anyio.current_time() >= self._next_claim
                 if not await self._holds_lease():
                     # Another process embeds: its own claims find the rows.
@@ -454,6 +475,7 @@ class EmbedderActor(PokedActor, Generic[F]):
         batch = await self.feed.pending(name, self.batch_now)
         if not batch.rows:
             return 0, 0
+        self._checking = False  # rows lack their vectors: work, whatever woke the actor
         texts = [t for _, t in batch.rows]
         digests = [text_digest(t) for t in texts]
         vectors = await self.feed.cached(name, digests)

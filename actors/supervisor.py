@@ -250,6 +250,8 @@ class VectorDatabase(Database[R, C, A]):
                 anyio.WouldBlock, anyio.ClosedResourceError, anyio.BrokenResourceError
             ):
                 self.embed_pokes.send_nowait(EmbedPoke(reason=reason))
+                if self.embedder is not None:
+                    self.embedder.poke_sent()
 
     def vectors_pending(self) -> bool:
         """Whether the embedder actor is at work or has work queued (docs/design.md §2.3):

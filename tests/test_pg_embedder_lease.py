@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import psycopg
 import pytest
 
@@ -228,6 +229,38 @@ async def check_of(mem: am.Memory, name: str) -> str:
 async def say(mem: am.Memory, *texts: str) -> None:
     for text in texts:
         await mem.sessions.append("agent:main:direct:bob", am.Message(role="user", content=text))
+
+
+async def test_a_holders_periodic_claim_is_not_vectors_pending(
+    tmp_path: Path, dsn: str, short_period: None
+) -> None:
+    """Once every vector is stored, the holder's claim of the lease each period (and its
+    look for rows other processes wrote, which finds none) is not "vectors pending":
+    memory_search's `vectorsPending` must not flicker every period."""
+    from fake_embedder import FakeEmbedder
+
+    async with am.open_memory(
+        tmp_path / "s", storage=dsn, embedder=FakeEmbedder(), config=TEXT_ONLY
+    ) as mem:
+        await say(mem, "hello 0", "hello 1")
+        with anyio.fail_after(WAIT):
+            assert await mem.sessions.vectors_ready()
+        store = await mem._supervisor.agent("main")
+        actor = store.embedder
+        assert actor is not None and actor.holds_lease()
+        claims, seen_pending = 0, 0
+        last = actor.lease_held, actor._next_claim
+        with anyio.move_on_after(12 * PERIOD):
+            while True:  # sampled as memory_search reads it, at every turn of the loop
+                seen_pending += store.vectors_pending()
+                claims += (actor.lease_held, actor._next_claim) != last
+                last = actor.lease_held, actor._next_claim
+                await anyio.lowlevel.checkpoint()
+        assert claims >= 5  # the periods did pass, each with its claim
+        assert seen_pending == 0
+        # A write is still pending until its vector is stored.
+        await say(mem, "hello 2")
+        assert store.vectors_pending()
 
 
 async def test_without_the_lease_a_memory_counts_what_waits_and_takes_the_lease_when_free(
