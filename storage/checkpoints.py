@@ -73,16 +73,24 @@ class Checkpointer:
             if writer.pragma("journal_mode") != "wal":
                 return
             # A checkpoint syncs by its own connection's setting: the writer's durability.
-            self.synchronous = int(writer.pragma("synchronous"))
+            synchronous = int(writer.pragma("synchronous"))
+            # Opened here, on the writer's thread before its first batch: setting a pragma
+            # reads the schema, and a read marks the WAL index (the -shm) — done later on
+            # the thread, that touched the files of a store that had gone quiet.
+            conn = apsw.Connection(writer.filename, flags=apsw.SQLITE_OPEN_READWRITE)
+        except apsw.Error as exc:  # no hook installed: SQLite's own autocheckpoint stays
+            self.last_error = describe(exc)
+            return
+        try:
+            conn.pragma("synchronous", synchronous)
             writer.set_wal_hook(self._committed)
         except apsw.Error as exc:
             self.last_error = describe(exc)
+            conn.close()
             return
+        self.synchronous = synchronous
         self._thread = threading.Thread(
-            target=self._serve,
-            args=(writer.filename, self.synchronous),
-            name=self.name,
-            daemon=True,
+            target=self._serve, args=(conn,), name=self.name, daemon=True
         )
         self._thread.start()
 
@@ -114,13 +122,7 @@ class Checkpointer:
             self._due.set()
         return apsw.SQLITE_OK
 
-    def _serve(self, path: str, synchronous: int) -> None:
-        try:
-            conn = apsw.Connection(path, flags=apsw.SQLITE_OPEN_READWRITE)
-            conn.pragma("synchronous", synchronous)
-        except apsw.Error as exc:  # the writer steps in at BEHIND x PAGES
-            self.last_error = describe(exc)
-            return
+    def _serve(self, conn: apsw.Connection) -> None:
         try:
             while True:
                 self._due.wait()

@@ -131,3 +131,28 @@ def test_no_checkpoint_thread_for_a_database_without_a_wal(tmp_path: Path) -> No
         assert not checkpointer.running and checkpointer.last_error is None
         checkpointer.stop(conn)
     assert _threads() == []
+
+
+def test_the_checkpoint_connection_is_open_before_the_first_commit(tmp_path: Path) -> None:
+    """`start` opens (and configures) the thread's connection before it returns, on the
+    writer's thread: configuring it reads the schema, which marks the WAL index (-shm).
+    Done later by the thread, it touched the files of a store that had gone quiet (a read-only
+    CLI beside a bot saw the bot's -shm change under it)."""
+    path = tmp_path / "db.sqlite"
+    writer = apsw.Connection(str(path))
+    configure(writer)
+    writer.execute("CREATE TABLE t(x)")
+    writer.execute("INSERT INTO t VALUES (1)")
+    shm = Path(f"{path}-shm")
+    checkpointer = Checkpointer("test-checkpoints")
+    open_before = len(apsw.connections())
+    checkpointer.start(writer)
+    try:
+        assert len(apsw.connections()) == open_before + 1  # the thread's, already open
+        assert checkpointer.alive and checkpointer.last_error is None
+        marked = shm.read_bytes()
+        threading.Event().wait(0.2)  # the thread waits for a commit; nothing reads
+        assert shm.read_bytes() == marked
+    finally:
+        checkpointer.stop(writer)
+        writer.close()
