@@ -626,14 +626,17 @@ class TranscriptWriter:
         last = min(state.leaf_depth, cmd.after_depth + cmd.max_rows)
         if cmd.after_depth == 0:
             self._drop_index_rows(state)
-        elif self._indexed_between(state.id, cmd.after_depth, last):
-            # A chunk that continues no rebuild (the reconciler always starts at 0, which
-            # drops the rows): its rows are indexed already, and FTS5 would take them twice.
+            state.indexed_seq = _PARTIAL  # a rebuild under way: later chunks continue it
+            self._touched[key] = state
+        elif state.indexed_seq != _PARTIAL or self._indexed_between(
+            state.id, cmd.after_depth, last
+        ):
+            # A chunk that continues no rebuild: the reconciler always starts at 0, which
+            # drops the rows and marks the rebuild under way; else stale rows of a rewound
+            # branch would stay indexed in a session called clean, or its rows are indexed
+            # already and FTS5 would take them twice.
             return Reindexed(stale=True)
         rows = self._index_branch(state.id, cmd.after_depth, last)
-        if rows:
-            state.indexed_seq = _PARTIAL
-            self._touched[key] = state
         if last < state.leaf_depth:
             return Reindexed(rows=rows, next_depth=last)
         # Published in the chunk's own transaction: nothing can slip in between.

@@ -170,7 +170,8 @@ def unshared_digests(conn: apsw.Connection, ids: str) -> list[bytes]:
     message or note chunk has.
 
     Only remaining texts of a length some erased text has are hashed (SQL filters by
-    length first), so this is one scan in C and little hashing.
+    length first), so this is one scan in C and little hashing. The length is in bytes
+    (`octet_length`): SQLite's `length` stops at a NUL, which a message's text may hold.
     """
     erased = conn.execute(
         "SELECT text FROM events WHERE session_id IN (SELECT value FROM json_each(?))"
@@ -180,11 +181,12 @@ def unshared_digests(conn: apsw.Connection, ids: str) -> list[bytes]:
     if not erased:
         return []
     texts = {str(t) for (t,) in erased}
-    lengths = json.dumps(sorted({len(t) for t in texts}))
+    lengths = json.dumps(sorted({len(t.encode("utf-8", "surrogatepass")) for t in texts}))
     kept = conn.execute(
         "SELECT text FROM events WHERE session_id NOT IN (SELECT value FROM json_each(?1))"
-        " AND text IS NOT NULL AND length(text) IN (SELECT value FROM json_each(?2))"
-        " UNION SELECT text FROM note_chunks WHERE length(text) IN (SELECT value FROM json_each(?2))",
+        " AND text IS NOT NULL AND octet_length(text) IN (SELECT value FROM json_each(?2))"
+        " UNION SELECT text FROM note_chunks"
+        " WHERE octet_length(text) IN (SELECT value FROM json_each(?2))",
         (ids, lengths),
     ).fetchall()
     shared = texts & {str(t) for (t,) in kept}

@@ -109,7 +109,7 @@ NOTE = SyncNotes(
 
 
 @settings(
-    max_examples=15,
+    max_examples=400,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
@@ -136,6 +136,16 @@ def test_an_erase_removes_the_same_rows_as_on_sqlite(
             pg_plan = pg_userdata.plan_erasure(
                 stores.pg_reader.conn, stores.agent, identity, agent="main"
             )
+            if pg_plan.erasure != lite_plan.erasure:
+                print(
+                    "FAILING2",
+                    batches,
+                    switches,
+                    identity,
+                    pg_plan.erasure,
+                    lite_plan.erasure,
+                    flush=True,
+                )
             assert pg_plan.erasure == lite_plan.erasure
             assert sorted(pg_plan.digests) == sorted(lite_plan.digests)
             erase = EraseIdentity(agent="main", sessions=identity)

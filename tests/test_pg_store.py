@@ -35,6 +35,7 @@ from activememory.protocol.indexer import (
     MarkDirty,
     RebuildIndex,
     ReindexChunk,
+    Reindexed,
     RewindSession,
     SetSwitches,
 )
@@ -379,6 +380,35 @@ def test_a_chunk_that_continues_no_rebuild_is_stale_on_both_stores(pair: Any) ->
     ]
     searches = [("aisle", "phrase", "all", alice, None)]
     run_both(pair, batches, searches)
+
+
+def test_a_chunk_past_depth_0_of_a_rebuild_never_begun_is_stale(pair: Any) -> None:
+    # Found by test_pg_erase's differential test: a rewind leaves the session dirty with
+    # the rewound message's index row still there (the rebuild's chunk at 0 drops it). A
+    # chunk past depth 0 with nothing of the branch left to index then called the session
+    # clean on both stores, the stale row kept (PostgreSQL's vector backlog listed it,
+    # SQLite's did not). Only a chunk at 0 begins a rebuild; any other is stale until then.
+    alice = KEYS[0]
+    with tempfile.TemporaryDirectory() as directory:
+        stores: Pair = pair(directory)
+        try:
+            first = [("append", alice, "user", "aisle"), ("append", alice, "user", "aisle")]
+            stores.apply([stores.command(op) for op in [*first, ("rewind", alice, 0)]])
+            sqlite_acks, pg_acks = stores.apply([stores.command(("reindex", alice, 1, 1, True))])
+            assert sqlite_acks == pg_acks == [Reindexed(stale=True)]
+            info = stores.sqlite_reader.session(alice)
+            assert info is not None and info.dirty
+            # The rebuild from 0 drops the rewound message's row on both stores.
+            sqlite_acks, pg_acks = stores.apply([stores.command(("reindex", alice, 0, 3, True))])
+            assert sqlite_acks == pg_acks and sqlite_acks[0].clean  # type: ignore[union-attr]
+            lite = stores.sqlite_reader.conn.execute("SELECT id FROM message_fts_docsize")
+            pg = stores.pg_reader.conn.execute(
+                f"SELECT event_id FROM {pg_db.SCHEMA}.message_index WHERE agent = %s",
+                (stores.agent,),
+            )
+            assert [r[0] for r in lite] == [r[0] for r in pg.fetchall()] == [1]
+        finally:
+            stores.close()
 
 
 def test_appends_to_several_sessions_in_one_batch_index_each_ones_previous_text(

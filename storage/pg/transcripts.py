@@ -878,14 +878,16 @@ class PgTranscriptWriter:
         last = min(state.leaf_depth, cmd.after_depth + cmd.max_rows)
         if cmd.after_depth == 0:
             self._drop_index_rows(state)
-        elif self._indexed_between(state, cmd.after_depth, last):
-            # A chunk that continues no rebuild (the reconciler always starts at 0, which
-            # drops the rows): its rows are indexed already (as on SQLite, storage/transcripts.py).
+            state.indexed_seq = _PARTIAL  # a rebuild under way: later chunks continue it
+            self._touched[key] = state
+        elif state.indexed_seq != _PARTIAL or self._indexed_between(state, cmd.after_depth, last):
+            # A chunk that continues no rebuild: the reconciler always starts at 0, which
+            # drops the rows and marks the rebuild under way; else stale rows of a rewound
+            # branch would stay indexed in a session called clean (as on SQLite), or its
+            # rows are indexed already.
             return Reindexed(stale=True)
         rows = self._index_branch(state, cmd.after_depth, last)
-        self._touched[key] = state
-        if rows:
-            state.indexed_seq = _PARTIAL
+        self._touched[key] = state  # its index counters moved
         if last < state.leaf_depth:
             return Reindexed(rows=rows, next_depth=last)
         state.dirty = False
