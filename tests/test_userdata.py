@@ -472,24 +472,13 @@ def msgspec_counts(summary: am.ErasureSummary) -> list[object]:
     return [*rows, (summary.records.records, summary.records.relations)]
 
 
-async def test_a_vector_shared_with_a_remaining_message_stays_cached(tmp_path: Path) -> None:
-    async with am.open_memory(tmp_path / "s", config=CONFIG, embedder=FakeEmbedder()) as mem:
-        await mem.sessions.append(DANA_TG, user("good morning"))
-        await mem.sessions.append(DANA_TG, user(f"only dana says {TOKEN}"))
-        await mem.sessions.append(BOB, user("good morning"))
-        assert await mem.sessions.vectors_ready()
-        summary = await mem.erase_identity("dana")
-        [agent] = summary.agents
-        assert (agent.vectors, agent.cached_vectors) == (2, 1)
-        db = agent_db(tmp_path / "s")
-        assert db.execute("SELECT count(*) FROM vector_cache").fetchone() == (1,)
-
-
-@pytest.mark.parametrize("shared", ["good\x00morning", "morning \x00", "\x00"])
-async def test_a_shared_text_holding_a_nul_stays_cached(tmp_path: Path, shared: str) -> None:
-    """A message's text may hold NUL, where SQLite's `length()` stops: the texts kept are
-    found by their byte length, so a vector a remaining message shares is not erased (the
-    stores counted differently: test_pg_erase's differential test)."""
+@pytest.mark.parametrize("shared", ["good morning", "good\x00morning", "morning \x00", "\x00"])
+async def test_a_vector_shared_with_a_remaining_message_stays_cached(
+    tmp_path: Path, shared: str
+) -> None:
+    """Also when the text holds NUL, where SQLite's `length()` stops: the texts kept are
+    found by their byte length (the stores counted differently: test_pg_erase's
+    differential test)."""
     async with am.open_memory(tmp_path / "s", config=CONFIG, embedder=FakeEmbedder()) as mem:
         await mem.sessions.append(DANA_TG, user(shared))
         await mem.sessions.append(DANA_TG, user(f"only dana says {TOKEN}"))
