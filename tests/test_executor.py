@@ -6,9 +6,10 @@ from __future__ import annotations
 import contextvars
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import anyio
+import anyio.abc
 import anyio.lowlevel
 import pytest
 
@@ -19,7 +20,12 @@ pytestmark = pytest.mark.anyio
 TIMEOUT_S = 10
 
 
-async def _let_tasks_start() -> None:
+async def _started(
+    tg: anyio.abc.TaskGroup, fn: Callable[..., Awaitable[object]], *args: object
+) -> None:
+    """Start `fn(*args)` in `tg` and let it run up to where it waits (a call it makes is
+    then queued, in the order the tasks were started)."""
+    tg.start_soon(fn, *args)
     for _ in range(10):
         await anyio.lowlevel.checkpoint()
 
@@ -57,10 +63,8 @@ async def test_the_next_queued_call_starts_without_the_event_loop() -> None:
 
     with anyio.fail_after(TIMEOUT_S):
         async with anyio.create_task_group() as tg:
-            tg.start_soon(executor.run, _held(gate, ran, "first"))
-            await _let_tasks_start()
-            tg.start_soon(executor.run, second)
-            await _let_tasks_start()
+            await _started(tg, executor.run, _held(gate, ran, "first"))
+            await _started(tg, executor.run, second)
             # The loop is held from here, never awaiting: the thread must go on by itself.
             gate.set()
             assert second_ran.wait(2)
@@ -118,12 +122,9 @@ async def test_calls_queued_after_a_close_are_served() -> None:
     ran: list[str] = []
     with anyio.fail_after(TIMEOUT_S):
         async with anyio.create_task_group() as tg:
-            tg.start_soon(executor.run, _held(gate, ran, "before"))
-            await _let_tasks_start()
-            tg.start_soon(executor.aclose)
-            await _let_tasks_start()
-            tg.start_soon(executor.run, lambda: ran.append("after"))
-            await _let_tasks_start()
+            await _started(tg, executor.run, _held(gate, ran, "before"))
+            await _started(tg, executor.aclose)
+            await _started(tg, executor.run, lambda: ran.append("after"))
             gate.set()
         assert ran == ["before", "after"]
         assert _wait_until(lambda: not executor.running)  # ended when idle
@@ -137,8 +138,7 @@ async def test_a_cancelled_caller_of_a_queued_call_drops_it() -> None:
     ran: list[str] = []
     with anyio.fail_after(TIMEOUT_S):
         async with anyio.create_task_group() as tg:
-            tg.start_soon(executor.run, _held(gate, ran, "first"))
-            await _let_tasks_start()
+            await _started(tg, executor.run, _held(gate, ran, "first"))
             with anyio.move_on_after(0.01):
                 await executor.run(lambda: ran.append("dropped"))
             gate.set()
